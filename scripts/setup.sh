@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install and prepare everything the server and its tests need (idempotent; re-running is quick).
+# Creates the virtual environment at .venv/ in the project root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    echo "setup: Python 3.11 is required (found $("$PYTHON" --version 2>&1))" >&2
+    exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+
+stamp=.venv/.installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing Python packages"
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    touch "$stamp"
+else
+    echo "setup: Python packages up to date"
+fi
+echo "setup: done"

@@ -1,0 +1,121 @@
+"""Command line: ``python -m server --host H --port P [--config FILE] [--set KEY=VALUE ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from server import __version__
+from server.app import create_app
+from server.config import Config, describe, load_config
+from server.errors import ConfigError
+
+log = logging.getLogger("server")
+
+
+def _settings_help() -> str:
+    lines = ["settings (TOML [section] key, environment variable, default):"]
+    for dotted, env, default, help_text in describe():
+        lines.append(f"  {dotted:<34} {env}")
+        lines.append(f"      {help_text} Default: {default!r}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m server",
+        description="Realtime avatar/voice server.",
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--host", help="bind address (server.host)")
+    parser.add_argument("--port", help="TCP port (server.port)")
+    parser.add_argument("--config", type=Path, help="TOML configuration file")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (server.log_level)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any setting by its dotted name, e.g. runtime.lookahead_budget_ms=1500",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the effective configuration and exit"
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Defaults < --config file < AVATAR_* environment < command-line options."""
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key.strip()] = value
+    for dotted, value in (
+        ("server.host", args.host),
+        ("server.port", args.port),
+        ("server.log_level", args.log_level),
+    ):
+        if value is not None:
+            overrides[dotted] = value
+    return load_config(args.config, os.environ, overrides)
+
+
+async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
+    """Run the server until SIGINT/SIGTERM (or ``stop``), then shut down in order."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(
+        create_app(config), handle_signals=False, shutdown_timeout=config.server.shutdown_timeout_s
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.server.host, config.server.port)
+        await site.start()
+        for addr in runner.addresses:
+            log.info("ready: listening on http://%s:%d/ (GET /healthz)", addr[0], addr[1])
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config)
+        return 0
+    logging.basicConfig(
+        level=config.server.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    log.info("avatar-server %s starting (config: %s)", __version__, args.config or "defaults")
+    log.info("runtime: lookahead budget %d ms", config.runtime.lookahead_budget_ms)
+    log.info("scheduler: policy %s", config.scheduler.policy)
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""One frozen configuration object built from defaults, a TOML file, environment and CLI.
+
+Precedence (later wins): defaults < TOML file (``--config``) < environment variables
+(``AVATAR_<SECTION>_<KEY>``) < command-line options. Every value is validated at start; an
+invalid one raises :class:`ConfigError` naming the setting (e.g. ``server.port``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from server.errors import ConfigError
+
+ENV_PREFIX = "AVATAR_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SCHEDULER_POLICIES = ("edf", "round_robin")
+
+
+def _setting(default: Any, help: str, **rules: Any) -> Any:
+    """A config field with its help text and validation rules (min, max, choices)."""
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Network and process settings."""
+
+    host: str = _setting("127.0.0.1", "Address to bind the HTTP server to.", nonempty=True)
+    port: int = _setting(8080, "TCP port of the HTTP server.", min=0, max=65535)
+    log_level: str = _setting("INFO", "Log level.", choices=LOG_LEVELS)
+    web_dir: str = _setting("web", "Folder of the demo page, relative to the project root.")
+    shutdown_timeout_s: float = _setting(
+        5.0, "Seconds a graceful shutdown waits for sessions to close.", min=0.0, max=600.0
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Per-session runtime settings."""
+
+    lookahead_budget_ms: int = _setting(
+        2000, "Most output (ms) generated ahead of the playback cursor.", min=100, max=60_000
+    )
+    fade_ms: float = _setting(
+        5.0, "Fade-out (ms) applied to audio flushed on barge-in.", min=0.0, max=20.0
+    )
+    recent_window_tokens: int = _setting(
+        1024, "Token budget of the recent-turns window in the model context.", min=0, max=1_000_000
+    )
+    max_history_turns: int = _setting(
+        64, "Turns kept in a session's history (older ones are forgotten).", min=1, max=100_000
+    )
+    persona: str = _setting(
+        "You are a friendly assistant. Answer in one or two short sentences.",
+        "Default persona (system prompt, the pinned anchor of the context).",
+        nonempty=True,
+    )
+    voice: str = _setting("joe", "Default TTS voice.", nonempty=True)
+    appearance: str = _setting("default", "Default avatar appearance.", nonempty=True)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Settings of the deadline scheduler shared by all sessions."""
+
+    policy: str = _setting("edf", "Scheduling policy.", choices=SCHEDULER_POLICIES)
+    first_audio_target_ms: float = _setting(
+        500.0,
+        "Deadline (ms after end of turn) for a response's first audio.",
+        min=0.0,
+        max=60_000.0,
+    )
+    max_wait_ms: float = _setting(
+        2000.0,
+        "Aging bound (ms): no runnable item waits behind later-deadline work longer than this.",
+        min=1.0,
+        max=600_000.0,
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; immutable once built."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+def _sections() -> dict[str, type[Any]]:
+    hints = get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _field_names(cls: type[Any]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def describe() -> list[tuple[str, str, Any, str]]:
+    """Every setting as ``(dotted name, env var, default, help)``, for docs and ``--help``."""
+    rows = []
+    for section, cls in _sections().items():
+        for f in dataclasses.fields(cls):
+            env = f"{ENV_PREFIX}{section}_{f.name}".upper()
+            rows.append((f"{section}.{f.name}", env, f.default, f.metadata["help"]))
+    return rows
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(name: str, kind: type[Any], raw: Any, from_text: bool) -> Any:
+    """Turn ``raw`` into ``kind`` or raise ConfigError naming ``name``."""
+    if from_text and isinstance(raw, str):
+        text = raw.strip()
+        try:
+            if kind is bool:
+                if text.lower() in _TRUE:
+                    return True
+                if text.lower() in _FALSE:
+                    return False
+                raise ValueError
+            if kind is int:
+                return int(text)
+            if kind is float:
+                return float(text)
+        except ValueError:
+            raise ConfigError(f"{name}: expected {kind.__name__}, got {raw!r}") from None
+        return raw
+    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
+    if not isinstance(raw, kind) or (kind is not bool and isinstance(raw, bool)):
+        raise ConfigError(f"{name}: expected {kind.__name__}, got {type(raw).__name__} {raw!r}")
+    return raw
+
+
+def _validate(name: str, value: Any, meta: Mapping[str, Any]) -> None:
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{name}: must be >= {meta['min']}, got {value!r}")
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{name}: must be <= {meta['max']}, got {value!r}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
+    if meta.get("nonempty") and not str(value).strip():
+        raise ConfigError(f"{name}: must not be empty")
+
+
+def _read_toml(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    sections = _sections()
+    for key, value in data.items():
+        if key not in sections:
+            raise ConfigError(f"config file {path}: unknown section [{key}]")
+        if not isinstance(value, dict):
+            raise ConfigError(f"config file {path}: [{key}] must be a table")
+    return data
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, str]:
+    """Map ``AVATAR_SECTION_KEY`` variables to dotted names; unknown ones are an error."""
+    by_env = {env_name: dotted for dotted, env_name, _, _ in describe()}
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        if key not in by_env:
+            raise ConfigError(f"environment variable {key}: unknown setting")
+        out[by_env[key]] = value
+    return out
+
+
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the config: defaults < TOML ``path`` < ``env`` < ``overrides`` (dotted names).
+
+    String values from the environment or from ``overrides`` are parsed to the field type.
+    Raises ConfigError naming the first invalid setting; nothing is partially applied.
+    """
+    layers: list[tuple[dict[str, Any], bool]] = []
+    if path is not None:
+        flat = {
+            f"{section}.{key}": value
+            for section, table in _read_toml(path).items()
+            for key, value in table.items()
+        }
+        layers.append((flat, False))
+    layers.append((_env_values(env or {}), True))
+    layers.append((dict(overrides or {}), True))
+
+    sections = _sections()
+    built: dict[str, Any] = {}
+    for section, cls in sections.items():
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for layer, from_text in layers:
+            for dotted, raw in layer.items():
+                sec, _, key = dotted.partition(".")
+                if sec not in sections or key not in _field_names(sections[sec]):
+                    raise ConfigError(f"{dotted}: unknown setting")
+                if sec != section:
+                    continue
+                values[key] = _coerce(dotted, hints[key], raw, from_text)
+        for key, f in known.items():
+            value = values.get(key, f.default)
+            _validate(f"{section}.{key}", value, f.metadata)
+        built[section] = cls(**values)
+    return Config(**built)

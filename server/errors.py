@@ -1,0 +1,33 @@
+"""Typed errors of the runtime; translated to HTTP or events only at the edge."""
+
+from __future__ import annotations
+
+
+class RuntimeErrorBase(Exception):
+    """Base of every error the session runtime raises on purpose."""
+
+    code = "runtime_error"
+
+
+class ConfigError(RuntimeErrorBase):
+    """A configuration value is invalid; the message names the setting."""
+
+    code = "invalid_config"
+
+
+class InvalidTransition(RuntimeErrorBase):
+    """A state machine was asked for a transition it does not allow."""
+
+    code = "invalid_transition"
+
+
+class InvalidConditionUpdate(RuntimeErrorBase):
+    """A ``session.update`` named an unknown field or an invalid value; nothing changed."""
+
+    code = "invalid_session_update"
+
+
+class UnknownChunk(RuntimeErrorBase):
+    """A stage message named a chunk the session never opened."""
+
+    code = "unknown_chunk"

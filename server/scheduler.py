@@ -1,0 +1,195 @@
+"""Deadline scheduling of engine work shared by many sessions.
+
+``schedule()`` is synchronous and I/O-free: given the runnable work items and a view of each
+session, it returns a :class:`Plan` (what to run now, in order; what waits; what is deferred
+because its session is past the lookahead budget; what is stale and must be dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from server.chunk import Stage
+from server.config import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What the scheduler knows of a session at one instant.
+
+    ``slack_ms``: buffered playback ahead of its cursor (time until it underruns).
+    ``waiting_since_ms``: end of the user's turn while the reply has not started playing.
+    """
+
+    session_id: str
+    epoch: int
+    slack_ms: float
+    budget_ms: float
+    waiting_since_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One runnable unit of engine work; ``est_cost_ms`` is its expected engine time."""
+
+    item_id: int
+    session_id: str
+    stage: Stage
+    epoch: int
+    est_cost_ms: float
+    enqueued_ms: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The result of one scheduling step."""
+
+    run: tuple[WorkItem, ...]
+    waiting: tuple[WorkItem, ...]
+    deferred: tuple[WorkItem, ...]
+    stale: tuple[WorkItem, ...]
+
+
+class Scheduler(Protocol):
+    """A policy that orders runnable work."""
+
+    def schedule(
+        self,
+        now_ms: float,
+        items: Sequence[WorkItem],
+        sessions: Mapping[str, SessionView],
+        max_items: int,
+    ) -> Plan:
+        """Pick up to ``max_items`` items to run now, in order."""
+        ...
+
+
+def _is_stale(item: WorkItem, sessions: Mapping[str, SessionView]) -> bool:
+    view = sessions.get(item.session_id)
+    return view is None or item.epoch < view.epoch
+
+
+def _over_budget(view: SessionView) -> bool:
+    """Past the lookahead budget: more playback is buffered than the session may hold."""
+    return view.slack_ms >= view.budget_ms
+
+
+class DeadlineScheduler:
+    """Earliest deadline first, with aging so that no session starves.
+
+    Deadline of an item: when its session would notice it missing, minus its cost:
+    ``waiting_since + first_audio_target`` for a reply that has not started playing,
+    ``now + slack`` for one that is playing. Aging caps the key at ``enqueued + max_wait``.
+    Ties go to the session served least so far, then to the oldest item.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.served: Counter[str] = Counter()
+
+    def deadline_ms(self, now_ms: float, item: WorkItem, view: SessionView) -> float:
+        """Latest start time (ms) of ``item`` before its session misses a deadline."""
+        if view.waiting_since_ms is not None:
+            due = view.waiting_since_ms + self.config.first_audio_target_ms
+        else:
+            due = now_ms + view.slack_ms
+        return due - item.est_cost_ms
+
+    def schedule(
+        self,
+        now_ms: float,
+        items: Sequence[WorkItem],
+        sessions: Mapping[str, SessionView],
+        max_items: int,
+    ) -> Plan:
+        stale, deferred, runnable = [], [], []
+        for item in items:
+            if _is_stale(item, sessions):
+                stale.append(item)
+            elif _over_budget(sessions[item.session_id]):
+                deferred.append(item)
+            else:
+                runnable.append(item)
+
+        def key(item: WorkItem) -> tuple[float, int, float, int]:
+            latest_start = self.deadline_ms(now_ms, item, sessions[item.session_id])
+            aged = min(latest_start, item.enqueued_ms + self.config.max_wait_ms)
+            return (aged, self.served[item.session_id], item.enqueued_ms, item.item_id)
+
+        runnable.sort(key=key)
+        run, waiting = runnable[:max_items], runnable[max_items:]
+        for item in run:
+            assert item.epoch == sessions[item.session_id].epoch, "stale work scheduled"
+            self.served[item.session_id] += 1
+        return Plan(tuple(run), tuple(waiting), tuple(deferred), tuple(stale))
+
+    def forget(self, session_id: str) -> None:
+        """The session ended; drop its fairness record."""
+        self.served.pop(session_id, None)
+
+
+class RoundRobinScheduler:
+    """Plain round-robin over sessions, oldest item first within a session.
+
+    With ``aware=False`` (plain) it knows neither epochs nor budgets: the baseline that the
+    deadline scheduler is measured against. With ``aware=True`` it drops stale work and defers
+    sessions past their budget, isolating the effect of the ordering alone.
+    """
+
+    def __init__(self, aware: bool = False) -> None:
+        self.aware = aware
+        self._ring: list[str] = []
+        self._last: str | None = None
+
+    def schedule(
+        self,
+        now_ms: float,
+        items: Sequence[WorkItem],
+        sessions: Mapping[str, SessionView],
+        max_items: int,
+    ) -> Plan:
+        stale, deferred, runnable = [], [], []
+        for item in items:
+            if item.session_id not in self._ring:
+                self._ring.append(item.session_id)
+            if self.aware and _is_stale(item, sessions):
+                stale.append(item)
+            elif self.aware and _over_budget(sessions[item.session_id]):
+                deferred.append(item)
+            else:
+                runnable.append(item)
+        start = self._ring.index(self._last) + 1 if self._last in self._ring else 0
+        rank = {sid: (i - start) % len(self._ring) for i, sid in enumerate(self._ring)}
+        per_session: dict[str, list[WorkItem]] = {}
+        for item in sorted(runnable, key=lambda it: (it.enqueued_ms, it.item_id)):
+            per_session.setdefault(item.session_id, []).append(item)
+        order: list[WorkItem] = []
+        queues = sorted(per_session.items(), key=lambda kv: rank[kv[0]])
+        while any(q for _, q in queues):
+            for _, queue in queues:
+                if queue:
+                    order.append(queue.pop(0))
+        run = order[:max_items]
+        if run:
+            self._last = run[-1].session_id
+        return Plan(tuple(run), tuple(order[max_items:]), tuple(deferred), tuple(stale))
+
+    def forget(self, session_id: str) -> None:
+        if session_id in self._ring:
+            if self._last == session_id:
+                idx = self._ring.index(session_id)
+                self._last = self._ring[idx - 1] if len(self._ring) > 1 else None
+            self._ring.remove(session_id)
+
+
+def make_scheduler(config: SchedulerConfig) -> DeadlineScheduler | RoundRobinScheduler:
+    """The policy named in the configuration."""
+    if config.policy == "round_robin":
+        return RoundRobinScheduler(aware=True)
+    return DeadlineScheduler(config)

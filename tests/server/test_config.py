@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from server.config import Config, describe, load_config
+from server.errors import ConfigError
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    config = load_config()
+    assert config == Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.server.port = 1  # type: ignore[misc]
+
+
+def test_precedence_toml_then_env_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[server]\nport = 9000\nhost = "0.0.0.0"\n[runtime]\nfade_ms = 2\n')
+    config = load_config(path, {"AVATAR_SERVER_PORT": "9100"}, {"server.host": "127.0.0.2"})
+    assert config.server.port == 9100  # env beats file
+    assert config.server.host == "127.0.0.2"  # CLI beats file
+    assert config.runtime.fade_ms == 2.0  # int in TOML accepted for a float field
+    assert config.runtime.lookahead_budget_ms == 2000  # untouched default
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"AVATAR_SERVER_PORT": "70000"}, "server.port"),
+        ({"AVATAR_SERVER_PORT": "eighty"}, "server.port"),
+        ({"AVATAR_RUNTIME_LOOKAHEAD_BUDGET_MS": "10"}, "runtime.lookahead_budget_ms"),
+        ({"AVATAR_SCHEDULER_POLICY": "fifo"}, "scheduler.policy"),
+        ({"AVATAR_SERVER_LOG_LEVEL": "LOUD"}, "server.log_level"),
+        ({"AVATAR_RUNTIME_PERSONA": "   "}, "runtime.persona"),
+        ({"AVATAR_RUNTIME_NOPE": "1"}, "AVATAR_RUNTIME_NOPE"),
+    ],
+)
+def test_invalid_values_name_the_setting(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_config(env=env)
+
+
+def test_invalid_toml_is_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\nport=1")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad)
+    typed = tmp_path / "typed.toml"
+    typed.write_text('[server]\nport = "80"\n')
+    with pytest.raises(ConfigError, match=r"server\.port: expected int"):
+        load_config(typed)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[gpu]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown section \[gpu\]"):
+        load_config(unknown)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    assert load_config(env={"HOME": "/root", "PORT": "1"}) == Config()
+
+
+def test_describe_lists_every_setting_with_env_name() -> None:
+    rows = {dotted: env for dotted, env, _, _ in describe()}
+    assert rows["server.port"] == "AVATAR_SERVER_PORT"
+    assert rows["runtime.lookahead_budget_ms"] == "AVATAR_RUNTIME_LOOKAHEAD_BUDGET_MS"
+    config = Config()
+    expected = sum(
+        len(dataclasses.fields(getattr(config, f.name))) for f in dataclasses.fields(config)
+    )
+    assert len(rows) == expected
+
+
+def test_cli_rejects_invalid_value_with_its_name() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "server", "--set", "runtime.fade_ms=50"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "runtime.fade_ms: must be <= 20.0" in proc.stderr
+
+
+def test_cli_help_lists_settings() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "server", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0
+    for needle in ("--host", "--port", "--config", "AVATAR_RUNTIME_LOOKAHEAD_BUDGET_MS"):
+        assert needle in proc.stdout
