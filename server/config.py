@@ -76,8 +76,8 @@ class SchedulerConfig:
         max=60_000.0,
     )
     max_wait_ms: float = _setting(
-        2000.0,
-        "Aging bound (ms): no runnable item waits behind later-deadline work longer than this.",
+        10_000.0,
+        "Aging bound (ms): a runnable item waiting this long runs next, whatever else waits.",
         min=1.0,
         max=600_000.0,
     )

@@ -81,12 +81,17 @@ def _over_budget(view: SessionView) -> bool:
 
 
 class DeadlineScheduler:
-    """Earliest deadline first, with aging so that no session starves.
+    """Earliest deadline first, overload-aware, with aging so that no session starves.
 
-    Deadline of an item: when its session would notice it missing, minus its cost:
+    Latest start of an item: when its session would notice it missing, minus its cost:
     ``waiting_since + first_audio_target`` for a reply that has not started playing,
-    ``now + slack`` for one that is playing. Aging caps the key at ``enqueued + max_wait``.
-    Ties go to the session served least so far, then to the oldest item.
+    ``now + slack`` for one that is playing. Items that can still make their deadline run in
+    EDF order. An item already late (a reply past its first-audio target, a playback that will
+    gap anyway) runs only when the slack of the on-time items covers its cost, so lateness does
+    not spread to sessions that are still on time (plain EDF's domino effect under overload).
+    Late items go oldest deadline first, so waiting replies start in turn-end order. Aging, the
+    hard bound: an item waiting ``max_wait_ms`` goes first whatever else is pending. Ties go to
+    the session served least so far, then to the oldest item.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -117,17 +122,47 @@ class DeadlineScheduler:
             else:
                 runnable.append(item)
 
-        def key(item: WorkItem) -> tuple[float, int, float, int]:
-            latest_start = self.deadline_ms(now_ms, item, sessions[item.session_id])
-            aged = min(latest_start, item.enqueued_ms + self.config.max_wait_ms)
-            return (aged, self.served[item.session_id], item.enqueued_ms, item.item_id)
+        start = {i.item_id: self.deadline_ms(now_ms, i, sessions[i.session_id]) for i in runnable}
 
-        runnable.sort(key=key)
-        run, waiting = runnable[:max_items], runnable[max_items:]
+        def key(item: WorkItem) -> tuple[float, int, float, int]:
+            return (
+                start[item.item_id],
+                self.served[item.session_id],
+                item.enqueued_ms,
+                item.item_id,
+            )
+
+        remaining = sorted(runnable, key=key)
+        run: list[WorkItem] = []
+        t = now_ms  # planned start of the next pick
+        while remaining and len(run) < max_items:
+            pick = self._pick(t, remaining, start)
+            remaining.remove(pick)
+            run.append(pick)
+            t += pick.est_cost_ms
         for item in run:
             assert item.epoch == sessions[item.session_id].epoch, "stale work scheduled"
             self.served[item.session_id] += 1
-        return Plan(tuple(run), tuple(waiting), tuple(deferred), tuple(stale))
+        return Plan(tuple(run), tuple(remaining), tuple(deferred), tuple(stale))
+
+    def _pick(self, t: float, ordered: list[WorkItem], start: Mapping[int, float]) -> WorkItem:
+        """Next item at planned time ``t`` from ``ordered`` (sorted by latest start)."""
+        max_wait = self.config.max_wait_ms
+        aged = [i for i in ordered if i.enqueued_ms + max_wait <= t]
+        if aged:
+            return min(aged, key=lambda i: (i.enqueued_ms, i.item_id))
+        on_time = [i for i in ordered if start[i.item_id] >= t]
+        late = [i for i in ordered if start[i.item_id] < t]
+        if not late:
+            return on_time[0]
+        if not on_time:
+            return late[0]
+        # slack of the on-time items if they run next in EDF order
+        spare, clock = float("inf"), t
+        for item in on_time:
+            spare = min(spare, start[item.item_id] - clock)
+            clock += item.est_cost_ms
+        return late[0] if spare >= late[0].est_cost_ms else on_time[0]
 
     def forget(self, session_id: str) -> None:
         """The session ended; drop its fairness record."""

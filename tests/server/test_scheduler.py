@@ -123,3 +123,25 @@ def test_round_robin_rotates_and_plain_ignores_epochs() -> None:
 def test_policy_from_config() -> None:
     assert isinstance(make_scheduler(SchedulerConfig()), DeadlineScheduler)
     assert isinstance(make_scheduler(SchedulerConfig(policy="round_robin")), RoundRobinScheduler)
+
+
+def test_late_reply_waits_while_on_time_playback_needs_the_engine(edf: DeadlineScheduler) -> None:
+    # "w" is past its first-audio target (late); "p" plays with little slack
+    views = {"w": view("w", 0, waiting=0.0), "p": view("p", 120)}
+    plan = edf.schedule(
+        2000.0, [item(1, "w", cost=100, at=1900.0), item(2, "p", cost=100, at=1900.0)], views, 2
+    )
+    assert [i.session_id for i in plan.run] == ["p", "w"]  # running w first would gap p
+    # with enough slack on the on-time side, the late reply goes first
+    views["p"] = view("p", 1500)
+    plan = edf.schedule(
+        2000.0, [item(1, "w", cost=100, at=1900.0), item(2, "p", cost=100, at=1900.0)], views, 2
+    )
+    assert [i.session_id for i in plan.run] == ["w", "p"]
+
+
+def test_aging_bound_runs_an_old_item_first(edf: DeadlineScheduler) -> None:
+    views = {"old": view("old", 0, waiting=0.0), "p": view("p", 60)}
+    items = [item(1, "old", at=0.0), item(2, "p", at=2500.0)]
+    plan = edf.schedule(2500.0, items, views, 1)  # waited 2500 > max_wait 2000
+    assert plan.run[0].session_id == "old"
