@@ -89,7 +89,8 @@ class DeadlineScheduler:
     EDF order. An item already late (a reply past its first-audio target, a playback that will
     gap anyway) runs only when the slack of the on-time items covers its cost, so lateness does
     not spread to sessions that are still on time (plain EDF's domino effect under overload).
-    Late items go oldest deadline first, so waiting replies start in turn-end order. Aging, the
+    Late items: playing replies first (their gap grows), then replies yet to start, oldest
+    deadline first, so waiting replies start in turn-end order. Aging, the
     hard bound: an item waiting ``max_wait_ms`` goes first whatever else is pending. Ties go to
     the session served least so far, then to the oldest item.
     """
@@ -135,8 +136,9 @@ class DeadlineScheduler:
         remaining = sorted(runnable, key=key)
         run: list[WorkItem] = []
         t = now_ms  # planned start of the next pick
+        fresh = {i.item_id for i in runnable if sessions[i.session_id].waiting_since_ms is not None}
         while remaining and len(run) < max_items:
-            pick = self._pick(t, remaining, start)
+            pick = self._pick(t, remaining, start, fresh)
             remaining.remove(pick)
             run.append(pick)
             t += pick.est_cost_ms
@@ -145,14 +147,26 @@ class DeadlineScheduler:
             self.served[item.session_id] += 1
         return Plan(tuple(run), tuple(remaining), tuple(deferred), tuple(stale))
 
-    def _pick(self, t: float, ordered: list[WorkItem], start: Mapping[int, float]) -> WorkItem:
-        """Next item at planned time ``t`` from ``ordered`` (sorted by latest start)."""
+    def _pick(
+        self,
+        t: float,
+        ordered: list[WorkItem],
+        start: Mapping[int, float],
+        fresh: set[int],
+    ) -> WorkItem:
+        """Next item at planned time ``t`` from ``ordered`` (sorted by latest start).
+
+        ``fresh``: items of replies that have not started playing; among late items, a playing
+        reply (whose gap grows with every ms) goes before a reply that has yet to start.
+        """
         max_wait = self.config.max_wait_ms
         aged = [i for i in ordered if i.enqueued_ms + max_wait <= t]
         if aged:
             return min(aged, key=lambda i: (i.enqueued_ms, i.item_id))
         on_time = [i for i in ordered if start[i.item_id] >= t]
-        late = [i for i in ordered if start[i.item_id] < t]
+        late = sorted(
+            (i for i in ordered if start[i.item_id] < t), key=lambda i: i.item_id in fresh
+        )
         if not late:
             return on_time[0]
         if not on_time:
