@@ -11,6 +11,22 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
     exit 1
 fi
 
+# system packages: espeak-ng speaks the test audio; iproute2 gives tests a loopback-only namespace
+APT_PACKAGES="espeak-ng iproute2"
+missing=""
+for pkg in $APT_PACKAGES; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing system packages:$missing"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    else
+        echo "setup: please install:$missing (sudo apt-get install$missing)" >&2
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
     "$PYTHON" -m venv .venv

@@ -17,6 +17,8 @@ from server import __version__
 from server.app import create_app
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
+from server.pipeline import load_pipeline
+from server.vad import TurnDetector
 
 log = logging.getLogger("server")
 
@@ -78,8 +80,20 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # the composition root: the only place in server/ that names model backends
+    from models.vad import SileroModel, WebRtcGate
+
+    silero = SileroModel()
+    vad = config.vad
+
+    def detector_factory() -> TurnDetector:
+        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad)
+
+    pipeline = load_pipeline(config)
+    log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
+    app = create_app(config, detector_factory, pipeline)
     runner = web.AppRunner(
-        create_app(config), handle_signals=False, shutdown_timeout=config.server.shutdown_timeout_s
+        app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout_s
     )
     await runner.setup()
     try:
@@ -110,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         level=config.server.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if config.server.log_level != "DEBUG":
+        logging.getLogger("aioice").setLevel(logging.WARNING)
     log.info("avatar-server %s starting (config: %s)", __version__, args.config or "defaults")
     log.info("runtime: lookahead budget %d ms", config.runtime.lookahead_budget_ms)
     log.info("scheduler: policy %s", config.scheduler.policy)
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as exc:
+        print(f"error: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -84,12 +84,79 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class TransportConfig:
+    """WebRTC peers, signaling limits and outbound media."""
+
+    max_sessions: int = _setting(4, "Concurrent sessions; more get 503.", min=1, max=10_000)
+    retry_after_s: int = _setting(5, "Retry-After (s) sent with a 503.", min=1, max=3600)
+    max_body_bytes: int = _setting(
+        65_536, "Largest accepted signaling body (bytes); larger gets 413.", min=1024, max=1 << 24
+    )
+    max_event_bytes: int = _setting(
+        16_384, "Largest accepted data-channel message (bytes).", min=256, max=1 << 20
+    )
+    connect_timeout_s: float = _setting(
+        20.0, "A peer that does not connect within this many seconds is closed.", min=1.0, max=600.0
+    )
+    ice_urls: tuple[str, ...] = _setting(
+        (),
+        "STUN/TURN server URLs (comma-separated in env); none by default.",
+        prefix=("stun:", "turn:", "turns:"),
+    )
+    ice_username: str = _setting("", "TURN username.")
+    ice_credential: str = _setting("", "TURN credential.")
+    ice_host_addresses: tuple[str, ...] = _setting(
+        (), "Host addresses offered as ICE candidates (empty: every interface but 127.0.0.1)."
+    )
+    jitter_prefetch_packets: int = _setting(
+        1,
+        "Inbound audio packets the jitter buffer holds before releasing (aiortc: 4).",
+        min=1,
+        max=8,
+    )
+    video: bool = _setting(True, "Send a video track.")
+    video_width: int = _setting(320, "Outbound video width (px).", min=16, max=4096)
+    video_height: int = _setting(240, "Outbound video height (px).", min=16, max=4096)
+    video_fps: int = _setting(25, "Outbound video frame rate.", min=1, max=60)
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    """Voice activity and turn detection on 16 kHz input."""
+
+    aggressiveness: int = _setting(
+        2, "webrtcvad aggressiveness (0-3), the first gate.", min=0, max=3
+    )
+    silero_threshold: float = _setting(
+        0.5, "Silero speech probability that confirms the gate.", min=0.0, max=1.0
+    )
+    speech_start_ms: int = _setting(
+        60, "Confirmed voiced audio (ms) that makes a speech start.", min=20, max=1000
+    )
+    end_of_turn_ms: int = _setting(
+        600, "Silence (ms) after speech that ends the user's turn.", min=100, max=10_000
+    )
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What answers the user: a factory ``module:function`` returning a TurnPipeline."""
+
+    factory: str = _setting(
+        "", "Import path of the turn pipeline factory; empty: listen only (no replies)."
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; immutable once built."""
 
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    vad: VadConfig = field(default_factory=VadConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
 
 def _sections() -> dict[str, type[Any]]:
@@ -117,6 +184,12 @@ _FALSE = {"0", "false", "no", "off"}
 
 def _coerce(name: str, kind: type[Any], raw: Any, from_text: bool) -> Any:
     """Turn ``raw`` into ``kind`` or raise ConfigError naming ``name``."""
+    if kind == tuple[str, ...]:
+        if from_text and isinstance(raw, str):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if isinstance(raw, list | tuple) and all(isinstance(x, str) for x in raw):
+            return tuple(raw)
+        raise ConfigError(f"{name}: expected a list of strings, got {raw!r}")
     if from_text and isinstance(raw, str):
         text = raw.strip()
         try:
@@ -149,6 +222,12 @@ def _validate(name: str, value: Any, meta: Mapping[str, Any]) -> None:
         raise ConfigError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
     if meta.get("nonempty") and not str(value).strip():
         raise ConfigError(f"{name}: must not be empty")
+    if "prefix" in meta:
+        for entry in value:
+            if not entry.startswith(meta["prefix"]):
+                raise ConfigError(
+                    f"{name}: {entry!r} must start with {' or '.join(meta['prefix'])}"
+                )
 
 
 def _read_toml(path: Path) -> dict[str, dict[str, Any]]:

@@ -31,3 +31,40 @@ class UnknownChunk(RuntimeErrorBase):
     """A stage message named a chunk the session never opened."""
 
     code = "unknown_chunk"
+
+
+class RequestError(RuntimeErrorBase):
+    """A request the edge answers with an HTTP error status (and a JSON body)."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(RequestError):
+    status = 400
+    code = "bad_request"
+
+
+class NotFound(RequestError):
+    status = 404
+    code = "not_found"
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(RequestError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class ServerFull(RequestError):
+    status = 503
+    code = "server_full"

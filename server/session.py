@@ -127,6 +127,8 @@ class Session:
         self._generation_done = False
         self._turn_ended_ms: float | None = None
         self._events: deque[SessionEvent] = deque()
+        self._status = "completed"
+        self.acked_playback_ms = 0.0
 
     # --- read-only views ------------------------------------------------------------------
     @property
@@ -188,28 +190,31 @@ class Session:
             )
         self._prefilled_until = until
 
-    def speech_started(self) -> BargeIn | None:
-        """The VAD heard the user start speaking; over a response this is a barge-in."""
+    def speech_started(self, at_ms: float | None = None) -> BargeIn | None:
+        """The VAD heard the user start speaking (``at_ms`` on the input timeline); over a
+        response this is a barge-in."""
         barge: BargeIn | None = None
         if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
             barge = self.bump_epoch("barge-in: user speech", TurnState.USER_SPEAKING)
         elif self.state is TurnState.LISTENING:
             self.history.start_user_turn()
             self.turn.to(TurnState.USER_SPEAKING, "speech started")
-        self._events.append(SpeechStarted(samples_to_ms(self._heard_until)))
+        start = samples_to_ms(self._heard_until) if at_ms is None else at_ms
+        self._events.append(SpeechStarted(start))
         return barge
 
     def set_user_transcript(self, text: str) -> None:
         """Latest partial transcript of the user's turn in progress."""
         self.history.set_user_text(text)
 
-    def speech_stopped(self) -> None:
-        """End of the user's turn (VAD silence); the agent starts thinking."""
+    def speech_stopped(self, at_ms: float | None = None) -> None:
+        """End of the user's turn (VAD silence from ``at_ms``); the agent starts thinking."""
         if self.state is not TurnState.USER_SPEAKING:
             raise InvalidTransition(f"speech stopped while {self.state.value}")
         self.turn.to(TurnState.THINKING, "end of turn")
         self._turn_ended_ms = self.clock.now_ms()
-        self._events.append(SpeechStopped(samples_to_ms(self._heard_until)))
+        end = samples_to_ms(self._heard_until) if at_ms is None else at_ms
+        self._events.append(SpeechStopped(end))
 
     def commit_user_turn(self, final_text: str) -> Turn | None:
         """The final transcript of the ended turn; empty text means it was no turn at all."""
@@ -239,6 +244,15 @@ class Session:
         if self.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
             return None
         return self.bump_epoch("response.cancel", TurnState.LISTENING)
+
+    def ack_playback(self, played_ms: float) -> float:
+        """The client reports how much output it has played (ms of the output timeline).
+
+        Never beyond what was sent; never backwards. Returns the acknowledged position.
+        """
+        sent_ms = samples_to_ms(self.playback.playback_cursor)
+        self.acked_playback_ms = max(self.acked_playback_ms, min(played_ms, sent_ms))
+        return self.acked_playback_ms
 
     # --- epochs -----------------------------------------------------------------------------
     def bump_epoch(self, reason: str, next_state: TurnState = TurnState.USER_SPEAKING) -> BargeIn:
@@ -306,6 +320,7 @@ class Session:
             return False
         self._response_epoch = epoch
         self._generation_done = False
+        self._status = "completed"
         self.playback.begin_response(epoch)
         self._events.append(ResponseCreated(epoch))
         return True
@@ -351,10 +366,20 @@ class Session:
             return False
         return self.playback.push_video(msg.chunk_id, msg.epoch, offset, msg.payload)
 
-    def finish_response(self, epoch: int) -> None:
-        """The generator has no more chunks for ``epoch``."""
-        if epoch != self._response_epoch:
+    def finish_response(self, epoch: int, status: str = "completed") -> None:
+        """The generator has no more chunks for ``epoch`` (``status``: completed or failed).
+
+        What is already buffered still plays; the turn returns to listening after it. A turn
+        that never got a response (e.g. its engine failed first) returns to listening now.
+        """
+        if epoch != self.epoch:
             return
+        if self._response_epoch is None:
+            if self.state is TurnState.THINKING:
+                self._events.append(ResponseDone(epoch, status))
+                self.turn.to(TurnState.LISTENING, f"no reply ({status})")
+            return
+        self._status = status
         self._generation_done = True
         self._maybe_end_stream()
         self._maybe_finish()
@@ -408,7 +433,7 @@ class Session:
             return
         epoch, self._response_epoch = self._response_epoch, None
         self._generation_done = False
-        self._events.append(ResponseDone(epoch, "completed"))
+        self._events.append(ResponseDone(epoch, self._status))
         self._forget_settled()
         if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
             self.turn.to(TurnState.LISTENING, "reply played out")

@@ -253,3 +253,31 @@ def test_heard_prefix_whole_chunk_when_fully_played(session: Session) -> None:
     chunk = session.chunk(cid)
     assert heard_prefix(chunk, chunk.duration) == "Done."
     assert heard_prefix(chunk, 0) == ""
+
+
+def test_failed_reply_before_any_chunk_returns_to_listening(session: Session) -> None:
+    user_turn(session, "Hi")
+    session.finish_response(session.epoch, status="failed")
+    assert session.state is TurnState.LISTENING
+    assert any(isinstance(e, ResponseDone) and e.status == "failed" for e in session.drain_events())
+
+
+def test_failed_reply_plays_what_was_buffered_then_listens(session: Session) -> None:
+    user_turn(session, "Hi")
+    session.start_response(0)
+    say(session, "Half an answer.", 100)
+    session.finish_response(0, status="failed")
+    play(session, 120)
+    assert session.state is TurnState.LISTENING
+    assert session.history.turns[-1].text == "Half an answer."
+    assert any(isinstance(e, ResponseDone) and e.status == "failed" for e in session.drain_events())
+
+
+def test_playback_ack_is_clamped_to_what_was_sent(session: Session) -> None:
+    user_turn(session, "Hi")
+    session.start_response(0)
+    say(session, "Hello.", 200)
+    play(session, 100)
+    assert session.ack_playback(60.0) == 60.0
+    assert session.ack_playback(500.0) == 100.0  # cannot have played more than was sent
+    assert session.ack_playback(10.0) == 100.0  # never backwards

@@ -1,0 +1,447 @@
+"""One connected peer: its RTCPeerConnection, media tasks, data channel and session runtime.
+
+Data flow: remote audio -> 16 kHz frames -> turn detector -> Session (epoch, turn state) ->
+pipeline (transcript, reply sentences, speech) -> playback buffer -> paced tracks -> peer.
+The PeerSession owns every task it starts and awaits them all in :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from enum import Enum
+from typing import Any
+
+import av
+import numpy as np
+import numpy.typing as npt
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from server.chunk import Stage
+from server.config import Config
+from server.errors import InvalidConditionUpdate, InvalidTransition
+from server.media import MEDIA_RATE_HZ, samples_to_ms
+from server.metrics import Metrics
+from server.pipeline import ReplyRequest, TurnPipeline
+from server.protocol import (
+    ClientEvent,
+    ProtocolError,
+    ResponseCancel,
+    SessionUpdate,
+    TextInput,
+    parse_client_event,
+)
+from server.rtc import rtc_configuration, tune_audio_jitter
+from server.session import ChunkAudio, Session
+from server.tracks import LevelFace, MediaClock, PacedAudioTrack, PacedVideoTrack, pcm_level
+from server.turn import TurnState
+from server.vad import TurnDetector, VadEvent, VadEventKind
+
+log = logging.getLogger(__name__)
+
+PREROLL_FRAMES = 25  # 16 kHz audio kept before a speech start (500 ms), for the transcript
+MAX_UTTERANCE_S = 30
+MAX_OUTBOX = 256
+MAX_INBOX = 64
+
+
+class PeerState(Enum):
+    NEW = "new"
+    CONNECTED = "connected"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class LoopClock:
+    """The runtime's Clock on the event loop's monotonic time (ms)."""
+
+    def now_ms(self) -> float:
+        return time.monotonic() * 1000
+
+
+class PeerSession:
+    """Everything one peer needs, closed as one unit."""
+
+    def __init__(
+        self,
+        session_id: str,
+        config: Config,
+        detector: TurnDetector,
+        pipeline: TurnPipeline | None,
+        metrics: Metrics,
+        on_gone: Callable[[str], None],
+    ) -> None:
+        self.session_id = session_id
+        self.config = config
+        self.state = PeerState.NEW
+        self.clock = LoopClock()
+        self.session = Session(session_id, config.runtime, self.clock)
+        self.pc = RTCPeerConnection(rtc_configuration(config.transport))
+        self.media_clock = MediaClock(time.monotonic)
+        self._detector = detector
+        self._pipeline = pipeline
+        self._metrics = metrics
+        self._on_gone = on_gone
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._response: asyncio.Task[None] | None = None
+        self._channel: RTCDataChannel | None = None
+        self._outbox: deque[dict[str, Any]] = deque(maxlen=MAX_OUTBOX)
+        self._inbox: asyncio.Queue[ClientEvent] = asyncio.Queue(maxsize=MAX_INBOX)
+        self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
+        self._utterance: list[npt.NDArray[np.int16]] = []
+        self._barge_onset_ms: float | None = None
+        self._level = 0.0
+        self._underruns_seen = 0
+        self.latest_video_frame: av.VideoFrame | None = None
+        self.barge_in_reactions_ms: list[float] = []
+        self.send_log: deque[tuple[int, float]] = deque(maxlen=3000)  # (pts, lateness s)
+        self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
+        tc = config.transport
+        self.video_track = (
+            PacedVideoTrack(
+                self.media_clock,
+                LevelFace(tc.video_width, tc.video_height, self._get_level),
+                tc.video_fps,
+            )
+            if tc.video
+            else None
+        )
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def _set_state(self, new: PeerState) -> None:
+        old, self.state = self.state, new
+        log.info("session %s peer: %s -> %s", self.session_id[:8], old.value, new.value)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}:{self.session_id[:8]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "session %s task %s failed",
+                self.session_id[:8],
+                task.get_name(),
+                exc_info=task.exception(),
+            )
+
+    async def answer(self, offer_sdp: str) -> RTCSessionDescription:
+        """Apply the client's offer and return our answer (ICE gathered: no trickle)."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        tune_audio_jitter(self.pc, self.config.transport.jitter_prefetch_packets)
+        kinds = {t.kind for t in self.pc.getTransceivers()}
+        if "audio" in kinds:
+            self.pc.addTrack(self.audio_track)
+        if "video" in kinds and self.video_track is not None:
+            self.pc.addTrack(self.video_track)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        self._spawn(self._connect_watchdog(), "watchdog")
+        return self.pc.localDescription
+
+    async def _connect_watchdog(self) -> None:
+        await asyncio.sleep(self.config.transport.connect_timeout_s)
+        if self.state is PeerState.NEW:
+            log.warning(
+                "session %s: no connection within %.0f s",
+                self.session_id[:8],
+                self.config.transport.connect_timeout_s,
+            )
+            self._on_gone(self.session_id)
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected" and self.state is PeerState.NEW:
+            self._set_state(PeerState.CONNECTED)
+        elif state in ("failed", "closed") and self.state in (PeerState.NEW, PeerState.CONNECTED):
+            self._on_gone(self.session_id)
+
+    async def close(self) -> None:
+        """Stop everything this peer runs; idempotent."""
+        if self.state in (PeerState.CLOSING, PeerState.CLOSED):
+            return
+        self._set_state(PeerState.CLOSING)
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.audio_track.stop()
+        if self.video_track is not None:
+            self.video_track.stop()
+        await self.pc.close()
+        for stage, count in self.session.stale_dropped.items():
+            self._metrics.stale_dropped.labels(stage.name.lower()).inc(count)
+        self._set_state(PeerState.CLOSED)
+
+    # --- inbound media --------------------------------------------------------------------
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._consume_audio(track), "audio-in")
+        else:
+            self._spawn(self._consume_video(track), "video-in")
+
+    async def _consume_audio(self, track: MediaStreamTrack) -> None:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            arrival_ms = self.clock.now_ms()
+            assert isinstance(frame, av.AudioFrame)
+            self.session.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
+            for out in resampler.resample(frame):
+                pcm = out.to_ndarray().reshape(-1).astype(np.int16)
+                for event in self._detector.push(pcm, arrival_ms):
+                    await self._on_vad(event)
+                self._keep_audio(pcm)
+
+    def _keep_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+        if self.session.state is TurnState.USER_SPEAKING:
+            if sum(len(p) for p in self._utterance) < MAX_UTTERANCE_S * 16_000:
+                self._utterance.append(pcm)
+        else:
+            self._preroll.append(pcm)
+
+    async def _consume_video(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if isinstance(frame, av.VideoFrame):
+                self.latest_video_frame = frame  # for the vision stage
+
+    async def _on_vad(self, event: VadEvent) -> None:
+        if event.kind is VadEventKind.START:
+            self._metrics.speech_starts.inc()
+            barge = self.session.speech_started(event.at_ms)
+            if barge is not None:
+                self._metrics.barge_ins.inc()
+                self._barge_onset_ms = event.onset_arrival_ms
+                await self._cancel_response()
+            self._utterance = list(self._preroll)
+            self._preroll.clear()
+        elif self.session.state is TurnState.USER_SPEAKING:
+            self.session.speech_stopped(event.at_ms)
+            utterance = (
+                np.concatenate(self._utterance) if self._utterance else np.zeros(0, np.int16)
+            )
+            self._utterance = []
+            self._start_response(self.session.epoch, utterance=utterance)
+        self._flush_events()
+
+    # --- replies ----------------------------------------------------------------------------
+    def _start_response(
+        self, epoch: int, utterance: npt.NDArray[np.int16] | None = None, text: str | None = None
+    ) -> None:
+        if self._pipeline is None:
+            if text is None:
+                self.session.commit_user_turn("")  # no ASR configured: listen only
+            else:
+                self.session.finish_response(epoch, "failed")
+                self._send_error("no_pipeline", "this server has no reply pipeline configured")
+            self._flush_events()
+            return
+        self._response = self._spawn(self._respond(self._pipeline, epoch, utterance, text), "reply")
+
+    async def _cancel_response(self) -> None:
+        task, self._response = self._response, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _respond(
+        self,
+        pipeline: TurnPipeline,
+        epoch: int,
+        utterance: npt.NDArray[np.int16] | None,
+        text: str | None,
+    ) -> None:
+        session = self.session
+        try:
+            if text is None:
+                assert utterance is not None
+                transcript = await pipeline.transcribe(utterance)
+                if epoch != session.epoch:
+                    return
+                self._send(
+                    {
+                        "type": "conversation.item.input_audio_transcription.completed",
+                        "epoch": epoch,
+                        "transcript": transcript,
+                    }
+                )
+                if session.commit_user_turn(transcript) is None:
+                    self._flush_events()
+                    return
+            if not session.start_response(epoch):
+                return
+            self._flush_events()
+            request = ReplyRequest(
+                self.session_id,
+                epoch,
+                session.history.context(self.config.runtime.recent_window_tokens),
+                session.conditions,
+            )
+            async for sentence in pipeline.reply(request):
+                chunk = session.open_chunk(epoch, sentence)
+                if chunk is None:
+                    return
+                self._flush_events()
+                self._send(
+                    {
+                        "type": "response.audio_transcript.delta",
+                        "epoch": epoch,
+                        "chunk_id": chunk.chunk_id,
+                        "delta": chunk.text,
+                    }
+                )
+                audio = await pipeline.synthesize(chunk.text, session.conditions)
+                pcm = audio.pcm
+                while True:
+                    payload = ChunkAudio(pcm, audio.words, final=True)
+                    accepted = session.deliver_audio(session.message(chunk, Stage.TTS, payload))
+                    if accepted is None:
+                        return
+                    pcm = pcm[accepted:]
+                    if len(pcm) == 0:
+                        break
+                    await asyncio.sleep(0.02)  # the lookahead budget is full: wait for playback
+            session.finish_response(epoch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: reply failed", self.session_id[:8])
+            self._send_error("engine_error", f"the reply failed: {type(exc).__name__}: {exc}")
+            session.finish_response(epoch, "failed")
+        finally:
+            self._flush_events()
+
+    # --- outbound media -------------------------------------------------------------------
+    def _pull_audio(self, n: int) -> npt.NDArray[np.int16]:
+        pulled = self.session.pull_audio(n)
+        underruns = self.session.playback.underruns
+        if underruns > self._underruns_seen:
+            self._metrics.underruns.inc(underruns - self._underruns_seen)
+            self._underruns_seen = underruns
+        self._level = pcm_level(pulled.pcm)
+        self._flush_events()
+        return pulled.pcm
+
+    def _get_level(self) -> float:
+        return min(1.0, self._level * 4)
+
+    def _on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
+        self._metrics.frame_lateness.observe(lateness_s)
+        self.send_log.append((pts, lateness_s))
+        if self._barge_onset_ms is not None and not pcm.any():
+            reaction = self.clock.now_ms() - self._barge_onset_ms
+            self._barge_onset_ms = None
+            self.barge_in_reactions_ms.append(reaction)
+            self._metrics.barge_in_reaction.observe(reaction / 1000)
+            log.info("session %s barge-in reaction %.0f ms", self.session_id[:8], reaction)
+
+    # --- events channel ---------------------------------------------------------------------
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != "events":
+            log.info("session %s: ignoring data channel %r", self.session_id[:8], channel.label)
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        self._spawn(self._client_events(), "client-events")
+        self._send(
+            {
+                "type": "session.created",
+                "session": {
+                    "id": self.session_id,
+                    "epoch": self.session.epoch,
+                    "persona": self.session.conditions.persona,
+                    "voice": self.session.conditions.voice,
+                    "appearance": self.session.conditions.appearance,
+                    "video": self.video_track is not None,
+                },
+            }
+        )
+        while self._outbox:
+            channel.send(json.dumps(self._outbox.popleft()))
+
+    def _send(self, event: dict[str, Any]) -> None:
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(json.dumps(event))
+        else:
+            self._outbox.append(event)
+
+    def _send_error(self, code: str, message: str, event_id: str | None = None) -> None:
+        self._send(ProtocolError(code, message, event_id).to_event())
+
+    def _flush_events(self) -> None:
+        for event in self.session.drain_events():
+            self._send(event.to_dict())
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            event = parse_client_event(raw, self.config.transport.max_event_bytes)
+        except ProtocolError as exc:
+            self._send(exc.to_event())
+            return
+        try:
+            self._inbox.put_nowait(event)
+        except asyncio.QueueFull:
+            self._send_error("rate_limited", "too many events queued", event.event_id)
+
+    async def _client_events(self) -> None:
+        """Handles client events one at a time, in order."""
+        while True:
+            await self._handle(await self._inbox.get())
+
+    async def _handle(self, event: ClientEvent) -> None:
+        session = self.session
+        try:
+            if isinstance(event, SessionUpdate):
+                session.request_update(event.changes)
+            elif isinstance(event, ResponseCancel):
+                if session.cancel_response() is None:
+                    self._send_error(
+                        "no_active_response", "there is no reply to cancel", event.event_id
+                    )
+                await self._cancel_response()
+            elif isinstance(event, TextInput):
+                _, barge = session.submit_text(event.text)
+                if barge is not None:
+                    self._metrics.barge_ins.inc()
+                await self._cancel_response()
+                self._start_response(session.epoch, text=event.text)
+            else:
+                session.ack_playback(event.played_ms)
+        except InvalidConditionUpdate as exc:
+            self._send_error(exc.code, str(exc), event.event_id)
+        except InvalidTransition as exc:
+            self._send_error("conversation_busy", f"not now: {exc}", event.event_id)
+        self._flush_events()
+
+    # --- diagnostics ----------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        cursors = self.session.cursors
+        return {
+            "session_id": self.session_id,
+            "state": self.state.value,
+            "turn": self.session.state.value,
+            "epoch": self.session.epoch,
+            "heard_until_ms": samples_to_ms(cursors.heard_until),
+            "playback_cursor_ms": samples_to_ms(cursors.playback_cursor),
+            "underruns": self.session.playback.underruns,
+            "barge_in_reactions_ms": list(self.barge_in_reactions_ms),
+        }

@@ -1,0 +1,119 @@
+"""The ``events`` data channel: client events parsed and validated into typed values.
+
+Client -> server (JSON objects with a ``type``):
+- ``session.update``: ``{"session": {"persona"?, "voice"?, "appearance"?}}``
+- ``response.cancel``: stop the reply now, keep what was heard
+- ``conversation.item.create``: typed user text, ``{"item": {"type": "message", "role": "user",
+  "content": [{"type": "input_text", "text": "..."}]}}`` or the short ``{"text": "..."}``
+- ``playback.ack``: ``{"played_ms": <ms of agent audio the client has played>}``
+An optional ``event_id`` (string) is echoed in the ``error`` event answering a bad event.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from server.errors import RuntimeErrorBase
+
+MAX_TEXT_CHARS = 2000
+
+
+class ProtocolError(RuntimeErrorBase):
+    """A client event that cannot be accepted; nothing was changed."""
+
+    def __init__(self, code: str, message: str, event_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.event_id = event_id
+
+    def to_event(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"type": "invalid_request_error", "code": self.code}
+        error["message"] = self.message
+        if self.event_id is not None:
+            error["event_id"] = self.event_id
+        return {"type": "error", "error": error}
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    changes: dict[str, object]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseCancel:
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TextInput:
+    text: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PlaybackAck:
+    played_ms: float
+    event_id: str | None = None
+
+
+ClientEvent = SessionUpdate | ResponseCancel | TextInput | PlaybackAck
+
+
+def _text_of(data: dict[str, Any], event_id: str | None) -> str:
+    if "text" in data:
+        text = data["text"]
+    else:
+        item = data.get("item")
+        content = item.get("content") if isinstance(item, dict) else None
+        if not (isinstance(content, list) and content and isinstance(content[0], dict)):
+            raise ProtocolError(
+                "invalid_item", "conversation.item.create needs item.content[0].text", event_id
+            )
+        if isinstance(item, dict) and item.get("role", "user") != "user":
+            raise ProtocolError("invalid_item", "only user items can be created", event_id)
+        text = content[0].get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ProtocolError("invalid_item", "text must be a non-empty string", event_id)
+    if len(text) > MAX_TEXT_CHARS:
+        raise ProtocolError("invalid_item", f"text longer than {MAX_TEXT_CHARS} chars", event_id)
+    return text.strip()
+
+
+def parse_client_event(raw: str | bytes, max_bytes: int) -> ClientEvent:
+    """Parse one data-channel message; raises ProtocolError with a code and a clear message."""
+    size = len(raw.encode() if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise ProtocolError("message_too_large", f"event of {size} bytes exceeds {max_bytes}")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("invalid_json", "event is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_event", "event must be a JSON object")
+    event_id = data.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ProtocolError("invalid_event", "event_id must be a string")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("invalid_event", "event needs a string 'type'", event_id)
+    if kind == "session.update":
+        session = data.get("session")
+        if not isinstance(session, dict):
+            raise ProtocolError(
+                "invalid_event", "session.update needs a 'session' object", event_id
+            )
+        return SessionUpdate(dict(session), event_id)
+    if kind == "response.cancel":
+        return ResponseCancel(event_id)
+    if kind == "conversation.item.create":
+        return TextInput(_text_of(data, event_id), event_id)
+    if kind == "playback.ack":
+        played = data.get("played_ms")
+        if isinstance(played, bool) or not isinstance(played, int | float) or played < 0:
+            raise ProtocolError("invalid_event", "played_ms must be a number >= 0", event_id)
+        return PlaybackAck(float(played), event_id)
+    raise ProtocolError("unknown_event", f"unknown event type {kind!r}", event_id)

@@ -1,0 +1,159 @@
+"""Turn detection on 16 kHz input: a cheap gate confirmed by a speech model, with hysteresis.
+
+Every 20 ms frame is judged voiced when the gate (webrtcvad) fires and the confirming model
+(Silero) agrees. ``speech_start_ms`` of consecutive voiced audio makes a speech start, stamped
+with the arrival time of the run's first frame (the barge-in reaction is measured from there);
+``end_of_turn_ms`` without speech makes a speech stop. The confirming model only runs while the
+gate has fired recently or speech is on, so silence and steady noise cost almost nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from server.config import VadConfig
+
+log = logging.getLogger(__name__)
+
+RATE_HZ = 16_000
+FRAME = 320  # 20 ms at 16 kHz
+Pcm16k = npt.NDArray[np.int16]
+
+STOP_HYSTERESIS = 0.15  # speech goes on while the probability stays above threshold - this
+GATE_HOLD_FRAMES = 10  # keep the confirming model running 200 ms after the gate last fired
+WARMUP_WINDOWS = 2  # windows of history fed to a freshly reset model
+
+
+class SpeechGate(Protocol):
+    def is_speech(self, frame: Pcm16k) -> bool: ...
+
+
+class SpeechProbability(Protocol):
+    window: int
+
+    def probability(self, window: Pcm16k) -> float: ...
+
+    def reset(self) -> None: ...
+
+
+class VadState(Enum):
+    SILENCE = "silence"
+    SPEECH = "speech"
+
+
+class VadEventKind(Enum):
+    START = "start"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class VadEvent:
+    """A decision: ``at_ms`` on the input timeline; ``onset_arrival_ms`` on the clock."""
+
+    kind: VadEventKind
+    at_ms: float
+    onset_arrival_ms: float
+
+
+class TurnDetector:
+    """Feeds frames to the gate and the confirming model; emits speech start/stop events."""
+
+    def __init__(self, gate: SpeechGate, confirm: SpeechProbability, config: VadConfig) -> None:
+        self._gate = gate
+        self._confirm = confirm
+        self._threshold = config.silero_threshold
+        self._start_frames = max(1, config.speech_start_ms // 20)
+        self._stop_frames = max(1, config.end_of_turn_ms // 20)
+        self._state = VadState.SILENCE
+        self._pending = np.zeros(0, np.int16)  # not yet a whole 20 ms frame
+        self._window_buf = np.zeros(0, np.int16)  # not yet a whole model window
+        self._history: deque[Pcm16k] = deque(maxlen=WARMUP_WINDOWS * 2)
+        self._model_on = False
+        self._since_gate = GATE_HOLD_FRAMES + 1
+        self._prob = 0.0
+        self._run = 0
+        self._run_arrival = 0.0
+        self._quiet = 0
+        self._samples = 0
+        self.frames = 0
+        self.model_windows = 0
+
+    @property
+    def state(self) -> VadState:
+        return self._state
+
+    @property
+    def position_ms(self) -> float:
+        """Input audio judged so far (ms)."""
+        return self._samples * 1000 / RATE_HZ
+
+    def push(self, pcm: Pcm16k, arrival_ms: float) -> list[VadEvent]:
+        """Judge newly received 16 kHz audio that arrived at ``arrival_ms``."""
+        data = np.concatenate([self._pending, pcm]) if len(self._pending) else pcm
+        events: list[VadEvent] = []
+        n = len(data) // FRAME * FRAME
+        for start in range(0, n, FRAME):
+            event = self._frame(data[start : start + FRAME], arrival_ms)
+            if event is not None:
+                events.append(event)
+        self._pending = data[n:].copy()
+        return events
+
+    def _frame(self, frame: Pcm16k, arrival_ms: float) -> VadEvent | None:
+        self.frames += 1
+        self._samples += FRAME
+        gate = self._gate.is_speech(frame)
+        self._since_gate = 0 if gate else self._since_gate + 1
+        self._feed_model(frame)
+        if self._state is VadState.SILENCE:
+            voiced = gate and self._prob >= self._threshold
+            if voiced:
+                if self._run == 0:
+                    self._run_arrival = arrival_ms
+                self._run += 1
+            else:
+                self._run = 0
+            if self._run >= self._start_frames:
+                return self._to(VadState.SPEECH, VadEventKind.START, self._run * FRAME)
+            return None
+        speaking = self._prob >= self._threshold - STOP_HYSTERESIS
+        self._quiet = 0 if speaking else self._quiet + 1
+        if self._quiet >= self._stop_frames:
+            return self._to(VadState.SILENCE, VadEventKind.STOP, self._quiet * FRAME)
+        return None
+
+    def _feed_model(self, frame: Pcm16k) -> None:
+        """Run the confirming model on whole windows while the gate is (recently) open."""
+        wanted = self._state is VadState.SPEECH or self._since_gate <= GATE_HOLD_FRAMES
+        if wanted and not self._model_on:
+            self._confirm.reset()
+            self._model_on = True
+            history = np.concatenate(list(self._history)) if self._history else frame[:0]
+            self._window_buf = history[-WARMUP_WINDOWS * self._confirm.window :]
+        elif not wanted and self._model_on:
+            self._model_on = False
+            self._prob = 0.0
+        self._history.append(frame)
+        if not self._model_on:
+            return
+        self._window_buf = np.concatenate([self._window_buf, frame])
+        size = self._confirm.window
+        while len(self._window_buf) >= size:
+            self._prob = self._confirm.probability(self._window_buf[:size])
+            self._window_buf = self._window_buf[size:]
+            self.model_windows += 1
+
+    def _to(self, new: VadState, kind: VadEventKind, back_samples: int) -> VadEvent:
+        """The one place the state changes; the event is stamped where the run began."""
+        old, self._state = self._state, new
+        self._run = self._quiet = 0
+        at_ms = (self._samples - back_samples) * 1000 / RATE_HZ
+        log.debug("vad: %s -> %s at %.0f ms", old.value, new.value, at_ms)
+        return VadEvent(kind, at_ms, self._run_arrival)

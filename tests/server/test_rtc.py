@@ -1,0 +1,49 @@
+"""aiortc settings the project owns, checked on the real code path."""
+
+from __future__ import annotations
+
+import aioice.ice
+from aiortc import RTCConfiguration, RTCPeerConnection
+
+from models.vad import SileroVad, WebRtcGate
+from server.config import Config, TransportConfig, VadConfig
+from server.metrics import Metrics
+from server.peer import PeerSession
+from server.rtc import audio_jitter_prefetch, pin_host_addresses, rtc_configuration
+from server.vad import TurnDetector
+
+
+async def test_server_peer_releases_inbound_audio_after_one_packet() -> None:
+    pin_host_addresses(["127.0.0.1"])
+    client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    client.addTransceiver("audio", direction="sendrecv")
+    client.createDataChannel("events")
+    await client.setLocalDescription(await client.createOffer())
+    detector = TurnDetector(WebRtcGate(2), SileroVad(), VadConfig())
+    peer = PeerSession("p" * 32, Config(), detector, None, Metrics(), lambda _: None)
+    try:
+        answer = await peer.answer(client.localDescription.sdp)
+        assert "a=candidate" in answer.sdp and "127.0.0.1" in answer.sdp
+        receivers = [t.receiver for t in peer.pc.getTransceivers() if t.kind == "audio"]
+        assert [audio_jitter_prefetch(r) for r in receivers] == [1]  # aiortc's default is 4
+    finally:
+        await peer.close()
+        await client.close()
+
+
+def test_no_public_stun_by_default_and_configured_servers_otherwise() -> None:
+    assert rtc_configuration(TransportConfig()).iceServers == []
+    configured = rtc_configuration(
+        TransportConfig(ice_urls=("turn:127.0.0.1:3478",), ice_username="u", ice_credential="p")
+    )
+    (server,) = configured.iceServers or []
+    assert server.urls == ["turn:127.0.0.1:3478"]
+    assert server.username == "u" and server.credential == "p"
+
+
+def test_host_address_pinning_filters_by_family() -> None:
+    pin_host_addresses(["127.0.0.1", "::1"])
+    assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False) == ["127.0.0.1"]
+    assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True) == ["127.0.0.1", "::1"]
+    pin_host_addresses([])
+    assert "127.0.0.1" not in aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False)

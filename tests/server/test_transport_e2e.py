@@ -1,0 +1,242 @@
+"""Real peers over loopback: an aiortc client against the server process (tone pipeline)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from server.client import ClientPeer
+from server.rtc import pin_host_addresses
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
+from tests.support.speech import silence, speak, voiced_span_ms
+
+QUESTION = "Hello there. What is the weather like today?"
+INTERRUPT = "Wait, stop, I have another question."
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        {"pipeline.factory": TONE_PIPELINE, "transport.max_sessions": "3"},
+        env={"TONE_PIPELINE_MS": "2500", "TONE_PIPELINE_SENTENCES": "2"},
+    ).start()
+    yield proc
+    assert proc.stop() == 0, proc.log()
+    assert "all sessions closed" in proc.log()
+
+
+@pytest.fixture(autouse=True)
+def client_ice() -> None:
+    pin_host_addresses(["127.0.0.1"])  # the client side of the loopback call
+
+
+@pytest.fixture
+async def peers() -> AsyncIterator[list[ClientPeer]]:
+    opened: list[ClientPeer] = []
+    yield opened
+    for peer in opened:
+        await peer.close()
+
+
+def rms(pcm: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
+
+
+async def wait_sessions(server: ServerProcess, count: int, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        health = server.health()
+        if health["sessions"] == count or time.monotonic() > deadline:
+            return health
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("whip", [False, True], ids=["offer", "whip"])
+async def test_spoken_question_gets_events_and_a_paced_reply(
+    server: ServerProcess, peers: list[ClientPeer], whip: bool
+) -> None:
+    question = speak(QUESTION)
+    onset_ms, end_ms = voiced_span_ms(question)
+    peer = ClientPeer(server.url, whip=whip)
+    peers.append(peer)
+    await peer.connect()
+    created = await peer.wait_event("session.created")
+    assert created["session"]["id"] == peer.session_id
+    assert len(peer.session_id or "") >= 22  # >= 128 random bits, URL-safe
+    peer.mic.play(np.concatenate([silence(500), question]))
+    started = await peer.wait_event("input_audio_buffer.speech_started", timeout=10)
+    stopped = await peer.wait_event("input_audio_buffer.speech_stopped", timeout=15)
+    # the input timeline starts at the first audio frame the server received
+    assert abs(started["audio_start_ms"] - (500 + onset_ms)) < 300
+    assert abs(stopped["audio_end_ms"] - (500 + end_ms)) < 400
+    transcript = await peer.wait_event("conversation.item.input_audio_transcription.completed")
+    assert transcript["transcript"].startswith("utterance of")
+    created_resp = await peer.wait_event("response.created")
+    assert created_resp["epoch"] == 0
+    delta = await peer.wait_event("response.audio_transcript.delta")
+    assert delta["epoch"] == 0 and delta["delta"].startswith("Tone number 1")
+    done = await peer.wait_event("response.done", timeout=15)
+    assert done == {"type": "response.done", "epoch": 0, "status": "completed"}
+    await asyncio.sleep(0.5)
+    # we heard the 2 x 2.5 s reply
+    audio = peer.received_audio()
+    loud_frames = [rms(audio[i : i + 960]) > 1000 for i in range(0, len(audio), 960)]
+    assert 4.8 <= sum(loud_frames) * 0.02 <= 5.2
+    # pacing: audio arrives at real time, never ahead of it
+    first, last = peer.audio[0][0], peer.audio[-1][0]
+    assert len(audio) / 48_000 <= (last - first) + 0.3
+    if not whip:
+        assert peer.video_count > 25  # video frames are flowing too
+
+
+async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    peer = ClientPeer(server.url, video=False)
+    peers.append(peer)
+    await peer.connect()
+    peer.mic.play(np.concatenate([silence(300), speak(QUESTION)]))
+    await peer.wait_event("response.audio_transcript.delta", timeout=15)
+    # wait until the reply is audible at the client, then talk over it
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(rms(p) > 1000 for _, p in peer.audio[-5:]):
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
+    peer.mic.play(speak(INTERRUPT))
+    n = len(peer.events)
+    truncated = await peer.wait_event("conversation.item.truncated", timeout=5, after=n)
+    t_truncated = time.monotonic()
+    assert truncated["epoch"] == 0
+    assert truncated["audio_end_ms"] > 0
+    assert truncated["heard_text"] and "Tone number 1" in "Tone number 1 for epoch 0."
+    done = await peer.wait_event("response.done", after=n)
+    assert done["status"] == "cancelled" and done["epoch"] == 0
+    # output is silent from shortly after the decision (network + client jitter buffer)
+    await asyncio.sleep(0.8)
+    after = [p for t, p in peer.audio if t > t_truncated + 0.25]
+    assert after and max(rms(p) for p in after) < 50
+    # the interruption is a new turn: its reply carries the new epoch
+    reply = await peer.wait_event("response.created", timeout=15, after=n)
+    assert reply["epoch"] == 1
+    metrics = server.metrics()
+    assert metric_value(metrics, "avatar_barge_ins_total") >= 1
+    assert metric_value(metrics, "avatar_barge_in_reaction_seconds_count") >= 1
+
+
+async def test_data_channel_protocol(server: ServerProcess, peers: list[ClientPeer]) -> None:
+    peer = ClientPeer(server.url, video=False)
+    peers.append(peer)
+    await peer.connect()
+    await peer.wait_event("session.created")
+    cases = [
+        ("not json", "invalid_json"),
+        ('{"type": "teleport"}', "unknown_event"),
+        ('{"no_type": 1}', "invalid_event"),
+        ('{"type": "session.update", "session": {"colour": "red"}}', "invalid_session_update"),
+        ('{"type": "conversation.item.create", "text": "  "}', "invalid_item"),
+        ('{"type": "playback.ack", "played_ms": -5}', "invalid_event"),
+        ('{"type": "response.cancel", "event_id": "c1"}', "no_active_response"),
+        ("x" * 20_000, "message_too_large"),
+    ]
+    for raw, code in cases:
+        n = len(peer.events)
+        peer.channel.send(raw)
+        error = await peer.wait_event("error", after=n)
+        assert error["error"]["code"] == code, raw
+    peer.send({"type": "session.update", "session": {"voice": "amy", "appearance": "robot"}})
+    updated = await peer.wait_event("session.updated")
+    assert updated["voice"] == "amy" and updated["appearance"] == "robot"
+    assert updated["version"] == 1
+    # typed text is a whole turn: a reply follows
+    peer.send({"type": "conversation.item.create", "text": "Hello by keyboard"})
+    created = await peer.wait_event("response.created")
+    assert created["epoch"] == 0
+    peer.send({"type": "response.cancel"})
+    done = await peer.wait_event("response.done")
+    assert done["status"] == "cancelled"
+
+
+async def test_bad_requests_leave_nothing_behind(server: ServerProcess) -> None:
+    before = await wait_sessions(server, 0)
+    url = server.url
+    big = "v=0\r\n" + "a=x\r\n" * 20_000
+    async with aiohttp.ClientSession() as http:
+        cases: list[tuple[str, str, dict[str, Any], int]] = [
+            (
+                "post",
+                "/offer",
+                {"data": "{nope", "headers": {"Content-Type": "application/json"}},
+                400,
+            ),
+            ("post", "/offer", {"json": {"type": "offer", "sdp": "hello"}}, 400),
+            ("post", "/offer", {"json": {"type": "answer", "sdp": "v=0"}}, 400),
+            ("post", "/offer", {"json": {"type": "offer", "sdp": "v=0\r\nm=audio 9 X 0\r\n"}}, 400),
+            ("post", "/offer", {"data": "{}", "headers": {"Content-Type": "text/plain"}}, 415),
+            ("post", "/offer", {"json": {"type": "offer", "sdp": big}}, 413),
+            (
+                "post",
+                "/whip",
+                {"data": "v=0", "headers": {"Content-Type": "application/json"}},
+                415,
+            ),
+            (
+                "post",
+                "/whip",
+                {"data": "garbage", "headers": {"Content-Type": "application/sdp"}},
+                400,
+            ),
+            ("post", "/whip", {"data": big, "headers": {"Content-Type": "application/sdp"}}, 413),
+            ("delete", "/whip/not-a-session", {}, 404),
+        ]
+        for method, path, kwargs, status in cases:
+            async with http.request(method, url + path, **kwargs) as resp:
+                assert resp.status == status, (path, kwargs.keys(), await resp.text())
+                body = await resp.json()
+                assert isinstance(body["error"], str) and body["error"]
+    after = await wait_sessions(server, 0)
+    assert after["sessions"] == 0
+    assert after["tasks"] <= before["tasks"]  # no peer, no task left behind
+
+
+async def test_full_server_answers_503_and_others_keep_going(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    await wait_sessions(server, 0)
+    for _ in range(3):
+        peer = ClientPeer(server.url, video=False)
+        peers.append(peer)
+        await peer.connect()
+    extra = ClientPeer(server.url, video=False)
+    with pytest.raises(RuntimeError, match="offer 503"):
+        await extra.connect()
+    await extra.close()
+    async with aiohttp.ClientSession() as http:
+        offer = {"type": "offer", "sdp": peers[0].pc.localDescription.sdp}
+        async with http.post(server.url + "/offer", json=offer) as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == "5"
+            assert (await resp.json())["error"]
+    assert metric_value(server.metrics(), "avatar_sessions_rejected_total") >= 2
+    # the connected sessions still work
+    peers[0].send({"type": "conversation.item.create", "text": "still there?"})
+    await peers[0].wait_event("response.created")
+    for peer in list(peers):
+        await peer.close()
+        peers.remove(peer)
+    health = await wait_sessions(server, 0)
+    assert health["sessions"] == 0
+
+
+async def test_vanished_client_is_cleaned_up(server: ServerProcess) -> None:
+    await wait_sessions(server, 0)
+    peer = ClientPeer(server.url, video=False)
+    await peer.connect()
+    assert (await wait_sessions(server, 1))["sessions"] == 1
+    await peer.close()  # /offer clients have no DELETE: the peer connection just goes away
+    assert (await wait_sessions(server, 0, timeout=20))["sessions"] == 0

@@ -1,0 +1,35 @@
+"""Spoken test audio from espeak-ng (installed by scripts/setup.sh), at 48 kHz mono int16."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from server.client import load_wav
+
+
+@functools.cache
+def speak(text: str) -> npt.NDArray[np.int16]:
+    """``text`` spoken by espeak-ng, resampled to 48 kHz mono."""
+    if shutil.which("espeak-ng") is None:
+        raise RuntimeError("espeak-ng is required for spoken test audio (scripts/setup.sh)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "speech.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+        return load_wav(path)
+
+
+def voiced_span_ms(pcm: npt.NDArray[np.int16], threshold: int = 500) -> tuple[float, float]:
+    """First and last sample louder than ``threshold``, in ms at 48 kHz."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > threshold)
+    return loud[0] / 48.0, loud[-1] / 48.0
+
+
+def silence(ms: float) -> npt.NDArray[np.int16]:
+    return np.zeros(int(ms * 48), np.int16)

@@ -1,0 +1,64 @@
+"""A deterministic reply pipeline for transport tests: replies are tones of a known length.
+
+Never the server's default; tests select it with ``--set pipeline.factory=
+tests.support.tone_pipeline:create``. ``TONE_PIPELINE_MS`` sets each sentence's length (ms) and
+``TONE_PIPELINE_SENTENCES`` how many sentences a reply has.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import numpy as np
+import numpy.typing as npt
+
+from server.chunk import WordTiming
+from server.conditions import Conditions
+from server.config import Config
+from server.media import ms_to_samples
+from server.pipeline import ReplyRequest, SpeechAudio
+
+TONE_HZ = 440.0
+AMPLITUDE = 8000
+
+
+def tone(ms: float) -> npt.NDArray[np.int16]:
+    n = ms_to_samples(ms)
+    t = np.arange(n) / 48_000
+    pcm = (AMPLITUDE * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.int16)
+    fade = min(n // 2, 240)  # 5 ms ramps: no click at the edges
+    ramp = np.linspace(0.0, 1.0, fade)
+    pcm[:fade] = (pcm[:fade] * ramp).astype(np.int16)
+    pcm[n - fade :] = (pcm[n - fade :] * ramp[::-1]).astype(np.int16)
+    return pcm
+
+
+class TonePipeline:
+    def __init__(self, sentence_ms: float, sentences: int) -> None:
+        self.sentence_ms = sentence_ms
+        self.sentences = sentences
+
+    async def transcribe(self, utterance: npt.NDArray[np.int16]) -> str:
+        return f"utterance of {len(utterance) * 1000 // 16_000} ms"
+
+    async def reply(self, request: ReplyRequest) -> AsyncIterator[str]:
+        for i in range(self.sentences):
+            yield f"Tone number {i + 1} for epoch {request.epoch}."
+
+    async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
+        pcm = tone(self.sentence_ms)
+        words = text.split()
+        per = len(pcm) // len(words)
+        timings = tuple(WordTiming(w, i * per, (i + 1) * per) for i, w in enumerate(words))
+        return SpeechAudio(pcm, timings)
+
+    async def close(self) -> None:
+        pass
+
+
+def create(config: Config) -> TonePipeline:
+    return TonePipeline(
+        float(os.environ.get("TONE_PIPELINE_MS", "1500")),
+        int(os.environ.get("TONE_PIPELINE_SENTENCES", "2")),
+    )
