@@ -53,6 +53,17 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
+async def debug_sessions(request: web.Request) -> web.Response:
+    """Figures of live and recently closed sessions (only with server.debug_endpoints)."""
+    registry = request.app[REGISTRY_KEY]
+    return web.json_response(
+        {
+            "live": [peer.describe() for peer in registry.sessions.values()],
+            "closed": list(registry.finished),
+        }
+    )
+
+
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(web_root(request.app[CONFIG_KEY]) / "index.html")
 
@@ -87,6 +98,8 @@ def create_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", index)
+    if config.server.debug_endpoints:
+        app.router.add_get("/debug/sessions", debug_sessions)
     add_routes(app)
     root = web_root(config)
     if root.is_dir():

@@ -19,6 +19,7 @@ import time
 import wave
 from collections import deque
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ
+from server.rtc import pin_host_addresses
 
 log = logging.getLogger("client")
 PCM = npt.NDArray[np.int16]
@@ -264,6 +266,8 @@ class ClientPeer:
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.pin_host:
+        pin_host_addresses(args.pin_host)
     mic = ScriptedMic()
     peer = ClientPeer(
         args.url,
@@ -293,9 +297,10 @@ async def run(args: argparse.Namespace) -> int:
             first = peer.video_frames[0][1]
             stream.width, stream.height = first.width, first.height
             stream.pix_fmt = "yuv420p"
-            for _, frame in peer.video_frames:
-                frame.pts = None
-                for packet in stream.encode(frame.reformat(format="yuv420p")):
+            for index, (_, frame) in enumerate(peer.video_frames):
+                picture = frame.reformat(format="yuv420p")
+                picture.pts, picture.time_base = index, Fraction(1, 25)
+                for packet in stream.encode(picture):
                     container.mux(packet)
             for packet in stream.encode():
                 container.mux(packet)
@@ -320,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-video", action="store_true", help="do not ask for the video track")
     parser.add_argument("--record-audio", type=Path, help="write received audio to this WAV")
     parser.add_argument("--record-video", type=Path, help="write received video to this MP4")
+    parser.add_argument(
+        "--pin-host",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help="offer only this host address as ICE candidate (repeatable), e.g. 127.0.0.1",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
     return asyncio.run(run(args))

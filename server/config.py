@@ -34,6 +34,9 @@ class ServerConfig:
     port: int = _setting(8080, "TCP port of the HTTP server.", min=0, max=65535)
     log_level: str = _setting("INFO", "Log level.", choices=LOG_LEVELS)
     web_dir: str = _setting("web", "Folder of the demo page, relative to the project root.")
+    debug_endpoints: bool = _setting(
+        False, "Serve GET /debug/sessions (per-session figures; for benchmarks, not the public)."
+    )
     shutdown_timeout_s: float = _setting(
         5.0, "Seconds a graceful shutdown waits for sessions to close.", min=0.0, max=600.0
     )

@@ -99,6 +99,7 @@ class PeerSession:
         self._underruns_seen = 0
         self.latest_video_frame: av.VideoFrame | None = None
         self.barge_in_reactions_ms: list[float] = []
+        self.speech_starts = 0
         self.send_log: deque[tuple[int, float]] = deque(maxlen=3000)  # (pts, lateness s)
         self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
         tc = config.transport
@@ -226,6 +227,7 @@ class PeerSession:
     async def _on_vad(self, event: VadEvent) -> None:
         if event.kind is VadEventKind.START:
             self._metrics.speech_starts.inc()
+            self.speech_starts += 1
             barge = self.session.speech_started(event.at_ms)
             if barge is not None:
                 self._metrics.barge_ins.inc()
@@ -434,7 +436,9 @@ class PeerSession:
 
     # --- diagnostics ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
+        """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
         cursors = self.session.cursors
+        lateness = sorted(late * 1000 for _, late in self.send_log)
         return {
             "session_id": self.session_id,
             "state": self.state.value,
@@ -443,5 +447,19 @@ class PeerSession:
             "heard_until_ms": samples_to_ms(cursors.heard_until),
             "playback_cursor_ms": samples_to_ms(cursors.playback_cursor),
             "underruns": self.session.playback.underruns,
+            "speech_starts": self.speech_starts,
             "barge_in_reactions_ms": list(self.barge_in_reactions_ms),
+            "audio_frames_logged": len(lateness),
+            "frame_lateness_ms": {
+                "p50": _pick(lateness, 0.50),
+                "p99": _pick(lateness, 0.99),
+                "max": lateness[-1] if lateness else None,
+            },
         }
+
+
+def _pick(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile of an ascending list (nearest rank); None when empty."""
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

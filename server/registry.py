@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from aiortc import RTCSessionDescription
 
@@ -39,6 +41,7 @@ class SessionRegistry:
         self.sessions: dict[str, PeerSession] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
+        self.finished: deque[dict[str, Any]] = deque(maxlen=256)  # describe() of closed ones
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -82,6 +85,7 @@ class SessionRegistry:
         if peer is None:
             raise NotFound("no such session")
         await peer.close()
+        self.finished.append(peer.describe())
         self._metrics.sessions_active.set(len(self.sessions))
         log.info("session %s closed (%d active)", session_id[:8], len(self.sessions))
 

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import av
 import numpy as np
 import pytest
 
-from server.client import ClientPeer
+from server.client import ClientPeer, load_wav, save_wav
 from server.rtc import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
 from tests.support.speech import silence, speak, voiced_span_ms
@@ -240,3 +246,69 @@ async def test_vanished_client_is_cleaned_up(server: ServerProcess) -> None:
     assert (await wait_sessions(server, 1))["sessions"] == 1
     await peer.close()  # /offer clients have no DELETE: the peer connection just goes away
     assert (await wait_sessions(server, 0, timeout=20))["sessions"] == 0
+
+
+async def test_whip_resource_lifecycle(server: ServerProcess) -> None:
+    await wait_sessions(server, 0)
+    peer = ClientPeer(server.url, whip=True, video=False)
+    await peer.connect()
+    assert peer.location is not None and peer.location.startswith("/whip/")
+    async with aiohttp.ClientSession() as http:
+        offer = peer.pc.localDescription.sdp
+        headers = {"Content-Type": "application/sdp"}
+        async with http.post(server.url + "/whip", data=offer, headers=headers) as resp:
+            assert resp.status == 201
+            assert resp.content_type == "application/sdp"
+            assert (await resp.text()).startswith("v=0")
+            second = resp.headers["Location"]
+        assert (await wait_sessions(server, 2))["sessions"] == 2
+        for location in (peer.location, second):
+            async with http.delete(server.url + location) as resp:
+                assert resp.status == 200
+            async with http.delete(server.url + location) as resp:
+                assert resp.status == 404  # gone, and only once
+    await peer.close(delete=False)
+    assert (await wait_sessions(server, 0))["sessions"] == 0
+
+
+def test_command_line_peer_records_a_reply(server: ServerProcess, tmp_path: Path) -> None:
+    wav = tmp_path / "question.wav"
+    save_wav(wav, np.concatenate([silence(300), speak(QUESTION)]))
+    out_wav, out_mp4 = tmp_path / "reply.wav", tmp_path / "reply.mp4"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server.client",
+            "--url",
+            server.url,
+            "--wav",
+            str(wav),
+            "--duration",
+            "9",
+            "--record-audio",
+            str(out_wav),
+            "--record-video",
+            str(out_mp4),
+            "--pin-host",
+            "127.0.0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kinds = [json.loads(line)["type"] for line in proc.stdout.splitlines() if line.startswith("{")]
+    for kind in (
+        "session.created",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "response.created",
+    ):
+        assert kind in kinds
+    audio = load_wav(out_wav)
+    assert rms(audio) > 500  # the tone reply was recorded
+    with av.open(str(out_mp4)) as container:
+        assert container.streams.video[0].frames > 50
