@@ -97,8 +97,7 @@ async def test_spoken_question_gets_events_and_a_paced_reply(
     # pacing: audio arrives at real time, never ahead of it
     first, last = peer.audio[0][0], peer.audio[-1][0]
     assert len(audio) / 48_000 <= (last - first) + 0.3
-    if not whip:
-        assert peer.video_count > 25  # video frames are flowing too
+    assert peer.video_count > 25  # video frames are flowing too
 
 
 async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
