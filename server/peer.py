@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -27,7 +28,7 @@ from server.config import Config
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.media import MEDIA_RATE_HZ, samples_to_ms
 from server.metrics import Metrics
-from server.pipeline import ReplyRequest, TurnPipeline
+from server.pipeline import ReplyRequest, TurnPipeline, TurnTrace
 from server.protocol import (
     ClientEvent,
     ProtocolError,
@@ -55,6 +56,29 @@ class PeerState(Enum):
     CONNECTED = "connected"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class _Partial:
+    """A partial transcript and how many utterance samples (16 kHz) it heard."""
+
+    covered: int
+    text: str
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,!?;:\"'").lower() for w in text.split()]
+
+
+def stable_words(previous: str, current: str) -> str:
+    """Local agreement: the words two consecutive partial transcripts agree on, from the start
+    (case and punctuation aside), as written in ``current``."""
+    agreed = 0
+    for a, b in zip(_words(previous), _words(current), strict=False):
+        if a != b:
+            break
+        agreed += 1
+    return " ".join(current.split()[:agreed])
 
 
 class LoopClock:
@@ -99,6 +123,12 @@ class PeerSession:
         self._underruns_seen = 0
         self.latest_video_frame: av.VideoFrame | None = None
         self.barge_in_reactions_ms: list[float] = []
+        self.traces: deque[dict[str, Any]] = deque(maxlen=64)
+        self._trace: TurnTrace | None = None
+        self._partials: asyncio.Task[None] | None = None
+        self._partial = _Partial(0, "")
+        self._stable = ""
+        self._prefill_cached = 0
         self.speech_starts = 0
         self.send_log: deque[tuple[int, float]] = deque(maxlen=3000)  # (pts, lateness s)
         self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
@@ -233,20 +263,84 @@ class PeerSession:
                 self._metrics.barge_ins.inc()
                 self._barge_onset_ms = event.onset_arrival_ms
                 await self._cancel_response()
-            self._utterance = list(self._preroll)
-            self._preroll.clear()
+            if self.session.state is TurnState.USER_SPEAKING and self._partials is None:
+                self._utterance = list(self._preroll)
+                self._preroll.clear()
+                self._partial = _Partial(0, "")
+                self._stable = ""
+                if self._pipeline is not None and self.config.pipeline.incremental:
+                    self._partials = self._spawn(self._partial_loop(self._pipeline), "partials")
         elif self.session.state is TurnState.USER_SPEAKING:
+            await self._stop_partials()
+            trace = TurnTrace(endpoint_ms=self.clock.now_ms())
             self.session.speech_stopped(event.at_ms)
             utterance = (
                 np.concatenate(self._utterance) if self._utterance else np.zeros(0, np.int16)
             )
             self._utterance = []
-            self._start_response(self.session.epoch, utterance=utterance)
+            # the audio after this index is the end-of-turn silence
+            silence = int((self._detector.position_ms - event.at_ms) * 16)
+            speech_end = max(0, len(utterance) - silence)
+            self._start_response(
+                self.session.epoch, trace, utterance=utterance, speech_end=speech_end
+            )
         self._flush_events()
 
+    # --- while the user speaks: partial transcripts and prefill -------------------------------
+    async def _partial_loop(self, pipeline: TurnPipeline) -> None:
+        """Re-decode the growing utterance every interval; push its stable words into the LLM."""
+        interval = self.config.pipeline.partial_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            audio = np.concatenate(self._utterance) if self._utterance else None
+            if audio is None or len(audio) <= self._partial.covered or len(audio) < 4800:
+                continue
+            heard = self.session.cursors.heard_until
+            text = await pipeline.partial_transcript(audio)
+            previous, self._partial = self._partial, _Partial(len(audio), text)
+            stable = stable_words(previous.text, text)
+            self._send(
+                {
+                    "type": "conversation.item.input_audio_transcription.delta",
+                    "transcript": text,
+                    "stable": stable,
+                }
+            )
+            if len(stable) > len(self._stable):
+                self._stable = stable
+                self.session.set_user_transcript(stable)
+                request = self._request(self.session.epoch)
+                cached = await pipeline.prefill(request)
+                self._prefill_cached = max(self._prefill_cached, cached)
+                self.session.advance_prefilled(
+                    max(
+                        self.session.cursors.prefilled_until,
+                        min(heard, self.session.cursors.heard_until),
+                    )
+                )
+
+    async def _stop_partials(self) -> None:
+        task, self._partials = self._partials, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     # --- replies ----------------------------------------------------------------------------
+    def _request(self, epoch: int) -> ReplyRequest:
+        return ReplyRequest(
+            self.session_id,
+            epoch,
+            self.session.history.context(self.config.runtime.recent_window_tokens),
+            self.session.conditions,
+        )
+
     def _start_response(
-        self, epoch: int, utterance: npt.NDArray[np.int16] | None = None, text: str | None = None
+        self,
+        epoch: int,
+        trace: TurnTrace,
+        utterance: npt.NDArray[np.int16] | None = None,
+        speech_end: int = 0,
+        text: str | None = None,
     ) -> None:
         if self._pipeline is None:
             if text is None:
@@ -256,26 +350,47 @@ class PeerSession:
                 self._send_error("no_pipeline", "this server has no reply pipeline configured")
             self._flush_events()
             return
-        self._response = self._spawn(self._respond(self._pipeline, epoch, utterance, text), "reply")
+        trace.prefill_cached_tokens, self._prefill_cached = self._prefill_cached, 0
+        self._trace = trace
+        self._response = self._spawn(
+            self._respond(self._pipeline, epoch, trace, utterance, speech_end, text), "reply"
+        )
 
     async def _cancel_response(self) -> None:
+        self._trace = None
         task, self._response = self._response, None
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    async def _final_transcript(
+        self, pipeline: TurnPipeline, utterance: npt.NDArray[np.int16], speech_end: int
+    ) -> str:
+        """The last partial when it already heard all the speech; else decode the utterance."""
+        if self.config.pipeline.incremental and self._partial.covered >= speech_end > 0:
+            return self._partial.text
+        return await pipeline.transcribe(utterance)
+
+    async def _wait_for_room(self) -> None:
+        """Stop pulling reply text while the lookahead budget is full; resume as it drains."""
+        while self.session.playback.space == 0:
+            await asyncio.sleep(0.02)
+
     async def _respond(
         self,
         pipeline: TurnPipeline,
         epoch: int,
+        trace: TurnTrace,
         utterance: npt.NDArray[np.int16] | None,
+        speech_end: int,
         text: str | None,
     ) -> None:
         session = self.session
         try:
             if text is None:
                 assert utterance is not None
-                transcript = await pipeline.transcribe(utterance)
+                transcript = await self._final_transcript(pipeline, utterance, speech_end)
+                trace.asr_final_ms = self.clock.now_ms()
                 if epoch != session.epoch:
                     return
                 self._send(
@@ -288,16 +403,12 @@ class PeerSession:
                 if session.commit_user_turn(transcript) is None:
                     self._flush_events()
                     return
+            else:
+                trace.asr_final_ms = trace.endpoint_ms
             if not session.start_response(epoch):
                 return
             self._flush_events()
-            request = ReplyRequest(
-                self.session_id,
-                epoch,
-                session.history.context(self.config.runtime.recent_window_tokens),
-                session.conditions,
-            )
-            async for sentence in pipeline.reply(request):
+            async for sentence in pipeline.reply(self._request(epoch), trace):
                 chunk = session.open_chunk(epoch, sentence)
                 if chunk is None:
                     return
@@ -311,6 +422,8 @@ class PeerSession:
                     }
                 )
                 audio = await pipeline.synthesize(chunk.text, session.conditions)
+                if trace.first_tts_ms is None:
+                    trace.first_tts_ms = self.clock.now_ms()
                 pcm = audio.pcm
                 while True:
                     payload = ChunkAudio(pcm, audio.words, final=True)
@@ -320,7 +433,8 @@ class PeerSession:
                     pcm = pcm[accepted:]
                     if len(pcm) == 0:
                         break
-                    await asyncio.sleep(0.02)  # the lookahead budget is full: wait for playback
+                    await self._wait_for_room()
+                await self._wait_for_room()
             session.finish_response(epoch)
         except asyncio.CancelledError:
             raise
@@ -347,6 +461,13 @@ class PeerSession:
 
     def _on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
         self._metrics.frame_lateness.observe(lateness_s)
+        trace = self._trace
+        if trace is not None and trace.first_audio_ms is None and pcm.any():
+            trace.first_audio_ms = self.clock.now_ms()
+            timings = {"epoch": self.session.epoch, **trace.as_dict()}
+            self.traces.append(timings)
+            self._send({"type": "response.timings", **timings})
+            self._trace = None
         self.send_log.append((pts, lateness_s))
         if self._barge_onset_ms is not None and not pcm.any():
             reaction = self.clock.now_ms() - self._barge_onset_ms
@@ -425,7 +546,8 @@ class PeerSession:
                 if barge is not None:
                     self._metrics.barge_ins.inc()
                 await self._cancel_response()
-                self._start_response(session.epoch, text=event.text)
+                trace = TurnTrace(endpoint_ms=self.clock.now_ms())
+                self._start_response(session.epoch, trace, text=event.text)
             else:
                 session.ack_playback(event.played_ms)
         except InvalidConditionUpdate as exc:
@@ -449,6 +571,11 @@ class PeerSession:
             "underruns": self.session.playback.underruns,
             "speech_starts": self.speech_starts,
             "barge_in_reactions_ms": list(self.barge_in_reactions_ms),
+            "turns": list(self.traces),
+            "history": [
+                {"role": t.role.value, "text": t.text, "epoch": t.epoch, "truncated": t.truncated}
+                for t in self.session.history.turns
+            ],
             "audio_frames_logged": len(lateness),
             "frame_lateness_ms": {
                 "p50": _pick(lateness, 0.50),

@@ -8,7 +8,8 @@ of an utterance, then for the reply's sentences (the LLM stage), then for each s
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -32,6 +33,41 @@ class ReplyRequest:
     conditions: Conditions
 
 
+@dataclass
+class TurnTrace:
+    """Timings of one reply, filled in by the pipeline as the stages finish (ms, monotonic).
+
+    A recorder, not a value: the stages write it, the runtime reads it when the reply ends.
+    """
+
+    endpoint_ms: float = 0.0  # end-of-turn decision
+    asr_final_ms: float | None = None  # final transcript known
+    llm_first_token_ms: float | None = None
+    first_chunk_text_ms: float | None = None
+    first_tts_ms: float | None = None  # first chunk's audio synthesized
+    first_audio_ms: float | None = None  # first non-silent frame sent
+    cached_tokens: int = 0  # prefix-cache tokens reused by the reply's prompt
+    prompt_tokens: int = 0
+    prefill_cached_tokens: int = 0  # best warm-up hit while the user spoke
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Stage latencies in ms after the endpoint, and the token counts."""
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.endpoint_ms, 1)
+
+        return {
+            "asr_final_ms": since(self.asr_final_ms),
+            "llm_first_token_ms": since(self.llm_first_token_ms),
+            "first_chunk_text_ms": since(self.first_chunk_text_ms),
+            "first_tts_ms": since(self.first_tts_ms),
+            "voice_to_voice_ms": since(self.first_audio_ms),
+            "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_cached_tokens": self.prefill_cached_tokens,
+        }
+
+
 @dataclass(frozen=True)
 class SpeechAudio:
     """A sentence's audio: int16 mono at 48 kHz, with word timings (samples) if known."""
@@ -47,8 +83,17 @@ class TurnPipeline(Protocol):
         """Final transcript of a 16 kHz mono utterance ("" when nothing was said)."""
         ...
 
-    def reply(self, request: ReplyRequest) -> AsyncIterator[str]:
-        """The reply, one sentence (chunk text) at a time."""
+    async def partial_transcript(self, utterance: npt.NDArray[np.int16]) -> str:
+        """Transcript of the utterance so far, while the user is still speaking."""
+        ...
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        """Push the context so far into the engine (prefix-cache warm-up); returns the number
+        of prompt tokens that were already cached."""
+        ...
+
+    def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        """The reply, one chunk text (sentence or clause) at a time."""
         ...
 
     async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
@@ -60,11 +105,12 @@ class TurnPipeline(Protocol):
         ...
 
 
-PipelineFactory = Callable[[Config], TurnPipeline]
+PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]
 
 
-def load_pipeline(config: Config) -> TurnPipeline | None:
-    """Build the pipeline named by ``pipeline.factory`` (``module:function``); None if unset."""
+async def load_pipeline(config: Config) -> TurnPipeline | None:
+    """Build the pipeline named by ``pipeline.factory`` (``module:function``, sync or async);
+    None if unset (the server then listens only)."""
     spec = config.pipeline.factory
     if not spec:
         return None
@@ -75,4 +121,7 @@ def load_pipeline(config: Config) -> TurnPipeline | None:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"pipeline.factory: cannot load {spec!r}: {exc}") from None
-    return cast(PipelineFactory, factory)(config)
+    built = cast(PipelineFactory, factory)(config)
+    if inspect.isawaitable(built):
+        return await built
+    return built

@@ -20,7 +20,11 @@ def free_port() -> int:
 
 def test_server_starts_serves_health_and_shuts_down_gracefully() -> None:
     port = free_port()
-    env = {**os.environ, "AVATAR_RUNTIME_LOOKAHEAD_BUDGET_MS": "1500"}
+    env = {
+        **os.environ,
+        "AVATAR_RUNTIME_LOOKAHEAD_BUDGET_MS": "1500",
+        "AVATAR_PIPELINE_FACTORY": "",
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE,

@@ -17,7 +17,7 @@ from server.chunk import WordTiming
 from server.conditions import Conditions
 from server.config import Config
 from server.media import ms_to_samples
-from server.pipeline import ReplyRequest, SpeechAudio
+from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
 
 TONE_HZ = 440.0
 AMPLITUDE = 8000
@@ -42,7 +42,13 @@ class TonePipeline:
     async def transcribe(self, utterance: npt.NDArray[np.int16]) -> str:
         return f"utterance of {len(utterance) * 1000 // 16_000} ms"
 
-    async def reply(self, request: ReplyRequest) -> AsyncIterator[str]:
+    async def partial_transcript(self, utterance: npt.NDArray[np.int16]) -> str:
+        return await self.transcribe(utterance)
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        return 0  # no engine, nothing cached
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         for i in range(self.sentences):
             yield f"Tone number {i + 1} for epoch {request.epoch}."
 

@@ -1,0 +1,460 @@
+"""LLM backends behind a small Protocol: in-process vLLM (shared by all sessions) or a remote one.
+
+Plain types only: a chat is a sequence of ``{"role": ..., "content": ...}`` dicts, replies stream
+as text deltas and a finished request leaves its :class:`GenerationStats`. Times are in ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import aiohttp
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+STATS_KEPT = 256  # finished requests whose stats last_stats() still answers
+
+
+class LlmError(Exception):
+    """An LLM request or engine failed (bad prompt, engine dead, HTTP error, timeout)."""
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What one request cost, reported when its stream ends.
+
+    ``cached_tokens``: prompt tokens served from the prefix cache (whole KV blocks).
+    ``ttft_ms``: from submitting the request (the stream's first iteration) to the first
+    generated token; None when none came.
+    ``finish_reason``: "stop", "length", "abort", or None when the stream broke off.
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_ms: float | None
+    finish_reason: str | None
+
+
+class LlmEngine(Protocol):
+    """A chat model that streams replies; one engine serves many concurrent requests."""
+
+    def stream(
+        self, messages: Sequence[Message], request_id: str, max_tokens: int
+    ) -> AsyncIterator[str]:
+        """Text deltas of the reply; closing or cancelling the iterator aborts the request."""
+        ...
+
+    async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
+        """Warm the prefix cache with the prompt stream() would send (one token generated)."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """End a running request; its stream stops with finish_reason "abort"."""
+        ...
+
+    def last_stats(self, request_id: str) -> GenerationStats | None:
+        """Stats of a recently finished request, None if unknown."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class _StatsBook:
+    """A bounded request_id -> GenerationStats map (oldest entries are forgotten)."""
+
+    def __init__(self, capacity: int = STATS_KEPT) -> None:
+        self._capacity = capacity
+        self._stats: OrderedDict[str, GenerationStats] = OrderedDict()
+
+    def put(self, request_id: str, stats: GenerationStats) -> None:
+        self._stats[request_id] = stats
+        self._stats.move_to_end(request_id)
+        while len(self._stats) > self._capacity:
+            self._stats.popitem(last=False)
+
+    def get(self, request_id: str) -> GenerationStats | None:
+        return self._stats.get(request_id)
+
+
+def _elapsed_ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000.0
+
+
+# --------------------------------------------------------------------------- in-process vLLM
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """In-process vLLM settings (CPU defaults: small KV cache, eager mode, 32-token blocks)."""
+
+    max_model_len: int = 2048  # tokens, prompt and reply together
+    enforce_eager: bool = True  # no graph compilation (start in ~30 s on CPU)
+    enable_prefix_caching: bool = True
+    block_size: int = 32  # tokens per KV block; a multiple of 32 on CPU
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE when unset
+    dtype: Literal["bfloat16", "float32", "auto"] = "bfloat16"
+    temperature: float = 0.0  # 0 = greedy
+    max_num_seqs: int = 16  # concurrent requests in one batch
+    seed: int = 0
+
+
+class VllmEngine:
+    """vLLM's AsyncLLM in this process (the engine core runs in a spawned child process).
+
+    Constructing it loads the model and blocks for ~20-40 s; in async code use :meth:`start`.
+    Entry points that start it need an ``if __name__ == "__main__":`` guard (spawn).
+    """
+
+    def __init__(self, model_dir: Path, options: VllmOptions | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.options = options or VllmOptions()
+        self._stats = _StatsBook()
+        self._closed = False
+        if not (self.model_dir / "config.json").is_file():
+            raise LlmError(f"no model at {self.model_dir} (run python -m models.prepare)")
+        _default_env(self.options)
+        started = time.perf_counter()
+        log.info("loading LLM from %s", self.model_dir)
+        try:
+            from transformers import AutoTokenizer
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+                str(self.model_dir)
+            )
+            args = AsyncEngineArgs(
+                model=str(self.model_dir),
+                dtype=self.options.dtype,
+                max_model_len=self.options.max_model_len,
+                enforce_eager=self.options.enforce_eager,
+                enable_prefix_caching=self.options.enable_prefix_caching,
+                block_size=self.options.block_size,
+                max_num_seqs=self.options.max_num_seqs,
+                seed=self.options.seed,
+                disable_log_stats=True,
+            )
+            self._engine: AsyncLLM = AsyncLLM.from_engine_args(args)
+        except Exception as e:
+            raise LlmError(f"could not start vLLM on {self.model_dir}: {e}") from e
+        log.info("LLM ready in %.1f s", time.perf_counter() - started)
+
+    @classmethod
+    async def start(cls, model_dir: Path, options: VllmOptions | None = None) -> VllmEngine:
+        """Load the model without blocking the event loop (~20-40 s on CPU)."""
+        return await asyncio.to_thread(cls, model_dir, options)
+
+    def render(self, messages: Sequence[Message]) -> list[int]:
+        """Prompt token ids: the chat template with the assistant turn opened."""
+        text = self._tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        if not isinstance(text, str):
+            raise LlmError("the chat template did not render to text")
+        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        return [int(i) for i in ids]
+
+    def stream(
+        self, messages: Sequence[Message], request_id: str, max_tokens: int
+    ) -> AsyncGenerator[str, None]:
+        """Greedy (by default) reply deltas; ``aclose()`` or cancelling the consumer aborts."""
+        return self._generate(messages, request_id, max_tokens)
+
+    async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
+        """Submit exactly the tokens stream() would (assistant turn opened, nothing after it).
+
+        Every whole KV block of that prompt stays in the prefix cache, so a later stream() of
+        the same or an extended conversation reuses it. One token is generated and dropped.
+        """
+        async for _ in self._generate(messages, request_id, 1):
+            pass
+        stats = self._stats.get(request_id)
+        if stats is None:  # pragma: no cover - _generate always records
+            raise LlmError(f"prefill {request_id} left no stats")
+        return stats
+
+    async def _generate(
+        self, messages: Sequence[Message], request_id: str, max_tokens: int
+    ) -> AsyncGenerator[str, None]:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        if self._closed:
+            raise LlmError("the engine is closed")
+        started = time.perf_counter()
+        ids = self.render(messages)
+        room = self.options.max_model_len - len(ids)
+        if room < 1:
+            raise LlmError(
+                f"prompt of {len(ids)} tokens leaves no room (max_model_len "
+                f"{self.options.max_model_len})"
+            )
+        params = SamplingParams(
+            output_kind=RequestOutputKind.DELTA,
+            max_tokens=max(1, min(max_tokens, room)),
+            temperature=self.options.temperature,
+        )
+        cached = 0
+        produced = 0
+        ttft: float | None = None
+        finish: str | None = None
+        try:
+            (prompt,) = self._engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=ids)])
+        except Exception as e:
+            raise LlmError(f"vLLM rejected the prompt of {request_id}: {e}") from e
+        outputs = self._engine.generate(prompt, params, request_id)
+        try:
+            async for out in outputs:
+                if out.num_cached_tokens is not None:
+                    cached = out.num_cached_tokens
+                if not out.outputs:
+                    continue
+                done = out.outputs[0]
+                if done.token_ids:
+                    produced += len(done.token_ids)
+                    if ttft is None:
+                        ttft = _elapsed_ms(started)
+                if done.finish_reason is not None:
+                    finish = done.finish_reason
+                if done.text:
+                    yield done.text
+        except (GeneratorExit, asyncio.CancelledError):
+            finish = finish or "abort"  # the consumer closed or cancelled the stream
+            raise
+        except Exception as e:
+            raise LlmError(f"vLLM request {request_id} failed: {e}") from e
+        finally:
+            await outputs.aclose()  # aborts the request in vLLM if it is still running
+            self._stats.put(request_id, GenerationStats(len(ids), cached, produced, ttft, finish))
+
+    async def abort(self, request_id: str) -> None:
+        if self._closed:
+            return
+        try:
+            await self._engine.abort(request_id)
+        except Exception as e:
+            raise LlmError(f"aborting {request_id} failed: {e}") from e
+
+    def last_stats(self, request_id: str) -> GenerationStats | None:
+        return self._stats.get(request_id)
+
+    def running(self) -> int:
+        """Requests the engine has not finished (0 once every stream ended or was aborted)."""
+        return 0 if self._closed else self._engine.get_num_unfinished_requests()
+
+    async def close(self) -> None:
+        """Stop the engine processes (~5 s); streams still running fail with LlmError."""
+        if self._closed:
+            return
+        self._closed = True
+        started = time.perf_counter()
+        await asyncio.to_thread(self._engine.shutdown)
+        del self._engine  # its __del__ shuts down again; let that happen now, not at exit
+        log.info("LLM engine shut down in %.1f s", time.perf_counter() - started)
+
+
+def _default_env(options: VllmOptions) -> None:
+    """vLLM settings read from the environment, only where the operator has not set them."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.kv_cache_gib))  # GiB
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(PROJECT_ROOT / ".cache" / "vllm"))
+
+
+# --------------------------------------------------------------------------- remote vLLM server
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """A vLLM OpenAI-compatible server. Timeouts in seconds (None = no limit)."""
+
+    base_url: str  # e.g. "http://127.0.0.1:8000"
+    model: str  # the served model name
+    api_key: str | None = None
+    temperature: float = 0.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0  # longest silence between two chunks
+    total_timeout_s: float | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into each request
+
+
+@dataclass
+class _RemoteCall:
+    response: aiohttp.ClientResponse | None = None
+    aborted: bool = False
+
+
+class RemoteVllm:
+    """Streams chat completions from a remote vLLM server over HTTP (Server-Sent Events).
+
+    ``abort`` closes the HTTP stream, which makes vLLM abort the request. The request id goes
+    out as ``X-Request-Id``. vLLM reports ``cached_tokens`` only when it runs with
+    ``--enable-prompt-tokens-details`` (and prefix caching); otherwise they read 0.
+    """
+
+    def __init__(self, options: RemoteOptions) -> None:
+        self.options = options
+        self._url = options.base_url.rstrip("/") + "/v1/chat/completions"
+        self._session: aiohttp.ClientSession | None = None
+        self._calls: dict[str, _RemoteCall] = {}
+        self._stats = _StatsBook()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            opts = self.options
+            headers = {"Accept": "text/event-stream"}
+            if opts.api_key:
+                headers["Authorization"] = f"Bearer {opts.api_key}"
+            self._session = aiohttp.ClientSession(
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=opts.total_timeout_s,
+                    connect=opts.connect_timeout_s,
+                    sock_read=opts.read_timeout_s,
+                ),
+            )
+        return self._session
+
+    def stream(
+        self, messages: Sequence[Message], request_id: str, max_tokens: int
+    ) -> AsyncGenerator[str, None]:
+        """Reply deltas; ``aclose()`` or cancelling the consumer closes the HTTP stream."""
+        return self._generate(messages, request_id, max_tokens)
+
+    async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
+        """The same request as stream() with max_tokens=1; the server caches its prefix."""
+        async for _ in self._generate(messages, request_id, 1):
+            pass
+        stats = self._stats.get(request_id)
+        if stats is None:  # pragma: no cover - _generate always records
+            raise LlmError(f"prefill {request_id} left no stats")
+        return stats
+
+    async def _generate(
+        self, messages: Sequence[Message], request_id: str, max_tokens: int
+    ) -> AsyncGenerator[str, None]:
+        if request_id in self._calls:
+            raise LlmError(f"request {request_id} is already running")
+        body: dict[str, Any] = {
+            "model": self.options.model,
+            "messages": [dict(m) for m in messages],
+            "max_tokens": max_tokens,
+            "temperature": self.options.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self.options.extra_body,
+        }
+        call = _RemoteCall()
+        self._calls[request_id] = call
+        started = time.perf_counter()
+        prompt_tokens = cached = produced = 0
+        usage_tokens: int | None = None
+        ttft: float | None = None
+        finish: str | None = None
+        try:
+            async with self._client().post(
+                self._url, json=body, headers={"X-Request-Id": request_id}
+            ) as response:
+                call.response = response
+                if call.aborted:
+                    return
+                if response.status != 200:
+                    detail = (await response.text())[:300]
+                    raise LlmError(f"{self._url} answered {response.status}: {detail}")
+                async for event in _sse_events(response):
+                    if "error" in event or event.get("object") == "error":
+                        reason = event.get("error") or event.get("message")
+                        raise LlmError(f"{self._url} failed mid-stream: {reason}")
+                    usage = event.get("usage")
+                    if isinstance(usage, dict):
+                        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        usage_tokens = usage.get("completion_tokens")
+                        details = usage.get("prompt_tokens_details")
+                        if isinstance(details, dict):
+                            cached = int(details.get("cached_tokens") or 0)
+                    choices = event.get("choices") or []
+                    if not choices:
+                        continue
+                    choice = choices[0]
+                    if choice.get("finish_reason"):
+                        finish = str(choice["finish_reason"])
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        produced += 1
+                        if ttft is None:
+                            ttft = _elapsed_ms(started)
+                        yield str(text)
+        except (GeneratorExit, asyncio.CancelledError):
+            finish = "abort"  # the consumer closed or cancelled the stream: the HTTP stream closes
+            raise
+        except LlmError:
+            if not call.aborted:
+                raise
+            finish = "abort"
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            if not call.aborted:
+                raise LlmError(f"{self._url} request {request_id} failed: {e!r}") from e
+            finish = "abort"
+        finally:
+            self._calls.pop(request_id, None)
+            if call.aborted:
+                finish = "abort"
+            outputs = usage_tokens if isinstance(usage_tokens, int) else produced
+            self._stats.put(
+                request_id, GenerationStats(prompt_tokens, cached, outputs, ttft, finish)
+            )
+
+    async def abort(self, request_id: str) -> None:
+        call = self._calls.get(request_id)
+        if call is None:
+            return
+        call.aborted = True
+        if call.response is not None:
+            call.response.close()
+
+    def last_stats(self, request_id: str) -> GenerationStats | None:
+        return self._stats.get(request_id)
+
+    async def close(self) -> None:
+        for request_id in list(self._calls):
+            await self.abort(request_id)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """JSON payloads of the ``data:`` lines of a Server-Sent Events body, up to ``[DONE]``."""
+    data: list[str] = []
+    while True:
+        raw = await response.content.readline()
+        if not raw:
+            raise LlmError("the event stream ended before [DONE]")
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+            continue
+        if line or not data:
+            continue  # comments, other fields; or a blank line with no data
+        payload = "\n".join(data)
+        data = []
+        if payload == "[DONE]":
+            return
+        event = json.loads(payload)
+        if isinstance(event, dict):
+            yield event

@@ -1,0 +1,75 @@
+"""The composition root: the one module in ``server/`` that names model backends.
+
+Everything else in ``server/`` talks to engines through Protocols (``TurnDetector``'s gate and
+confirmer, ``TurnPipeline``, ``VoicePipeline``'s ASR/LLM/TTS seams).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from server.config import Config
+from server.errors import ConfigError
+from server.vad import TurnDetector
+from server.voice import VoicePipeline
+
+log = logging.getLogger(__name__)
+
+
+def detector_factory(config: Config) -> Callable[[], TurnDetector]:
+    """One turn detector per session: webrtcvad gate + Silero (one shared ONNX model)."""
+    from models.vad import SileroModel, WebRtcGate
+
+    silero = SileroModel()
+    vad = config.vad
+
+    def make() -> TurnDetector:
+        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad)
+
+    return make
+
+
+async def voice_pipeline(config: Config) -> VoicePipeline:
+    """The embedded defaults: Whisper tiny.en, vLLM (SmolLM2-135M-Instruct or the configured
+    model / remote server), Piper with the joe voice."""
+    from models.asr import WhisperAsr
+    from models.llm import RemoteOptions, RemoteVllm, VllmEngine, VllmOptions
+    from models.prepare import default_llm_dir, is_prepared
+    from models.tts import PiperTts, split_sentences
+
+    pc = config.pipeline
+    started = time.monotonic()
+    log.info("loading speech recogniser (Whisper tiny.en)")
+    asr = WhisperAsr(cpu_threads=pc.asr_threads)
+    log.info("loading speech synthesiser (Piper, joe)")
+    tts = PiperTts()
+    llm: VllmEngine | RemoteVllm
+    if pc.llm_remote_url:
+        if not pc.llm_remote_model:
+            raise ConfigError("pipeline.llm_remote_model: required with pipeline.llm_remote_url")
+        log.info("LLM: remote vLLM at %s (model %s)", pc.llm_remote_url, pc.llm_remote_model)
+        llm = RemoteVllm(RemoteOptions(base_url=pc.llm_remote_url, model=pc.llm_remote_model))
+    else:
+        model_dir = Path(pc.llm_model) if pc.llm_model else default_llm_dir()
+        if not pc.llm_model and not is_prepared(model_dir):
+            raise ConfigError(
+                f"pipeline.llm_model: the default model is not prepared at {model_dir};"
+                " run: .venv/bin/python -m models.prepare"
+            )
+        if not (model_dir / "config.json").is_file():
+            raise ConfigError(f"pipeline.llm_model: no Hugging Face model folder at {model_dir}")
+        log.info("loading LLM from %s with vLLM (takes ~30 s on CPU)", model_dir)
+        options = VllmOptions(kv_cache_gib=max(1, round(pc.llm_kv_cache_gib)))
+        llm = await VllmEngine.start(model_dir, options)
+    log.info("voice pipeline ready in %.1f s", time.monotonic() - started)
+    return VoicePipeline(
+        asr,
+        llm,
+        tts,
+        split_sentences,
+        max_tokens=pc.llm_max_tokens,
+        first_chunk_words=pc.first_chunk_words,
+    )

@@ -1,0 +1,145 @@
+"""A full spoken exchange on the embedded models through the real server and a real peer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from models.asr import WhisperAsr
+from models.tts import PiperTts
+from server.client import ClientPeer
+from server.rtc import pin_host_addresses
+from tests.support.server_process import ServerProcess
+from tests.support.speech import silence
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))
+
+
+def to_16k(pcm48: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+    import av
+
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
+    frame = av.AudioFrame.from_ndarray(pcm48.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = 48_000
+    parts = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(parts).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        {"server.debug_endpoints": "true", "transport.connect_timeout_s": "60"}
+    ).start(timeout=400)
+    yield proc
+    assert proc.stop() == 0, proc.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def tts() -> PiperTts:
+    return PiperTts()
+
+
+@pytest.fixture(scope="module")
+def asr() -> WhisperAsr:
+    return WhisperAsr()
+
+
+@pytest.fixture
+async def peer(server: ServerProcess) -> AsyncIterator[ClientPeer]:
+    pin_host_addresses(["127.0.0.1"])
+    client = ClientPeer(server.url, video=False)
+    await client.connect(timeout=30)
+    yield client
+    await client.close()
+
+
+def debug_session(server: ServerProcess, session_id: str | None) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=5) as resp:
+        data = json.loads(resp.read())
+    return next(s for s in data["live"] + data["closed"] if s["session_id"] == session_id)
+
+
+def reply_text(peer: ClientPeer, epoch: int) -> str:
+    return " ".join(
+        e["delta"]
+        for _, e in peer.events
+        if e.get("type") == "response.audio_transcript.delta" and e["epoch"] == epoch
+    )
+
+
+async def test_spoken_question_gets_a_spoken_answer(
+    server: ServerProcess, peer: ClientPeer, tts: PiperTts, asr: WhisperAsr
+) -> None:
+    question = tts.synthesize("What is the capital of France?").pcm
+    peer.mic.play(np.concatenate([silence(300), question]))
+    heard = await peer.wait_event(
+        "conversation.item.input_audio_transcription.completed", timeout=30
+    )
+    assert "capital" in heard["transcript"].lower() and "france" in heard["transcript"].lower()
+    timings = await peer.wait_event("response.timings", timeout=60)
+    assert timings["voice_to_voice_ms"] > 0
+    done = await peer.wait_event("response.done", timeout=120)
+    assert done["status"] == "completed"
+    await asyncio.sleep(0.5)
+    text = reply_text(peer, 0)
+    assert text.strip()
+    # what the client received is speech of the reply's text
+    recognised = asr.transcribe(to_16k(peer.received_audio()))
+    assert wer(text, recognised) <= 0.35, (text, recognised)
+    history = debug_session(server, peer.session_id)["history"]
+    assert history[-2]["role"] == "user" and "france" in history[-2]["text"].lower()
+    assert history[-1]["role"] == "assistant" and not history[-1]["truncated"]
+    assert words(history[-1]["text"]) == words(text)
+
+
+async def test_barge_in_keeps_only_what_was_played(
+    server: ServerProcess, peer: ClientPeer, tts: PiperTts
+) -> None:
+    question = tts.synthesize("Tell me a long story about a brave little dragon.").pcm
+    peer.mic.play(np.concatenate([silence(300), question]))
+    await peer.wait_event("response.audio_transcript.delta", timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        recent = [p for _, p in peer.audio[-10:]]
+        if recent and max(float(np.abs(p).max()) for p in recent) > 3000:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.2)
+    n = len(peer.events)
+    peer.mic.play(tts.synthesize("Stop, please.").pcm)
+    truncated = await peer.wait_event("conversation.item.truncated", timeout=10, after=n)
+    assert truncated["epoch"] == 0
+    await peer.wait_event("response.done", timeout=10, after=n, where=lambda e: e["epoch"] == 0)
+    generated = reply_text(peer, 0)
+    history = debug_session(server, peer.session_id)["history"]
+    agent = next(t for t in reversed(history) if t["role"] == "assistant" and t["epoch"] == 0)
+    assert agent["truncated"]
+    heard = words(agent["text"])
+    assert heard and heard == words(generated)[: len(heard)]  # a prefix of what was generated
+    assert len(heard) < len(words(generated))  # and not all of it
+    tail = words(truncated["heard_text"])  # the chunk cut mid-play ends what was heard
+    assert not tail or heard[-len(tail) :] == tail
