@@ -55,6 +55,15 @@ class WordTiming:
 
 
 @dataclass(frozen=True)
+class PhonemeTiming:
+    """One phoneme (or pause) of a chunk's audio, in samples (48 kHz) from its first sample."""
+
+    phoneme: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class Chunk:
     """A sentence of output: its text, the epoch and conditions it was made under, its audio length.
 
@@ -68,6 +77,7 @@ class Chunk:
     conditions_version: int
     state: ChunkState = ChunkState.PENDING
     words: tuple[WordTiming, ...] = ()
+    phonemes: tuple[PhonemeTiming, ...] = ()
     duration: int = 0
     audio_complete: bool = False
     heard_text: str = ""

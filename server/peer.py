@@ -426,7 +426,7 @@ class PeerSession:
                     trace.first_tts_ms = self.clock.now_ms()
                 pcm = audio.pcm
                 while True:
-                    payload = ChunkAudio(pcm, audio.words, final=True)
+                    payload = ChunkAudio(pcm, audio.words, audio.phonemes, final=True)
                     accepted = session.deliver_audio(session.message(chunk, Stage.TTS, payload))
                     if accepted is None:
                         return

@@ -16,7 +16,7 @@ from typing import Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
-from server.chunk import WordTiming
+from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
 from server.config import Config
 from server.errors import ConfigError
@@ -70,10 +70,11 @@ class TurnTrace:
 
 @dataclass(frozen=True)
 class SpeechAudio:
-    """A sentence's audio: int16 mono at 48 kHz, with word timings (samples) if known."""
+    """A sentence's audio: int16 mono at 48 kHz, with word and phoneme timings (samples)."""
 
     pcm: npt.NDArray[np.int16]
     words: tuple[WordTiming, ...] = ()
+    phonemes: tuple[PhonemeTiming, ...] = ()
 
 
 class TurnPipeline(Protocol):

@@ -12,7 +12,15 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from server.chunk import Chunk, ChunkState, Stage, StageMessage, WordTiming, transition_chunk
+from server.chunk import (
+    Chunk,
+    ChunkState,
+    PhonemeTiming,
+    Stage,
+    StageMessage,
+    WordTiming,
+    transition_chunk,
+)
 from server.clock import Clock
 from server.conditions import ConditionQueue, Conditions
 from server.config import RuntimeConfig
@@ -51,12 +59,14 @@ class Cursors:
 class ChunkAudio:
     """A piece of a chunk's synthesized audio (int16 mono 48 kHz).
 
-    ``words``: timings relative to the chunk's first sample, if the TTS gives them.
+    ``words``, ``phonemes``: timings relative to the chunk's first sample, if the TTS gives
+    them (phonemes drive the avatar's mouth).
     ``final``: this is the chunk's last piece.
     """
 
     pcm: PCM
     words: tuple[WordTiming, ...] = ()
+    phonemes: tuple[PhonemeTiming, ...] = ()
     final: bool = False
 
 
@@ -353,9 +363,14 @@ class Session:
         audio = msg.payload
         accepted = self.playback.push_audio(chunk.chunk_id, msg.epoch, audio.pcm)
         complete = audio.final and accepted == len(audio.pcm)
-        words = audio.words or chunk.words
         self._set_chunk(
-            replace(chunk, duration=chunk.duration + accepted, audio_complete=complete, words=words)
+            replace(
+                chunk,
+                duration=chunk.duration + accepted,
+                audio_complete=complete,
+                words=audio.words or chunk.words,
+                phonemes=audio.phonemes or chunk.phonemes,
+            )
         )
         self._maybe_end_stream()
         return accepted
@@ -381,6 +396,13 @@ class Session:
             return
         self._status = status
         self._generation_done = True
+        for chunk in self.pending_chunks():
+            if chunk.audio_complete:
+                continue
+            if chunk.duration == 0:  # its audio never came (e.g. the engine failed)
+                self._set_chunk(transition_chunk(chunk, ChunkState.DISCARDED))
+            else:  # what was delivered is all there will be
+                self._set_chunk(replace(chunk, audio_complete=True))
         self._maybe_end_stream()
         self._maybe_finish()
 

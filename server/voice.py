@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from server.chunk import WordTiming
+from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
 from server.history import ContextEntry
 from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
@@ -64,6 +64,9 @@ class SpeechLike(Protocol):
 
     @property
     def words(self) -> Sequence[WordLike]: ...
+
+    @property
+    def phonemes(self) -> Sequence[tuple[str, int, int]]: ...
 
 
 class Tts(Protocol):
@@ -174,7 +177,10 @@ class VoicePipeline:
         loop = asyncio.get_running_loop()
         speech = await loop.run_in_executor(self._tts_pool, self._tts.synthesize, text)
         words = tuple(WordTiming(w.word, w.start, max(w.start, w.end)) for w in speech.words)
-        return SpeechAudio(np.asarray(speech.pcm, np.int16), words)
+        phonemes = tuple(
+            PhonemeTiming(p, start, max(start, end)) for p, start, end in speech.phonemes
+        )
+        return SpeechAudio(np.asarray(speech.pcm, np.int16), words, phonemes)
 
     async def close(self) -> None:
         await self._llm.close()

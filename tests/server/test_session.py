@@ -281,3 +281,16 @@ def test_playback_ack_is_clamped_to_what_was_sent(session: Session) -> None:
     assert session.ack_playback(60.0) == 60.0
     assert session.ack_playback(500.0) == 100.0  # cannot have played more than was sent
     assert session.ack_playback(10.0) == 100.0  # never backwards
+
+
+def test_failed_reply_discards_a_chunk_whose_audio_never_came(session: Session) -> None:
+    user_turn(session, "Hi")
+    session.start_response(0)
+    say(session, "Spoken.", 100)
+    orphan = session.open_chunk(0, "Never synthesized.")
+    assert orphan is not None
+    session.finish_response(0, status="failed")
+    play(session, 120)
+    assert session.state is TurnState.LISTENING
+    assert session.history.turns[-1].text == "Spoken."
+    assert session.pending_chunks() == ()

@@ -311,3 +311,33 @@ def test_command_line_peer_records_a_reply(server: ServerProcess, tmp_path: Path
     assert rms(audio) > 500  # the tone reply was recorded
     with av.open(str(out_mp4)) as container:
         assert container.streams.video[0].frames > 50
+
+
+async def test_engine_failure_ends_only_that_reply() -> None:
+    server = ServerProcess({"pipeline.factory": "tests.support.tone_pipeline:create_flaky"}).start()
+    try:
+        a = ClientPeer(server.url, video=False)
+        b = ClientPeer(server.url, video=False)
+        await a.connect()
+        await b.connect()
+        a.send({"type": "conversation.item.create", "text": "first"})  # reply 1: engine raises
+        error = await a.wait_event("error", timeout=10)
+        assert error["error"]["code"] == "engine_error"
+        assert "speech engine crashed" in error["error"]["message"]
+        failed = await a.wait_event("response.done", timeout=10)
+        assert failed["status"] == "failed"
+        n = len(a.events)
+        b.send({"type": "conversation.item.create", "text": "other session"})  # reply 2: works
+        assert (await b.wait_event("response.done", timeout=10))["status"] == "completed"
+        a.send({"type": "conversation.item.create", "text": "again"})  # reply 3 fails, 4 works
+        await a.wait_event("error", timeout=10, after=n)
+        await a.wait_event("response.done", timeout=10, after=n)
+        n = len(a.events)
+        a.send({"type": "conversation.item.create", "text": "and again"})
+        done = await a.wait_event("response.done", timeout=10, after=n)
+        assert done["status"] == "completed"  # the session kept going
+        assert server.health()["sessions"] == 2
+        await a.close()
+        await b.close()
+    finally:
+        assert server.stop() == 0

@@ -68,3 +68,25 @@ def create(config: Config) -> TonePipeline:
         float(os.environ.get("TONE_PIPELINE_MS", "1500")),
         int(os.environ.get("TONE_PIPELINE_SENTENCES", "2")),
     )
+
+
+class FlakyTonePipeline(TonePipeline):
+    """Every other reply's speech engine raises: for engine-failure tests."""
+
+    def __init__(self, sentence_ms: float, sentences: int) -> None:
+        super().__init__(sentence_ms, sentences)
+        self.replies = 0
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        self.replies += 1
+        async for sentence in super().reply(request, trace):
+            yield sentence
+
+    async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
+        if self.replies % 2 == 1:
+            raise RuntimeError("speech engine crashed")
+        return await super().synthesize(text, conditions)
+
+
+def create_flaky(config: Config) -> FlakyTonePipeline:
+    return FlakyTonePipeline(500.0, 1)

@@ -1,0 +1,78 @@
+"""The voice pipeline's own logic: chunking streamed text, prompts, the TTS seam."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models.tts import PiperTts, split_sentences
+from server.conditions import Conditions
+from server.history import CacheClass, ContextEntry, Role
+from server.peer import stable_words
+from server.voice import FirstChunkCutter, VoicePipeline, to_messages
+
+
+def feed_all(cutter: FirstChunkCutter, text: str, step: int = 3) -> list[str]:
+    out: list[str] = []
+    for i in range(0, len(text), step):
+        out += cutter.feed(text[i : i + step])
+    return out + cutter.flush()
+
+
+def test_first_chunk_is_cut_early_then_whole_sentences() -> None:
+    text = "Paris is the capital and the largest city of France. It has many museums. Enjoy!"
+    chunks = feed_all(FirstChunkCutter(split_sentences, first_words=4), text)
+    assert chunks[0] == "Paris is the capital"
+    assert chunks[1:] == ["and the largest city of France.", "It has many museums.", "Enjoy!"]
+    assert " ".join(chunks) == text
+
+
+def test_a_short_first_sentence_is_not_cut() -> None:
+    chunks = feed_all(FirstChunkCutter(split_sentences, first_words=6), "Yes. I can help you.")
+    assert chunks == ["Yes.", "I can help you."]
+
+
+def test_context_becomes_chat_messages() -> None:
+    context = (
+        ContextEntry(CacheClass.ANCHOR, Role.SYSTEM, "persona"),
+        ContextEntry(CacheClass.RECENT, Role.USER, "hi"),
+        ContextEntry(CacheClass.RECENT, Role.ASSISTANT, "hello"),
+        ContextEntry(CacheClass.CURRENT, Role.USER, "how are"),
+    )
+    assert to_messages(context) == [
+        {"role": "system", "content": "persona"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "how are"},
+    ]
+
+
+def test_stable_words_are_what_two_partials_agree_on() -> None:
+    assert stable_words("what is the", "What is the capital") == "What is the"
+    assert stable_words("what is a", "What is the capital") == "What is"
+    assert stable_words("", "hello") == ""
+    assert stable_words("hello, there", "Hello there you") == "Hello there"
+
+
+async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
+    class NoLlm:  # synthesize does not touch the LLM
+        async def close(self) -> None:
+            pass
+
+    pipeline = VoicePipeline(
+        None,  # type: ignore[arg-type]
+        NoLlm(),  # type: ignore[arg-type]
+        PiperTts(),
+        split_sentences,
+        max_tokens=10,
+        first_chunk_words=6,
+    )
+    try:
+        audio = await pipeline.synthesize(
+            "The weather is lovely today.", Conditions("p", "joe", "a")
+        )
+    finally:
+        await pipeline.close()
+    assert audio.pcm.dtype == np.int16 and len(audio.pcm) > 48_000 * 0.5
+    assert [w.word.strip(".") for w in audio.words] == ["The", "weather", "is", "lovely", "today"]
+    assert audio.phonemes[0].start == 0 and audio.phonemes[-1].end == len(audio.pcm)
+    assert all(a.end == b.start for a, b in zip(audio.phonemes, audio.phonemes[1:], strict=False))
