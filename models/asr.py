@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -100,20 +99,3 @@ class WhisperAsr:
             except (RuntimeError, ValueError) as exc:
                 raise AsrError(f"Whisper failed on {pcm.size} samples: {exc}") from exc
         return text if any(ch.isalnum() for ch in text) else ""
-
-
-def _normalise(word: str) -> str:
-    """A word lowercased, without punctuation or symbols (apostrophes, dots, commas...)."""
-    folded = unicodedata.normalize("NFKC", word).casefold()
-    return "".join(ch for ch in folded if ch.isalnum())
-
-
-def stable_prefix(previous: str, current: str) -> str:
-    """Local agreement of two consecutive partial transcripts: their longest common prefix of
-    words (compared case-insensitively, ignoring punctuation), as the words of ``current``."""
-    agreed: list[str] = []
-    for before, now in zip(previous.split(), current.split(), strict=False):
-        if _normalise(before) != _normalise(now):
-            break
-        agreed.append(now)
-    return " ".join(agreed)

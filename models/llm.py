@@ -93,6 +93,18 @@ class _StatsBook:
         return self._stats.get(request_id)
 
 
+async def _one_token(
+    generation: AsyncGenerator[str, None], book: _StatsBook, request_id: str
+) -> GenerationStats:
+    """Run a max_tokens=1 generation (a prefix-cache warm-up) and return its stats."""
+    async for _ in generation:
+        pass
+    stats = book.get(request_id)
+    if stats is None:  # pragma: no cover - _generate always records
+        raise LlmError(f"prefill {request_id} left no stats")
+    return stats
+
+
 def _elapsed_ms(since: float) -> float:
     return (time.perf_counter() - since) * 1000.0
 
@@ -183,12 +195,7 @@ class VllmEngine:
         Every whole KV block of that prompt stays in the prefix cache, so a later stream() of
         the same or an extended conversation reuses it. One token is generated and dropped.
         """
-        async for _ in self._generate(messages, request_id, 1):
-            pass
-        stats = self._stats.get(request_id)
-        if stats is None:  # pragma: no cover - _generate always records
-            raise LlmError(f"prefill {request_id} left no stats")
-        return stats
+        return await _one_token(self._generate(messages, request_id, 1), self._stats, request_id)
 
     async def _generate(
         self, messages: Sequence[Message], request_id: str, max_tokens: int
@@ -222,8 +229,8 @@ class VllmEngine:
         outputs = self._engine.generate(prompt, params, request_id)
         try:
             async for out in outputs:
-                if out.num_cached_tokens is not None:
-                    cached = out.num_cached_tokens
+                if out.num_cached_tokens:  # reported on the first delta only; later ones say 0
+                    cached = max(cached, out.num_cached_tokens)
                 if not out.outputs:
                     continue
                 done = out.outputs[0]
@@ -338,12 +345,7 @@ class RemoteVllm:
 
     async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
         """The same request as stream() with max_tokens=1; the server caches its prefix."""
-        async for _ in self._generate(messages, request_id, 1):
-            pass
-        stats = self._stats.get(request_id)
-        if stats is None:  # pragma: no cover - _generate always records
-            raise LlmError(f"prefill {request_id} left no stats")
-        return stats
+        return await _one_token(self._generate(messages, request_id, 1), self._stats, request_id)
 
     async def _generate(
         self, messages: Sequence[Message], request_id: str, max_tokens: int

@@ -8,9 +8,11 @@ The PeerSession owns every task it starts and awaits them all in :meth:`close`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from server.chunk import Stage
 from server.config import Config
 from server.errors import InvalidConditionUpdate, InvalidTransition
+from server.events import ResponseDone
 from server.media import MEDIA_RATE_HZ, samples_to_ms
 from server.metrics import Metrics
 from server.pipeline import ReplyRequest, TurnPipeline, TurnTrace
@@ -66,19 +69,21 @@ class _Partial:
     text: str
 
 
-def _words(text: str) -> list[str]:
-    return [w.strip(".,!?;:\"'").lower() for w in text.split()]
+def _normalise(word: str) -> str:
+    """A word case-folded, without punctuation or symbols."""
+    folded = unicodedata.normalize("NFKC", word).casefold()
+    return "".join(ch for ch in folded if ch.isalnum())
 
 
 def stable_words(previous: str, current: str) -> str:
-    """Local agreement: the words two consecutive partial transcripts agree on, from the start
-    (case and punctuation aside), as written in ``current``."""
-    agreed = 0
-    for a, b in zip(_words(previous), _words(current), strict=False):
-        if a != b:
+    """Local agreement of two consecutive partial transcripts: their longest common prefix of
+    words (case and punctuation aside), as the words of ``current``."""
+    agreed: list[str] = []
+    for before, now in zip(previous.split(), current.split(), strict=False):
+        if _normalise(before) != _normalise(now):
             break
-        agreed += 1
-    return " ".join(current.split()[:agreed])
+        agreed.append(now)
+    return " ".join(agreed)
 
 
 class LoopClock:
@@ -126,6 +131,7 @@ class PeerSession:
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
         self._trace: TurnTrace | None = None
         self._partials: asyncio.Task[None] | None = None
+        self._decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self._partial = _Partial(0, "")
         self._stable = ""
         self._prefill_cached = 0
@@ -203,7 +209,9 @@ class PeerSession:
             return
         self._set_state(PeerState.CLOSING)
         current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
+        tasks: list[asyncio.Task[Any]] = [t for t in self._tasks if t is not current]
+        if self._decode is not None:
+            tasks.append(self._decode[1])
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -296,7 +304,9 @@ class PeerSession:
             if audio is None or len(audio) <= self._partial.covered or len(audio) < 4800:
                 continue
             heard = self.session.cursors.heard_until
-            text = await pipeline.partial_transcript(audio)
+            job = asyncio.get_running_loop().create_task(pipeline.partial_transcript(audio))
+            self._decode = (len(audio), job)
+            text = await asyncio.shield(job)  # the endpoint may still want this decode
             previous, self._partial = self._partial, _Partial(len(audio), text)
             stable = stable_words(previous.text, text)
             self._send(
@@ -366,9 +376,15 @@ class PeerSession:
     async def _final_transcript(
         self, pipeline: TurnPipeline, utterance: npt.NDArray[np.int16], speech_end: int
     ) -> str:
-        """The last partial when it already heard all the speech; else decode the utterance."""
-        if self.config.pipeline.incremental and self._partial.covered >= speech_end > 0:
-            return self._partial.text
+        """The last partial when it already heard all the speech, or the partial decode still
+        running if it will have; else decode the whole utterance now."""
+        decode, self._decode = self._decode, None
+        if self.config.pipeline.incremental and speech_end > 0:
+            if self._partial.covered >= speech_end:
+                return self._partial.text
+            if decode is not None and decode[0] >= speech_end:
+                with contextlib.suppress(Exception):
+                    return await decode[1]
         return await pipeline.transcribe(utterance)
 
     async def _wait_for_room(self) -> None:
@@ -464,10 +480,6 @@ class PeerSession:
         trace = self._trace
         if trace is not None and trace.first_audio_ms is None and pcm.any():
             trace.first_audio_ms = self.clock.now_ms()
-            timings = {"epoch": self.session.epoch, **trace.as_dict()}
-            self.traces.append(timings)
-            self._send({"type": "response.timings", **timings})
-            self._trace = None
         self.send_log.append((pts, lateness_s))
         if self._barge_onset_ms is not None and not pcm.any():
             reaction = self.clock.now_ms() - self._barge_onset_ms
@@ -513,6 +525,17 @@ class PeerSession:
     def _flush_events(self) -> None:
         for event in self.session.drain_events():
             self._send(event.to_dict())
+            if isinstance(event, ResponseDone):
+                self._report_timings(event.epoch)
+
+    def _report_timings(self, epoch: int) -> None:
+        """When a reply that was heard ends: its stage timings, as an event and for /debug."""
+        trace, self._trace = self._trace, None
+        if trace is None or trace.first_audio_ms is None:
+            return
+        timings = {"epoch": epoch, **trace.as_dict()}
+        self.traces.append(timings)
+        self._send({"type": "response.timings", **timings})
 
     def _on_message(self, raw: str | bytes) -> None:
         try:

@@ -80,6 +80,21 @@ def _over_budget(view: SessionView) -> bool:
     return view.slack_ms >= view.budget_ms
 
 
+def _partition(
+    items: Sequence[WorkItem], sessions: Mapping[str, SessionView]
+) -> tuple[list[WorkItem], list[WorkItem], list[WorkItem]]:
+    """Split work into (stale, deferred: session past its budget, runnable)."""
+    stale, deferred, runnable = [], [], []
+    for item in items:
+        if _is_stale(item, sessions):
+            stale.append(item)
+        elif _over_budget(sessions[item.session_id]):
+            deferred.append(item)
+        else:
+            runnable.append(item)
+    return stale, deferred, runnable
+
+
 class DeadlineScheduler:
     """Earliest deadline first, overload-aware, with aging so that no session starves.
 
@@ -114,14 +129,7 @@ class DeadlineScheduler:
         sessions: Mapping[str, SessionView],
         max_items: int,
     ) -> Plan:
-        stale, deferred, runnable = [], [], []
-        for item in items:
-            if _is_stale(item, sessions):
-                stale.append(item)
-            elif _over_budget(sessions[item.session_id]):
-                deferred.append(item)
-            else:
-                runnable.append(item)
+        stale, deferred, runnable = _partition(items, sessions)
 
         start = {i.item_id: self.deadline_ms(now_ms, i, sessions[i.session_id]) for i in runnable}
 
@@ -203,16 +211,13 @@ class RoundRobinScheduler:
         sessions: Mapping[str, SessionView],
         max_items: int,
     ) -> Plan:
-        stale, deferred, runnable = [], [], []
         for item in items:
             if item.session_id not in self._ring:
                 self._ring.append(item.session_id)
-            if self.aware and _is_stale(item, sessions):
-                stale.append(item)
-            elif self.aware and _over_budget(sessions[item.session_id]):
-                deferred.append(item)
-            else:
-                runnable.append(item)
+        if self.aware:
+            stale, deferred, runnable = _partition(items, sessions)
+        else:
+            stale, deferred, runnable = [], [], list(items)
         start = self._ring.index(self._last) + 1 if self._last in self._ring else 0
         rank = {sid: (i - start) % len(self._ring) for i, sid in enumerate(self._ring)}
         per_session: dict[str, list[WorkItem]] = {}

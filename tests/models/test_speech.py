@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from models.asr import WhisperAsr, stable_prefix
+from models.asr import WhisperAsr
 from models.tts import (
     RATE_HZ,
     PiperTts,
@@ -240,24 +240,6 @@ def test_flush_sentences() -> None:
     assert flush_sentences("Mr.") == ["Mr."]
     assert flush_sentences("  ") == []
     assert flush_sentences("...") == []
-
-
-@pytest.mark.parametrize(
-    ("previous", "current", "agreed"),
-    [
-        ("", "hello", ""),
-        ("hello", "hello world", "hello"),
-        ("the weather is", "The weather is sunny", "The weather is"),
-        ("Hello, world", "hello world.", "hello world."),
-        ("I want to go", "I want two goats", "I want"),
-        ("open the kitch", "open the kitchen", "open the"),
-        ("same words here", "same words here", "same words here"),
-        ("different start", "another start", ""),
-        ("it's fine", "Its fine", "Its fine"),
-    ],
-)
-def test_stable_prefix(previous: str, current: str, agreed: str) -> None:
-    assert stable_prefix(previous, current) == agreed
 
 
 def test_silence_is_no_text(asr: WhisperAsr) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from models.tts import PiperTts, split_sentences
 from server.conditions import Conditions
@@ -46,11 +47,22 @@ def test_context_becomes_chat_messages() -> None:
     ]
 
 
-def test_stable_words_are_what_two_partials_agree_on() -> None:
-    assert stable_words("what is the", "What is the capital") == "What is the"
-    assert stable_words("what is a", "What is the capital") == "What is"
-    assert stable_words("", "hello") == ""
-    assert stable_words("hello, there", "Hello there you") == "Hello there"
+@pytest.mark.parametrize(
+    ("previous", "current", "agreed"),
+    [
+        ("", "hello", ""),
+        ("hello", "hello world", "hello"),
+        ("the weather is", "The weather is sunny", "The weather is"),
+        ("Hello, world", "hello world.", "hello world."),
+        ("I want to go", "I want two goats", "I want"),
+        ("open the kitch", "open the kitchen", "open the"),
+        ("same words here", "same words here", "same words here"),
+        ("different start", "another start", ""),
+        ("it's fine", "Its fine", "Its fine"),
+    ],
+)
+def test_stable_words(previous: str, current: str, agreed: str) -> None:
+    assert stable_words(previous, current) == agreed
 
 
 async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
