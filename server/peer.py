@@ -15,7 +15,7 @@ import time
 import unicodedata
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -27,6 +27,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.chunk import Stage
 from server.config import Config
+from server.engine_queue import JobTag, StaleWork
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ResponseDone
 from server.media import MEDIA_RATE_HZ, samples_to_ms
@@ -41,6 +42,7 @@ from server.protocol import (
     parse_client_event,
 )
 from server.rtc import rtc_configuration, tune_audio_jitter
+from server.scheduler import SessionView
 from server.session import ChunkAudio, Session
 from server.tracks import LevelFace, MediaClock, PacedAudioTrack, PacedVideoTrack, pcm_level
 from server.turn import TurnState
@@ -52,6 +54,7 @@ PREROLL_FRAMES = 25  # 16 kHz audio kept before a speech start (500 ms), for the
 MAX_UTTERANCE_S = 30
 MAX_OUTBOX = 256
 MAX_INBOX = 64
+PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 
 
 class PeerState(Enum):
@@ -304,7 +307,8 @@ class PeerSession:
             if audio is None or len(audio) <= self._partial.covered or len(audio) < 4800:
                 continue
             heard = self.session.cursors.heard_until
-            job = asyncio.get_running_loop().create_task(pipeline.partial_transcript(audio))
+            tag = JobTag(self.session_id, self.session.epoch, self._partial_view)
+            job = asyncio.get_running_loop().create_task(pipeline.partial_transcript(audio, tag))
             self._decode = (len(audio), job)
             text = await asyncio.shield(job)  # the endpoint may still want this decode
             previous, self._partial = self._partial, _Partial(len(audio), text)
@@ -336,6 +340,15 @@ class PeerSession:
             await asyncio.gather(task, return_exceptions=True)
 
     # --- replies ----------------------------------------------------------------------------
+    def _tag(self) -> JobTag:
+        """Engine jobs of this session are ordered by its live view (slack, waiting since)."""
+        return JobTag(self.session_id, self.session.epoch, self.session.view)
+
+    def _partial_view(self) -> SessionView:
+        """Partial transcripts are nice to have: they go after work someone is waiting for."""
+        view = self.session.view()
+        return replace(view, slack_ms=view.budget_ms * PARTIAL_SLACK_SHARE, waiting_since_ms=None)
+
     def _request(self, epoch: int) -> ReplyRequest:
         return ReplyRequest(
             self.session_id,
@@ -385,7 +398,7 @@ class PeerSession:
             if decode is not None and decode[0] >= speech_end:
                 with contextlib.suppress(Exception):
                     return await decode[1]
-        return await pipeline.transcribe(utterance)
+        return await pipeline.transcribe(utterance, self._tag())
 
     async def _wait_for_room(self) -> None:
         """Stop pulling reply text while the lookahead budget is full; resume as it drains."""
@@ -437,7 +450,7 @@ class PeerSession:
                         "delta": chunk.text,
                     }
                 )
-                audio = await pipeline.synthesize(chunk.text, session.conditions)
+                audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
                 if trace.first_tts_ms is None:
                     trace.first_tts_ms = self.clock.now_ms()
                 pcm = audio.pcm
@@ -454,6 +467,8 @@ class PeerSession:
             session.finish_response(epoch)
         except asyncio.CancelledError:
             raise
+        except StaleWork:
+            return  # a barge-in ended this reply's epoch while its job waited
         except Exception as exc:
             log.exception("session %s: reply failed", self.session_id[:8])
             self._send_error("engine_error", f"the reply failed: {type(exc).__name__}: {exc}")

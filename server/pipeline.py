@@ -19,6 +19,7 @@ import numpy.typing as npt
 from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
 from server.config import Config
+from server.engine_queue import JobTag
 from server.errors import ConfigError
 from server.history import ContextEntry
 
@@ -80,11 +81,11 @@ class SpeechAudio:
 class TurnPipeline(Protocol):
     """Engines behind the runtime (ASR, LLM, TTS); shared by every session."""
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16]) -> str:
+    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         """Final transcript of a 16 kHz mono utterance ("" when nothing was said)."""
         ...
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16]) -> str:
+    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         """Transcript of the utterance so far, while the user is still speaking."""
         ...
 
@@ -97,8 +98,9 @@ class TurnPipeline(Protocol):
         """The reply, one chunk text (sentence or clause) at a time."""
         ...
 
-    async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
-        """Speech for one sentence in the voice of ``conditions``."""
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
+        """Speech for one sentence in the voice of ``conditions``. ``tag`` says whose it is, so a
+        shared engine can serve the session closest to an underrun first."""
         ...
 
     async def close(self) -> None:

@@ -7,25 +7,31 @@ CPU-heavy calls (ASR, TTS) run in worker threads, never on the event loop; the L
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from server.chunk import PhonemeTiming, WordTiming
+from server.chunk import PhonemeTiming, Stage, WordTiming
+from server.clock import Clock, MonotonicClock
 from server.conditions import Conditions
+from server.config import SchedulerConfig
+from server.engine_queue import EngineQueue, JobTag
 from server.history import ContextEntry
 from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
+from server.scheduler import make_scheduler
 
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
+ASR_COST_MS = 250.0  # a Whisper tiny.en decode on 2 cores (it always encodes a 30 s window)
+TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
+TTS_COST_MS_FIXED = 20.0
 Splitter = Callable[[str], tuple[list[str], str]]
 
 
@@ -123,6 +129,8 @@ class VoicePipeline:
         *,
         max_tokens: int,
         first_chunk_words: int,
+        scheduler_config: SchedulerConfig | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._asr = asr
         self._llm = llm
@@ -130,18 +138,21 @@ class VoicePipeline:
         self._splitter = splitter
         self._max_tokens = max_tokens
         self._first_chunk_words = first_chunk_words
-        self._asr_pool = ThreadPoolExecutor(1, thread_name_prefix="asr")
-        self._tts_pool = ThreadPoolExecutor(1, thread_name_prefix="tts")
+        config = scheduler_config or SchedulerConfig()
+        clock = clock or MonotonicClock()
+        # each engine is one worker thread shared by all sessions, fed deadline first
+        self.asr_queue = EngineQueue("asr", make_scheduler(config), clock)
+        self.tts_queue = EngineQueue("tts", make_scheduler(config), clock)
         self._ids = itertools.count(1)
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16]) -> str:
+    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         if len(utterance) < 1600:  # < 100 ms: not a word
             return ""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._asr_pool, self._asr.transcribe, utterance)
+        job = functools.partial(self._asr.transcribe, utterance)
+        return await self.asr_queue.run(tag, Stage.ASR, ASR_COST_MS, job)
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16]) -> str:
-        return await self.transcribe(utterance)
+    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+        return await self.transcribe(utterance, tag)
 
     async def prefill(self, request: ReplyRequest) -> int:
         rid = f"{request.session_id[:8]}-warm-{next(self._ids)}"
@@ -173,9 +184,10 @@ class VoicePipeline:
                 trace.cached_tokens = int(stats.cached_tokens)
                 trace.prompt_tokens = int(stats.prompt_tokens)
 
-    async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
-        loop = asyncio.get_running_loop()
-        speech = await loop.run_in_executor(self._tts_pool, self._tts.synthesize, text)
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
+        cost = TTS_COST_MS_PER_CHAR * len(text) + TTS_COST_MS_FIXED
+        job = functools.partial(self._tts.synthesize, text)
+        speech = await self.tts_queue.run(tag, Stage.TTS, cost, job)
         words = tuple(WordTiming(w.word, w.start, max(w.start, w.end)) for w in speech.words)
         phonemes = tuple(
             PhonemeTiming(p, start, max(start, end)) for p, start, end in speech.phonemes
@@ -184,5 +196,5 @@ class VoicePipeline:
 
     async def close(self) -> None:
         await self._llm.close()
-        self._asr_pool.shutdown(wait=True, cancel_futures=True)
-        self._tts_pool.shutdown(wait=True, cancel_futures=True)
+        await self.asr_queue.close()
+        await self.tts_queue.close()

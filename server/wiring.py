@@ -72,4 +72,5 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
         split_sentences,
         max_tokens=pc.llm_max_tokens,
         first_chunk_words=pc.first_chunk_words,
+        scheduler_config=config.scheduler,
     )

@@ -7,8 +7,10 @@ import pytest
 
 from models.tts import PiperTts, split_sentences
 from server.conditions import Conditions
+from server.engine_queue import JobTag
 from server.history import CacheClass, ContextEntry, Role
 from server.peer import stable_words
+from server.scheduler import SessionView
 from server.voice import FirstChunkCutter, VoicePipeline, to_messages
 
 
@@ -79,8 +81,9 @@ async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
         first_chunk_words=6,
     )
     try:
+        tag = JobTag("s", 0, lambda: SessionView("s", 0, 0.0, 2000.0))
         audio = await pipeline.synthesize(
-            "The weather is lovely today.", Conditions("p", "joe", "a")
+            "The weather is lovely today.", Conditions("p", "joe", "a"), tag
         )
     finally:
         await pipeline.close()

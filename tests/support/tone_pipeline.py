@@ -16,6 +16,7 @@ import numpy.typing as npt
 from server.chunk import WordTiming
 from server.conditions import Conditions
 from server.config import Config
+from server.engine_queue import JobTag
 from server.media import ms_to_samples
 from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
 
@@ -39,11 +40,11 @@ class TonePipeline:
         self.sentence_ms = sentence_ms
         self.sentences = sentences
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16]) -> str:
+    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         return f"utterance of {len(utterance) * 1000 // 16_000} ms"
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16]) -> str:
-        return await self.transcribe(utterance)
+    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+        return await self.transcribe(utterance, tag)
 
     async def prefill(self, request: ReplyRequest) -> int:
         return 0  # no engine, nothing cached
@@ -52,7 +53,7 @@ class TonePipeline:
         for i in range(self.sentences):
             yield f"Tone number {i + 1} for epoch {request.epoch}."
 
-    async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
         pcm = tone(self.sentence_ms)
         words = text.split()
         per = len(pcm) // len(words)
@@ -82,10 +83,10 @@ class FlakyTonePipeline(TonePipeline):
         async for sentence in super().reply(request, trace):
             yield sentence
 
-    async def synthesize(self, text: str, conditions: Conditions) -> SpeechAudio:
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
         if self.replies % 2 == 1:
             raise RuntimeError("speech engine crashed")
-        return await super().synthesize(text, conditions)
+        return await super().synthesize(text, conditions, tag)
 
 
 def create_flaky(config: Config) -> FlakyTonePipeline:
