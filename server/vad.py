@@ -2,7 +2,8 @@
 
 Every 20 ms frame is judged voiced when the gate (webrtcvad) fires and the confirming model
 (Silero) agrees. ``speech_start_ms`` of consecutive voiced audio makes a speech start, stamped
-with the arrival time of the run's first frame (the barge-in reaction is measured from there);
+with the arrival time of the first frame of the gate's voiced run that led to it (the barge-in
+reaction is measured from there, so the confirming model's delay counts);
 ``end_of_turn_ms`` without speech makes a speech stop. The confirming model only runs while the
 gate has fired recently or speech is on, so silence and steady noise cost almost nothing.
 """
@@ -80,6 +81,7 @@ class TurnDetector:
         self._prob = 0.0
         self._run = 0
         self._run_arrival = 0.0
+        self._gate_arrival = 0.0
         self._quiet = 0
         self._samples = 0
         self.frames = 0
@@ -110,13 +112,17 @@ class TurnDetector:
         self.frames += 1
         self._samples += FRAME
         gate = self._gate.is_speech(frame)
+        if gate and self._since_gate > 0:
+            self._gate_arrival = arrival_ms  # the gate's current voiced run began here
         self._since_gate = 0 if gate else self._since_gate + 1
         self._feed_model(frame)
         if self._state is VadState.SILENCE:
             voiced = gate and self._prob >= self._threshold
             if voiced:
                 if self._run == 0:
-                    self._run_arrival = arrival_ms
+                    # the onset is where the gate first heard this voice, even when the
+                    # confirming model agreed only a few frames later
+                    self._run_arrival = min(arrival_ms, self._gate_arrival)
                 self._run += 1
             else:
                 self._run = 0

@@ -122,3 +122,29 @@ def test_model_veto_blocks_a_gate_only_start() -> None:
     gate = ScriptedGate([True] * 50)
     det = TurnDetector(gate, FixedProbability(0.1), VadConfig())
     assert det.push(np.ones(320 * 50, np.int16), 0.0) == []
+
+
+class ScriptedProbability:
+    window = 512
+
+    def __init__(self, ps: list[float]) -> None:
+        self.ps = ps
+        self.i = 0
+
+    def probability(self, window: np.ndarray) -> float:
+        self.i += 1
+        return self.ps[min(self.i, len(self.ps)) - 1]
+
+    def reset(self) -> None:
+        pass
+
+
+def test_onset_is_where_the_gate_first_heard_voice_even_if_confirmed_later() -> None:
+    gate = ScriptedGate([False] * 5 + [True] * 30)
+    confirm = ScriptedProbability([0.1, 0.1, 0.1] + [0.9] * 40)  # agrees a few windows late
+    det = TurnDetector(gate, confirm, VadConfig(speech_start_ms=60))
+    events = []
+    for i in range(35):
+        events += det.push(np.ones(320, np.int16), arrival_ms=1000.0 + 20 * i)
+    assert events[0].kind is VadEventKind.START
+    assert events[0].onset_arrival_ms == 1000.0 + 20 * 5  # gate onset, not the confirmation
