@@ -129,10 +129,13 @@ async def bench_barge_in(server: ServerProcess, sessions: int, cycles: int) -> d
         *(barge_in_session(server, cycles, seed) for seed in range(sessions))
     )
     reactions = [r for s in stats for r in s["barge_in_reactions_ms"]]
+    confirmed = [r for s in stats for r in s["barge_in_confirmed_reactions_ms"]]
     client = [r for s in stats for r in s["client_reactions_ms"]]
     return {
-        "client_p50_ms": round(statistics.median(client), 1) if client else None,
-        "client_p95_ms": round(pct(client, 0.95), 1) if client else None,
+        "confirmed_p50_ms": round(statistics.median(confirmed), 1),
+        "confirmed_p95_ms": round(pct(confirmed, 0.95), 1),
+        "client_p50_ms": round(float(statistics.median(client)), 1) if client else None,
+        "client_p95_ms": round(float(pct(client, 0.95)), 1) if client else None,
         "interruptions": len(reactions),
         "sessions": sessions,
         "p50_ms": round(statistics.median(reactions), 1),

@@ -130,7 +130,9 @@ class PeerSession:
         self._level = 0.0
         self._underruns_seen = 0
         self.latest_video_frame: av.VideoFrame | None = None
-        self.barge_in_reactions_ms: list[float] = []
+        self.barge_in_reactions_ms: list[float] = []  # from the gate's voice onset
+        self.barge_in_confirmed_reactions_ms: list[float] = []  # from the confirmed voice
+        self._barge_confirmed_ms = 0.0
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
         self._trace: TurnTrace | None = None
         self._partials: asyncio.Task[None] | None = None
@@ -273,6 +275,7 @@ class PeerSession:
             if barge is not None:
                 self._metrics.barge_ins.inc()
                 self._barge_onset_ms = event.onset_arrival_ms
+                self._barge_confirmed_ms = event.confirmed_arrival_ms
                 await self._cancel_response()
             if self.session.state is TurnState.USER_SPEAKING and self._partials is None:
                 self._utterance = list(self._preroll)
@@ -497,9 +500,11 @@ class PeerSession:
             trace.first_audio_ms = self.clock.now_ms()
         self.send_log.append((pts, lateness_s))
         if self._barge_onset_ms is not None and not pcm.any():
-            reaction = self.clock.now_ms() - self._barge_onset_ms
+            now = self.clock.now_ms()
+            reaction = now - self._barge_onset_ms
             self._barge_onset_ms = None
             self.barge_in_reactions_ms.append(reaction)
+            self.barge_in_confirmed_reactions_ms.append(now - self._barge_confirmed_ms)
             self._metrics.barge_in_reaction.observe(reaction / 1000)
             log.info("session %s barge-in reaction %.0f ms", self.session_id[:8], reaction)
 
@@ -609,6 +614,7 @@ class PeerSession:
             "underruns": self.session.playback.underruns,
             "speech_starts": self.speech_starts,
             "barge_in_reactions_ms": list(self.barge_in_reactions_ms),
+            "barge_in_confirmed_reactions_ms": list(self.barge_in_confirmed_reactions_ms),
             "turns": list(self.traces),
             "history": [
                 {"role": t.role.value, "text": t.text, "epoch": t.epoch, "truncated": t.truncated}

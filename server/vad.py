@@ -56,11 +56,15 @@ class VadEventKind(Enum):
 
 @dataclass(frozen=True)
 class VadEvent:
-    """A decision: ``at_ms`` on the input timeline; ``onset_arrival_ms`` on the clock."""
+    """A decision: ``at_ms`` on the input timeline. On the clock (ms): ``onset_arrival_ms``, when
+    the first frame the gate called voice arrived (consonant onsets included), and
+    ``confirmed_arrival_ms``, when the first frame both the gate and the confirming model
+    called voice arrived."""
 
     kind: VadEventKind
     at_ms: float
     onset_arrival_ms: float
+    confirmed_arrival_ms: float = 0.0
 
 
 class TurnDetector:
@@ -82,6 +86,7 @@ class TurnDetector:
         self._run = 0
         self._run_arrival = 0.0
         self._gate_arrival = 0.0
+        self._confirmed_arrival = 0.0
         self._quiet = 0
         self._samples = 0
         self.frames = 0
@@ -120,6 +125,7 @@ class TurnDetector:
             voiced = gate and self._prob >= self._threshold
             if voiced:
                 if self._run == 0:
+                    self._confirmed_arrival = arrival_ms
                     # the onset is where the gate first heard this voice, even when the
                     # confirming model agreed only a few frames later
                     self._run_arrival = min(arrival_ms, self._gate_arrival)
@@ -162,4 +168,4 @@ class TurnDetector:
         self._run = self._quiet = 0
         at_ms = (self._samples - back_samples) * 1000 / RATE_HZ
         log.debug("vad: %s -> %s at %.0f ms", old.value, new.value, at_ms)
-        return VadEvent(kind, at_ms, self._run_arrival)
+        return VadEvent(kind, at_ms, self._run_arrival, self._confirmed_arrival)
