@@ -13,7 +13,7 @@ from aiohttp import web
 from server import __version__
 from server.config import Config
 from server.metrics import Metrics
-from server.pipeline import TurnPipeline
+from server.pipeline import QueueObservable, TurnPipeline
 from server.registry import SessionRegistry
 from server.rtc import pin_host_addresses
 from server.signaling import MAX_BODY_KEY, REGISTRY_KEY, add_routes, json_errors
@@ -83,6 +83,9 @@ def create_app(
     app[METRICS_KEY] = Metrics()
     app[MAX_BODY_KEY] = config.transport.max_body_bytes
     app[REGISTRY_KEY] = SessionRegistry(config, detector_factory, pipeline, app[METRICS_KEY])
+    if isinstance(pipeline, QueueObservable):
+        wait = app[METRICS_KEY].queue_wait
+        pipeline.set_queue_observer(lambda engine, ms: wait.labels(engine).observe(ms / 1000))
     pin_host_addresses(config.transport.ice_host_addresses)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -52,8 +52,15 @@ class _Job(Generic[T]):
 class EngineQueue:
     """One worker thread; ``run()`` queues a job and returns its result when it has run."""
 
-    def __init__(self, name: str, scheduler: Scheduler, clock: Clock) -> None:
+    def __init__(
+        self,
+        name: str,
+        scheduler: Scheduler,
+        clock: Clock,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> None:
         self.name = name
+        self.on_wait = on_wait  # called with each job's wait (ms) before it runs
         self._scheduler = scheduler
         self._clock = clock
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
@@ -92,6 +99,8 @@ class EngineQueue:
             if job is None:
                 await asyncio.sleep(RETRY_S)  # everything waiting is past its budget
                 continue
+            if self.on_wait is not None:
+                self.on_wait(self._clock.now_ms() - job.item.enqueued_ms)
             try:
                 result = await loop.run_in_executor(self._pool, job.fn)
             except Exception as exc:

@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+V2V_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
 class Metrics:
@@ -42,6 +43,46 @@ class Metrics:
             registry=r,
         )
         self.speech_starts = Counter("avatar_speech_starts", "Speech starts detected.", registry=r)
+        self.voice_to_voice = Histogram(
+            "avatar_voice_to_voice_seconds",
+            "End-of-turn decision to the reply's first non-silent outbound frame.",
+            buckets=V2V_BUCKETS,
+            registry=r,
+        )
+        self.stage_latency = Histogram(
+            "avatar_stage_latency_seconds",
+            "Time after the end-of-turn decision at which a stage finished.",
+            ["stage"],
+            buckets=V2V_BUCKETS,
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "avatar_prefix_cache_tokens_reused",
+            "Prompt tokens served from the prefix cache.",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "avatar_prompt_tokens", "Prompt tokens of replies.", registry=r
+        )
+        self.lookahead = Histogram(
+            "avatar_lookahead_seconds",
+            "Output buffered ahead of the playback cursor while a reply plays (sampled).",
+            buckets=(0.0, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0),
+            registry=r,
+        )
+        self.discarded_output = Histogram(
+            "avatar_discarded_output_seconds",
+            "Generated but never heard output thrown away at a barge-in (heard-vs-generated gap).",
+            buckets=(0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "avatar_engine_queue_wait_seconds",
+            "Time a job waited for a shared engine (ASR, TTS) before it ran.",
+            ["engine"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

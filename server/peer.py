@@ -54,6 +54,7 @@ PREROLL_FRAMES = 25  # 16 kHz audio kept before a speech start (500 ms), for the
 MAX_UTTERANCE_S = 30
 MAX_OUTBOX = 256
 MAX_INBOX = 64
+LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 
 
@@ -141,6 +142,7 @@ class PeerSession:
         self._stable = ""
         self._prefill_cached = 0
         self.speech_starts = 0
+        self._pulls = 0
         self.send_log: deque[tuple[int, float]] = deque(maxlen=3000)  # (pts, lateness s)
         self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
         tc = config.transport
@@ -274,6 +276,7 @@ class PeerSession:
             barge = self.session.speech_started(event.at_ms)
             if barge is not None:
                 self._metrics.barge_ins.inc()
+                self._metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
                 self._barge_onset_ms = event.onset_arrival_ms
                 self._barge_confirmed_ms = event.confirmed_arrival_ms
                 await self._cancel_response()
@@ -487,6 +490,9 @@ class PeerSession:
             self._metrics.underruns.inc(underruns - self._underruns_seen)
             self._underruns_seen = underruns
         self._level = pcm_level(pulled.pcm)
+        self._pulls += 1
+        if self._pulls % LOOKAHEAD_SAMPLE_FRAMES == 0 and self.session.playback.streaming:
+            self._metrics.lookahead.observe(self.session.playback.slack_ms / 1000)
         self._flush_events()
         return pulled.pcm
 
@@ -548,6 +554,17 @@ class PeerSession:
             if isinstance(event, ResponseDone):
                 self._report_timings(event.epoch)
 
+    def _observe(self, timings: dict[str, Any]) -> None:
+        metrics = self._metrics
+        for stage in ("asr_final", "llm_first_token", "first_chunk_text", "first_tts"):
+            value = timings.get(f"{stage}_ms")
+            if value is not None:
+                metrics.stage_latency.labels(stage).observe(value / 1000)
+        if timings.get("voice_to_voice_ms") is not None:
+            metrics.voice_to_voice.observe(timings["voice_to_voice_ms"] / 1000)
+        metrics.cached_tokens.inc(timings.get("cached_tokens") or 0)
+        metrics.prompt_tokens.inc(timings.get("prompt_tokens") or 0)
+
     def _report_timings(self, epoch: int) -> None:
         """When a reply that was heard ends: its stage timings, as an event and for /debug."""
         trace, self._trace = self._trace, None
@@ -555,6 +572,7 @@ class PeerSession:
             return
         timings = {"epoch": epoch, **trace.as_dict()}
         self.traces.append(timings)
+        self._observe(timings)
         self._send({"type": "response.timings", **timings})
 
     def _on_message(self, raw: str | bytes) -> None:

@@ -11,7 +11,7 @@ import importlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -106,6 +106,13 @@ class TurnPipeline(Protocol):
     async def close(self) -> None:
         """Release engines at shutdown."""
         ...
+
+
+@runtime_checkable
+class QueueObservable(Protocol):
+    """A pipeline whose shared engines report how long jobs waited for them."""
+
+    def set_queue_observer(self, observe: Callable[[str, float], None]) -> None: ...
 
 
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]

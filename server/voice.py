@@ -145,6 +145,11 @@ class VoicePipeline:
         self.tts_queue = EngineQueue("tts", make_scheduler(config), clock)
         self._ids = itertools.count(1)
 
+    def set_queue_observer(self, observe: Callable[[str, float], None]) -> None:
+        """``observe(engine, wait_ms)`` is called as each ASR/TTS job leaves its queue."""
+        for queue in (self.asr_queue, self.tts_queue):
+            queue.on_wait = functools.partial(observe, queue.name)
+
     async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         if len(utterance) < 1600:  # < 100 ms: not a word
             return ""

@@ -18,7 +18,7 @@ from models.asr import WhisperAsr
 from models.tts import PiperTts
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
 
 pytestmark = pytest.mark.timeout(600)
@@ -114,6 +114,11 @@ async def test_spoken_question_gets_a_spoken_answer(
     assert history[-2]["role"] == "user" and "france" in history[-2]["text"].lower()
     assert history[-1]["role"] == "assistant" and not history[-1]["truncated"]
     assert words(history[-1]["text"]) == words(text)
+    metrics = server.metrics()
+    assert metric_value(metrics, "avatar_voice_to_voice_seconds_count") >= 1
+    assert metric_value(metrics, "avatar_stage_latency_seconds_count") >= 4
+    assert metric_value(metrics, "avatar_engine_queue_wait_seconds_count") >= 2  # ASR + TTS
+    assert metric_value(metrics, "avatar_prompt_tokens_total") > 0
 
 
 async def test_barge_in_keeps_only_what_was_played(
