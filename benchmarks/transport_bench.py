@@ -217,6 +217,61 @@ async def bench_pacing(server: ServerProcess, sessions: int, seconds: float) -> 
     }
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+async def bench_memory(server: ServerProcess, sessions: int) -> dict[str, Any]:
+    """Server RSS with ``sessions`` audio+video sessions connected vs none (MB)."""
+    assert server.proc is not None
+    await asyncio.sleep(1)
+    before = rss_mb(server.proc.pid)
+    peers = [ClientPeer(server.url, video=True) for _ in range(sessions)]
+    try:
+        for peer in peers:
+            await peer.connect()
+        for peer in peers:
+            peer.send({"type": "conversation.item.create", "text": "Hello."})
+        await asyncio.sleep(3)
+        during = rss_mb(server.proc.pid)
+    finally:
+        for peer in peers:
+            await peer.close()
+    await asyncio.sleep(1)
+    after = rss_mb(server.proc.pid)
+    return {
+        "sessions": sessions,
+        "rss_idle_mb": round(before, 1),
+        "rss_connected_mb": round(during, 1),
+        "per_session_mb": round((during - before) / sessions, 1),
+        "rss_after_close_mb": round(after, 1),
+    }
+
+
+async def bench_capacity(
+    server: ServerProcess, steps: tuple[int, ...], seconds: float
+) -> dict[str, Any]:
+    """The most sessions talking at once (audio+video, replies playing) with zero underruns
+    and audio frame lateness p99 <= 5 ms; steps stop at the first that fails."""
+    results = []
+    capacity = 0
+    for n in steps:
+        step = await bench_pacing(server, n, seconds)
+        clean = step["underruns"] == 0 and step["frame_lateness_p99_ms"] <= 5.0
+        results.append({**step, "clean": clean})
+        print(
+            f"capacity step {n}: underruns {step['underruns']}, "
+            f"p99 {step['frame_lateness_p99_ms']} ms, cpu {step['server_cpu_percent_of_core']} %"
+        )
+        if not clean:
+            break
+        capacity = n
+    return {"sessions_clean": capacity, "tried": list(steps[: len(results)]), "steps": results}
+
+
 async def bench_idle_cpu(server: ServerProcess, seconds: float) -> float:
     assert server.proc is not None
     cpu0, t0 = cpu_seconds(server.proc.pid), time.monotonic()
@@ -247,6 +302,12 @@ async def run(quick: bool) -> dict[str, Any]:
         for n in (1, 4):
             results[f"pacing_{n}"] = await bench_pacing(server, n, 6 if quick else 20)
             print(f"pacing {n}:", results[f"pacing_{n}"])
+        results["memory"] = await bench_memory(server, 2 if quick else 4)
+        print("memory:", results["memory"])
+        results["capacity"] = await bench_capacity(
+            server, (2, 4) if quick else (2, 4, 6, 8), 6 if quick else 15
+        )
+        print("capacity:", {k: v for k, v in results["capacity"].items() if k != "steps"})
     finally:
         code = server.stop()
         results["server_exit_code"] = code

@@ -1,0 +1,108 @@
+"""The benchmark suite: ``python -m benchmarks [--smoke]``.
+
+Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
+namespace) and the voice benchmark (embedded models), prints a summary table and writes
+``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
+benchmarks cannot rot); figures from a smoke run are not for reporting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import scheduler_sim, transport_bench, voice_bench
+from benchmarks.netns import isolate
+
+RESULTS = Path("benchmarks/results")
+
+
+def _load(name: str) -> dict[str, Any]:
+    data = json.loads((RESULTS / name).read_text())
+    return data if isinstance(data, dict) else {"rows": data}
+
+
+def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """(figure, value) rows of the headline numbers."""
+    rows: list[tuple[str, str]] = []
+    t = results["transport"]
+    b = t["barge_in"]
+    rows.append(
+        (
+            "barge-in, confirmed voice -> silent frame p50/p95 ms",
+            f"{b['confirmed_p50_ms']} / {b['confirmed_p95_ms']}",
+        )
+    )
+    rows.append(
+        ("barge-in, gate onset -> silent frame p50/p95 ms", f"{b['p50_ms']} / {b['p95_ms']}")
+    )
+    rows.append(("false speech starts on noise", str(t["noise"]["total"])))
+    for n in (1, 4):
+        p = t[f"pacing_{n}"]
+        rows.append(
+            (f"audio frame lateness p99 ms, {n} session(s)", str(p["frame_lateness_p99_ms"]))
+        )
+        rows.append(
+            (
+                f"server CPU % of a core per session, {n} session(s)",
+                str(p["cpu_percent_per_session"]),
+            )
+        )
+    rows.append(("memory per session MB", str(t["memory"]["per_session_mb"])))
+    rows.append(
+        ("capacity: sessions with 0 underruns (tone replies)", str(t["capacity"]["sessions_clean"]))
+    )
+    v = results["voice"]
+    for mode in ("incremental", "baseline"):
+        v2v = v[mode]["voice_to_voice_ms"]
+        rows.append((f"voice-to-voice p50/p95 ms ({mode})", f"{v2v['p50']} / {v2v['p95']}"))
+    rows.append(("incremental / baseline p50", str(v["ratio_incremental_vs_baseline_p50"])))
+    rows.append(("underruns, concurrent conversing sessions", str(v["concurrent"]["underruns"])))
+    sims = [r for r in results["scheduler"]["rows"] if r["policy"] in ("edf", "round_robin")]
+    for load in sorted({r["overload"] for r in sims}):
+        edf = sum(r["underruns"] for r in sims if r["policy"] == "edf" and r["overload"] == load)
+        rr = sum(
+            r["underruns"] for r in sims if r["policy"] == "round_robin" and r["overload"] == load
+        )
+        rows.append((f"scheduler misses EDF / RR at {load}x", f"{edf} / {rr}"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description="the benchmark suite")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds per benchmark")
+    args = parser.parse_args(argv)
+    isolate("benchmarks", argv)
+    quick = ["--quick"] if args.smoke else []
+    started = time.monotonic()
+    codes = {
+        "scheduler": scheduler_sim.main([*quick, "--out", str(RESULTS / "scheduler_sim.json")]),
+        "transport": transport_bench.main([*quick, "--out", str(RESULTS / "transport.json")]),
+        "voice": voice_bench.main([*quick, "--out", str(RESULTS / "voice.json")]),
+    }
+    results = {
+        "scheduler": _load("scheduler_sim.json"),
+        "transport": _load("transport.json"),
+        "voice": _load("voice.json"),
+        "smoke": args.smoke,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    (RESULTS / "suite.json").write_text(json.dumps(results, indent=2))
+    print()
+    for name, value in summary(results):
+        print(f"{name:<58} {value}")
+    print(f"suite took {results['wall_s']} s; wrote {RESULTS / 'suite.json'}")
+    failed = {name: code for name, code in codes.items() if code != 0}
+    if failed:
+        print(f"failed: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
