@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from benchmarks import pct
 from server.chunk import Stage
 from server.config import SchedulerConfig
 from server.scheduler import (
@@ -217,12 +218,6 @@ def simulate(
         if running is not None:
             busy_ms += TICK_MS
         now += TICK_MS
-
-    def pct(values: list[float], q: float) -> float:
-        if not values:
-            return float("nan")
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     return SimResult(
         policy=policy.value,

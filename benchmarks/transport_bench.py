@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import pct
 from benchmarks.netns import isolate
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
@@ -38,11 +39,6 @@ from tests.support.speech import silence, speak, voiced_span_ms
 QUESTION = "Hello there. Can you tell me something about the weather today?"
 INTERRUPT = "Sorry, wait a moment, I have another question."
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def debug_sessions(server: ServerProcess) -> dict[str, Any]:

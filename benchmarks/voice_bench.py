@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import pct
 from benchmarks.netns import isolate
-from benchmarks.transport_bench import pct, session_stats
+from benchmarks.transport_bench import session_stats
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
 from tests.support.server_process import ServerProcess

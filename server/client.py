@@ -30,25 +30,11 @@ import numpy.typing as npt
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ
+from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, resample
 from server.rtc import pin_host_addresses
 
 log = logging.getLogger("client")
 PCM = npt.NDArray[np.int16]
-
-
-def resample_to_48k(pcm: PCM, rate: int) -> PCM:
-    """Mono int16 at ``rate`` -> mono int16 at 48 kHz."""
-    if rate == MEDIA_RATE_HZ:
-        return pcm.astype(np.int16)
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=MEDIA_RATE_HZ)
-    frame = av.AudioFrame.from_ndarray(
-        pcm.reshape(1, -1).astype(np.int16), format="s16", layout="mono"
-    )
-    frame.sample_rate = rate
-    parts = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.int16)
 
 
 def load_wav(path: Path) -> PCM:
@@ -59,7 +45,7 @@ def load_wav(path: Path) -> PCM:
         pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
         if w.getnchannels() > 1:
             pcm = pcm.reshape(-1, w.getnchannels()).mean(axis=1).astype(np.int16)
-        return resample_to_48k(pcm, w.getframerate())
+        return resample(pcm, w.getframerate(), MEDIA_RATE_HZ)
 
 
 def save_wav(path: Path, pcm: PCM, rate: int = MEDIA_RATE_HZ) -> None:

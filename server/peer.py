@@ -26,12 +26,13 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.chunk import Stage
+from server.clock import MonotonicClock
 from server.config import Config
 from server.engine_queue import JobTag, StaleWork
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ResponseDone
 from server.media import MEDIA_RATE_HZ, samples_to_ms
-from server.metrics import Metrics
+from server.metrics import Metrics, quantile
 from server.pipeline import ReplyRequest, TurnPipeline, TurnTrace
 from server.protocol import (
     ClientEvent,
@@ -90,13 +91,6 @@ def stable_words(previous: str, current: str) -> str:
     return " ".join(agreed)
 
 
-class LoopClock:
-    """The runtime's Clock on the event loop's monotonic time (ms)."""
-
-    def now_ms(self) -> float:
-        return time.monotonic() * 1000
-
-
 class PeerSession:
     """Everything one peer needs, closed as one unit."""
 
@@ -112,7 +106,7 @@ class PeerSession:
         self.session_id = session_id
         self.config = config
         self.state = PeerState.NEW
-        self.clock = LoopClock()
+        self.clock = MonotonicClock()
         self.session = Session(session_id, config.runtime, self.clock)
         self.pc = RTCPeerConnection(rtc_configuration(config.transport))
         self.media_clock = MediaClock(time.monotonic)
@@ -621,7 +615,7 @@ class PeerSession:
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
         cursors = self.session.cursors
-        lateness = sorted(late * 1000 for _, late in self.send_log)
+        lateness = [late * 1000 for _, late in self.send_log]
         return {
             "session_id": self.session_id,
             "state": self.state.value,
@@ -640,15 +634,8 @@ class PeerSession:
             ],
             "audio_frames_logged": len(lateness),
             "frame_lateness_ms": {
-                "p50": _pick(lateness, 0.50),
-                "p99": _pick(lateness, 0.99),
-                "max": lateness[-1] if lateness else None,
+                "p50": quantile(lateness, 0.50),
+                "p99": quantile(lateness, 0.99),
+                "max": max(lateness, default=None),
             },
         }
-
-
-def _pick(ordered: list[float], q: float) -> float | None:
-    """The ``q`` quantile of an ascending list (nearest rank); None when empty."""
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

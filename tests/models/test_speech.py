@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-import av
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from models.asr import WhisperAsr
@@ -19,6 +17,8 @@ from models.tts import (
     flush_sentences,
     split_sentences,
 )
+from server.media import resample
+from tests.support.text import edit_distance
 
 SENTENCES = (
     "The weather is sunny today.",
@@ -38,15 +38,6 @@ def asr() -> Iterator[WhisperAsr]:
     yield WhisperAsr(cpu_threads=2)
 
 
-def to_16k(pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
-    """48 kHz mono int16 resampled to 16 kHz with PyAV."""
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
-    frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
-    frame.sample_rate = RATE_HZ
-    frames = [*resampler.resample(frame), *resampler.resample(None)]
-    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.int16)
-
-
 # Whisper tiny.en writes American spelling (as Whisper's own English text normaliser does,
 # count British and American spellings as the same word)
 SPELLING = {"favourite": "favorite", "colour": "color"}
@@ -56,15 +47,6 @@ def words_of(text: str) -> list[str]:
     """Lowercased words without punctuation, in American spelling."""
     words = re.sub(r"[^\w\s']", " ", text.lower()).split()
     return [SPELLING.get(w, w) for w in words]
-
-
-def edit_distance(reference: list[str], hypothesis: list[str]) -> int:
-    row = list(range(len(hypothesis) + 1))
-    for i, ref in enumerate(reference, 1):
-        previous, row[0] = row[0], i
-        for j, hyp in enumerate(hypothesis, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ref != hyp))
-    return row[-1]
 
 
 def test_edit_distance() -> None:
@@ -77,7 +59,7 @@ def test_tts_to_asr_round_trip(tts: PiperTts, asr: WhisperAsr) -> None:
     errors = total = 0
     heard = []
     for sentence in SENTENCES:
-        text = asr.transcribe(to_16k(tts.synthesize(sentence).pcm))
+        text = asr.transcribe(resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000))
         heard.append(text)
         errors += edit_distance(words_of(sentence), words_of(text))
         total += len(words_of(sentence))

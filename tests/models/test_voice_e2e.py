@@ -11,15 +11,16 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from models.asr import WhisperAsr
 from models.tts import PiperTts
 from server.client import ClientPeer
+from server.media import resample
 from server.rtc import pin_host_addresses
 from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
+from tests.support.text import edit_distance
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,24 +30,8 @@ def words(text: str) -> list[str]:
 
 
 def wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
-
-
-def to_16k(pcm48: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
-    import av
-
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
-    frame = av.AudioFrame.from_ndarray(pcm48.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = 48_000
-    parts = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.int16)
+    ref = words(reference)
+    return edit_distance(ref, words(hypothesis)) / max(1, len(ref))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +93,7 @@ async def test_spoken_question_gets_a_spoken_answer(
     text = reply_text(peer, 0)
     assert text.strip()
     # what the client received is speech of the reply's text
-    recognised = asr.transcribe(to_16k(peer.received_audio()))
+    recognised = asr.transcribe(resample(peer.received_audio(), 48_000, 16_000))
     assert wer(text, recognised) <= 0.35, (text, recognised)
     history = debug_session(server, peer.session_id)["history"]
     assert history[-2]["role"] == "user" and "france" in history[-2]["text"].lower()

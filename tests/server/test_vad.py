@@ -7,22 +7,13 @@ import subprocess
 import wave
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
 from models.vad import SileroVad, WebRtcGate
 from server.config import VadConfig
+from server.media import resample
 from server.vad import TurnDetector, VadEventKind, VadState
-
-
-def to_16k(pcm: np.ndarray, rate: int) -> np.ndarray:
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
-    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = rate
-    parts = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.int16)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +26,7 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     )
     with wave.open(str(path)) as w:
         pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
-        return to_16k(pcm, w.getframerate())
+        return resample(pcm, w.getframerate(), 16_000)
 
 
 def detector(**overrides: int) -> TurnDetector:
