@@ -141,19 +141,27 @@ async def bench_barge_in(server: ServerProcess, sessions: int, cycles: int) -> d
     }
 
 
+async def keep_talking(peer: ClientPeer, seconds: float) -> int:
+    """Ask for one reply after another for ``seconds``; returns how many finished."""
+    end = time.monotonic() + seconds
+    replies = 0
+    while time.monotonic() < end:
+        mark = len(peer.events)
+        peer.send({"type": "conversation.item.create", "text": "Tell me more."})
+        try:
+            await peer.wait_event("response.done", timeout=end - time.monotonic(), after=mark)
+        except TimeoutError:
+            break
+        replies += 1
+    return replies
+
+
 async def noise_session(server: ServerProcess, kind: str, dbfs: float, seconds: float) -> int:
     peer = ClientPeer(server.url, video=False)
     await peer.connect()
     try:
         peer.mic.play(noise(kind, dbfs, seconds, seed=int(-dbfs)))
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:  # keep the agent talking over the noise
-            mark = len(peer.events)
-            peer.send({"type": "conversation.item.create", "text": "Please keep talking."})
-            try:
-                await peer.wait_event("response.done", timeout=end - time.monotonic(), after=mark)
-            except TimeoutError:
-                break
+        await keep_talking(peer, seconds)  # the agent talks over the noise
         return int(session_stats(server, peer.session_id)["speech_starts"])
     finally:
         await peer.close()
@@ -175,16 +183,7 @@ async def talking_session(server: ServerProcess, seconds: float, video: bool) ->
     peer = ClientPeer(server.url, video=video)
     await peer.connect()
     try:
-        end = time.monotonic() + seconds
-        replies = 0
-        while time.monotonic() < end:
-            mark = len(peer.events)
-            peer.send({"type": "conversation.item.create", "text": "Tell me more."})
-            try:
-                await peer.wait_event("response.done", timeout=end - time.monotonic(), after=mark)
-                replies += 1
-            except TimeoutError:
-                break
+        replies = await keep_talking(peer, seconds)
         stats = session_stats(server, peer.session_id)
         stats["replies"] = replies
         stats["video_frames_received"] = peer.video_count

@@ -32,6 +32,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, resample
 from server.rtc import pin_host_addresses
+from server.tracks import frames
 
 log = logging.getLogger("client")
 PCM = npt.NDArray[np.int16]
@@ -210,11 +211,7 @@ class ClientPeer:
         task.add_done_callback(self._tasks.discard)
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
+        async for frame in frames(track):
             assert isinstance(frame, av.AudioFrame)
             data = frame.to_ndarray().reshape(-1)
             channels = len(frame.layout.channels)
@@ -224,11 +221,7 @@ class ClientPeer:
             self.audio.append((time.monotonic(), mono.astype(np.int16)))
 
     async def _consume_video(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
+        async for frame in frames(track):
             self.video_count += 1
             if len(self.video_frames) < self.keep_video_frames and isinstance(frame, av.VideoFrame):
                 self.video_frames.append((time.monotonic(), frame))

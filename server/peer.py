@@ -23,7 +23,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.mediastreams import MediaStreamTrack
 
 from server.chunk import Stage
 from server.clock import MonotonicClock
@@ -45,7 +45,14 @@ from server.protocol import (
 from server.rtc import rtc_configuration, tune_audio_jitter
 from server.scheduler import SessionView
 from server.session import ChunkAudio, Session
-from server.tracks import LevelFace, MediaClock, PacedAudioTrack, PacedVideoTrack, pcm_level
+from server.tracks import (
+    LevelFace,
+    MediaClock,
+    PacedAudioTrack,
+    PacedVideoTrack,
+    frames,
+    pcm_level,
+)
 from server.turn import TurnState
 from server.vad import TurnDetector, VadEvent, VadEventKind
 
@@ -78,6 +85,13 @@ def _normalise(word: str) -> str:
     """A word case-folded, without punctuation or symbols."""
     folded = unicodedata.normalize("NFKC", word).casefold()
     return "".join(ch for ch in folded if ch.isalnum())
+
+
+async def _cancel(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has ended."""
+    if task is not None and not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def stable_words(previous: str, current: str) -> str:
@@ -121,6 +135,7 @@ class PeerSession:
         self._inbox: asyncio.Queue[ClientEvent] = asyncio.Queue(maxsize=MAX_INBOX)
         self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
         self._utterance: list[npt.NDArray[np.int16]] = []
+        self._utterance_samples = 0  # 16 kHz samples in _utterance
         self._barge_onset_ms: float | None = None
         self._level = 0.0
         self._underruns_seen = 0
@@ -137,7 +152,7 @@ class PeerSession:
         self._prefill_cached = 0
         self.speech_starts = 0
         self._pulls = 0
-        self.send_log: deque[tuple[int, float]] = deque(maxlen=3000)  # (pts, lateness s)
+        self.send_log: deque[float] = deque(maxlen=3000)  # lateness (s) of recent audio frames
         self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
         tc = config.transport
         self.video_track = (
@@ -233,11 +248,7 @@ class PeerSession:
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
+        async for frame in frames(track):
             arrival_ms = self.clock.now_ms()
             assert isinstance(frame, av.AudioFrame)
             self.session.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
@@ -249,17 +260,14 @@ class PeerSession:
 
     def _keep_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         if self.session.state is TurnState.USER_SPEAKING:
-            if sum(len(p) for p in self._utterance) < MAX_UTTERANCE_S * 16_000:
+            if self._utterance_samples < MAX_UTTERANCE_S * 16_000:
                 self._utterance.append(pcm)
+                self._utterance_samples += len(pcm)
         else:
             self._preroll.append(pcm)
 
     async def _consume_video(self, track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
+        async for frame in frames(track):
             if isinstance(frame, av.VideoFrame):
                 self.latest_video_frame = frame  # for the vision stage
 
@@ -276,6 +284,7 @@ class PeerSession:
                 await self._cancel_response()
             if self.session.state is TurnState.USER_SPEAKING and self._partials is None:
                 self._utterance = list(self._preroll)
+                self._utterance_samples = sum(len(p) for p in self._utterance)
                 self._preroll.clear()
                 self._partial = _Partial(0, "")
                 self._stable = ""
@@ -335,9 +344,7 @@ class PeerSession:
 
     async def _stop_partials(self) -> None:
         task, self._partials = self._partials, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await _cancel(task)
 
     # --- replies ----------------------------------------------------------------------------
     def _tag(self) -> JobTag:
@@ -382,9 +389,7 @@ class PeerSession:
     async def _cancel_response(self) -> None:
         self._trace = None
         task, self._response = self._response, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await _cancel(task)
 
     async def _final_transcript(
         self, pipeline: TurnPipeline, utterance: npt.NDArray[np.int16], speech_end: int
@@ -498,7 +503,7 @@ class PeerSession:
         trace = self._trace
         if trace is not None and trace.first_audio_ms is None and pcm.any():
             trace.first_audio_ms = self.clock.now_ms()
-        self.send_log.append((pts, lateness_s))
+        self.send_log.append(lateness_s)
         if self._barge_onset_ms is not None and not pcm.any():
             now = self.clock.now_ms()
             reaction = now - self._barge_onset_ms
@@ -615,7 +620,7 @@ class PeerSession:
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
         cursors = self.session.cursors
-        lateness = [late * 1000 for _, late in self.send_log]
+        lateness = [late * 1000 for late in self.send_log]
         return {
             "session_id": self.session_id,
             "state": self.state.value,

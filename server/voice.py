@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
@@ -84,10 +83,6 @@ def to_messages(context: Sequence[ContextEntry]) -> list[Message]:
     return [{"role": entry.role.value, "content": entry.text} for entry in context]
 
 
-def now_ms() -> float:
-    return time.monotonic() * 1000
-
-
 class FirstChunkCutter:
     """Chunks streamed text: sentences from ``splitter``; the reply's first chunk is cut early,
     after ``first_words`` words, so that speech can start before the first sentence ends."""
@@ -139,7 +134,7 @@ class VoicePipeline:
         self._max_tokens = max_tokens
         self._first_chunk_words = first_chunk_words
         config = scheduler_config or SchedulerConfig()
-        clock = clock or MonotonicClock()
+        self._clock = clock = clock or MonotonicClock()
         # each engine is one worker thread shared by all sessions, fed deadline first
         self.asr_queue = EngineQueue("asr", make_scheduler(config), clock)
         self.tts_queue = EngineQueue("tts", make_scheduler(config), clock)
@@ -171,14 +166,14 @@ class VoicePipeline:
         try:
             async for delta in stream:
                 if trace.llm_first_token_ms is None:
-                    trace.llm_first_token_ms = now_ms()
+                    trace.llm_first_token_ms = self._clock.now_ms()
                 for chunk in cutter.feed(delta):
                     if trace.first_chunk_text_ms is None:
-                        trace.first_chunk_text_ms = now_ms()
+                        trace.first_chunk_text_ms = self._clock.now_ms()
                     yield chunk
             for chunk in cutter.flush():
                 if trace.first_chunk_text_ms is None:
-                    trace.first_chunk_text_ms = now_ms()
+                    trace.first_chunk_text_ms = self._clock.now_ms()
                 yield chunk
         finally:
             closer = getattr(stream, "aclose", None)
