@@ -1,7 +1,8 @@
 """The benchmark suite: ``python -m benchmarks [--smoke]``.
 
 Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
-namespace) and the voice benchmark (embedded models), prints a summary table and writes
+namespace), the voice benchmark (embedded models) and the avatar benchmarks (render cost, A/V
+offset, CPU of a speaking avatar), prints a summary table and writes
 ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
 benchmarks cannot rot); figures from a smoke run are not for reporting.
 """
@@ -15,7 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import scheduler_sim, transport_bench, voice_bench
+from benchmarks import (
+    avatar_bench,
+    avatar_sync,
+    scheduler_sim,
+    transport_bench,
+    voice_bench,
+    workers_bench,
+)
 from benchmarks.netns import isolate
 
 RESULTS = Path("benchmarks/results")
@@ -62,6 +70,34 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((f"voice-to-voice p50/p95 ms ({mode})", f"{v2v['p50']} / {v2v['p95']}"))
     rows.append(("incremental / baseline p50", str(v["ratio_incremental_vs_baseline_p50"])))
     rows.append(("underruns, concurrent conversing sessions", str(v["concurrent"]["underruns"])))
+    render = results["avatar_render"]["summary"]
+    rows.append(
+        (
+            "avatar render CPU ms/frame 512x512 p50/p95 (drawn frames)",
+            f"{render['steady_drawn_cpu']['p50_ms']} / {render['steady_drawn_cpu']['p95_ms']}",
+        )
+    )
+    sync = results["avatar_sync"]
+    rows.append(
+        (
+            "A/V offset at the client p50 ms (+ = video later)",
+            str(sync["av_offset"]["offset_p50_ms"]),
+        )
+    )
+    rows.append(
+        (
+            "server CPU % of a core, speaking avatar session",
+            str(sync["cpu_speaking_with_video"]["cpu_percent_of_core"]),
+        )
+    )
+    workers = results["workers"].get("summary", {})
+    if workers:
+        rows.append(
+            (
+                "capacity, sessions with p99 lateness <= 5 ms, 1 / 2 workers",
+                " / ".join(str(workers[k]["capacity_5ms_median"]) for k in sorted(workers)),
+            )
+        )
     sims = [r for r in results["scheduler"]["rows"] if r["policy"] in ("edf", "round_robin")]
     for load in sorted({r["overload"] for r in sims}):
         edf = sum(r["underruns"] for r in sims if r["policy"] == "edf" and r["overload"] == load)
@@ -84,11 +120,21 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler": scheduler_sim.main([*quick, "--out", str(RESULTS / "scheduler_sim.json")]),
         "transport": transport_bench.main([*quick, "--out", str(RESULTS / "transport.json")]),
         "voice": voice_bench.main([*quick, "--out", str(RESULTS / "voice.json")]),
+        "avatar_render": avatar_bench.main(
+            [*(["--smoke"] if args.smoke else []), "--out", str(RESULTS / "avatar.json")]
+        ),
+        "avatar_sync": avatar_sync.main([*quick, "--out", str(RESULTS / "avatar_sync.json")]),
+        "workers": workers_bench.main(
+            [*(["--smoke"] if args.smoke else []), "--out", str(RESULTS / "workers.json")]
+        ),
     }
     results = {
         "scheduler": _load("scheduler_sim.json"),
         "transport": _load("transport.json"),
         "voice": _load("voice.json"),
+        "avatar_render": _load("avatar.json"),
+        "avatar_sync": _load("avatar_sync.json"),
+        "workers": _load("workers.json") if (RESULTS / "workers.json").exists() else {},
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }

@@ -12,12 +12,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import aiohttp
+
+from models.replicas import ReplicaSet, ReplicaStatus, prompt_key
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -286,40 +288,126 @@ def _default_env(options: VllmOptions) -> None:
 # --------------------------------------------------------------------------- remote vLLM server
 
 
+class LlmUnavailable(LlmError):
+    """No replica of a remote LLM could start the request (each failed or timed out)."""
+
+
+class LlmStreamError(LlmError):
+    """A remote server's event stream failed: an error event, or it ended before [DONE]."""
+
+
 @dataclass(frozen=True)
 class RemoteOptions:
-    """A vLLM OpenAI-compatible server. Timeouts in seconds (None = no limit)."""
+    """One or more vLLM OpenAI-compatible servers serving the same model. Times in seconds.
 
-    base_url: str  # e.g. "http://127.0.0.1:8000"
+    ``first_token_timeout_s`` bounds a replica's time from the request to its first streamed
+    token; until that token nothing has reached the caller, so a replica that is down, refuses,
+    answers 5xx/429, or hangs is left for the next one. ``read_timeout_s`` is the longest
+    silence between two chunks after that (then the request fails: its text is half-spoken).
+    """
+
+    base_url: str  # the first replica, e.g. "http://127.0.0.1:8000"
     model: str  # the served model name
-    api_key: str | None = None
+    more_urls: tuple[str, ...] = ()  # further replicas of the same model
+    api_key: str | None = field(default=None, repr=False)
     temperature: float = 0.0
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0  # longest silence between two chunks
+    connect_timeout_s: float = 2.0
+    first_token_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
     total_timeout_s: float | None = None
+    replica_down_s: float = 10.0  # a replica that failed is tried last for this long
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into each request
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.base_url, *self.more_urls)
 
 
 @dataclass
 class _RemoteCall:
+    """A running request: what abort() needs to stop it in any phase."""
+
     response: aiohttp.ClientResponse | None = None
+    opening: asyncio.Future[Any] | None = None  # the attempt waiting for its first token
     aborted: bool = False
 
 
-class RemoteVllm:
-    """Streams chat completions from a remote vLLM server over HTTP (Server-Sent Events).
+@dataclass
+class _Tally:
+    """What a request's events reported so far (usage arrives last, with stream_options)."""
 
-    ``abort`` closes the HTTP stream, which makes vLLM abort the request. The request id goes
-    out as ``X-Request-Id``. vLLM reports ``cached_tokens`` only when it runs with
-    ``--enable-prompt-tokens-details`` (and prefix caching); otherwise they read 0.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    deltas: int = 0
+    usage_tokens: int | None = None
+    finish: str | None = None
+
+    def apply(self, event: dict[str, Any], url: str) -> str | None:
+        """Take one stream event; its text delta, if any. An error event raises LlmError."""
+        if "error" in event or event.get("object") == "error":
+            reason = event.get("error") or event.get("message")
+            raise LlmStreamError(f"{url} failed mid-stream: {reason}")
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            completion = usage.get("completion_tokens")
+            self.usage_tokens = int(completion) if isinstance(completion, int) else None
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                self.cached_tokens = int(details.get("cached_tokens") or 0)
+        choices = event.get("choices") or []
+        if not choices:
+            return None
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+        text = (choice.get("delta") or {}).get("content")
+        if not text:
+            return None
+        self.deltas += 1
+        return str(text)
+
+
+class _RetryOnAnother(Exception):
+    """This replica could not start the request; the next one may (nothing was yielded)."""
+
+
+@dataclass
+class _Opened:
+    """A replica's stream, read up to its first text delta (None: it ended without text)."""
+
+    response: aiohttp.ClientResponse
+    events: AsyncGenerator[dict[str, Any], None]
+    first: str | None
+    ended: bool
+
+
+RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+
+
+class RemoteVllm:
+    """Streams chat completions from remote vLLM servers over HTTP (Server-Sent Events).
+
+    Same behaviour as :class:`VllmEngine`: ``prefill`` warms the prefix cache of the replica the
+    reply will go to (see :mod:`models.replicas`); ``abort``, ``aclose()`` or cancelling the
+    consumer close the HTTP stream, and vLLM aborts a request whose client has gone. A replica
+    that fails before the first token is left for the next one; failures are :class:`LlmError`.
+    vLLM reports ``cached_tokens`` only with ``--enable-prompt-tokens-details`` (and prefix
+    caching on); otherwise they read 0. The request id goes out as ``X-Request-Id``.
     """
 
-    def __init__(self, options: RemoteOptions) -> None:
+    def __init__(self, options: RemoteOptions, clock: Callable[[], float] = time.monotonic) -> None:
         self.options = options
-        self._url = options.base_url.rstrip("/") + "/v1/chat/completions"
+        self._replicas = ReplicaSet(
+            [u.rstrip("/") for u in options.urls], down_s=options.replica_down_s, clock=clock
+        )
         self._session: aiohttp.ClientSession | None = None
         self._calls: dict[str, _RemoteCall] = {}
         self._stats = _StatsBook()
+
+    def replica_status(self) -> list[ReplicaStatus]:
+        """Each replica's requests in flight, served and failed attempts."""
+        return self._replicas.status()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -332,6 +420,7 @@ class RemoteVllm:
                 timeout=aiohttp.ClientTimeout(
                     total=opts.total_timeout_s,
                     connect=opts.connect_timeout_s,
+                    sock_connect=opts.connect_timeout_s,
                     sock_read=opts.read_timeout_s,
                 ),
             )
@@ -344,7 +433,7 @@ class RemoteVllm:
         return self._generate(messages, request_id, max_tokens)
 
     async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
-        """The same request as stream() with max_tokens=1; the server caches its prefix."""
+        """The same request as stream() with max_tokens=1; the replica caches its prefix."""
         return await _one_token(self._generate(messages, request_id, 1), self._stats, request_id)
 
     async def _generate(
@@ -361,71 +450,136 @@ class RemoteVllm:
             "stream_options": {"include_usage": True},
             **self.options.extra_body,
         }
+        prompt, anchor = prompt_key(messages)
         call = _RemoteCall()
         self._calls[request_id] = call
         started = time.perf_counter()
-        prompt_tokens = cached = produced = 0
-        usage_tokens: int | None = None
+        tally = _Tally()
         ttft: float | None = None
-        finish: str | None = None
+        opened: _Opened | None = None
+        failures: list[str] = []
         try:
-            async with self._client().post(
-                self._url, json=body, headers={"X-Request-Id": request_id}
-            ) as response:
-                call.response = response
+            for replica in self._replicas.order(prompt, anchor):
+                if call.aborted:
+                    break
+                tally = _Tally()
+                self._replicas.started(replica)
+                try:
+                    opened = await self._open(replica.url, body, request_id, call, tally)
+                except _RetryOnAnother as e:
+                    self._replicas.failed(replica)
+                    failures.append(str(e))
+                    log.warning("LLM request %s: %s; trying the next replica", request_id, e)
+                    continue
+                finally:
+                    self._replicas.ended(replica)
+                if opened is None:  # aborted while opening
+                    break
+                self._replicas.served(replica, prompt)
+                break
+            if opened is None:
                 if call.aborted:
                     return
-                if response.status != 200:
-                    detail = (await response.text())[:300]
-                    raise LlmError(f"{self._url} answered {response.status}: {detail}")
-                async for event in _sse_events(response):
-                    if "error" in event or event.get("object") == "error":
-                        reason = event.get("error") or event.get("message")
-                        raise LlmError(f"{self._url} failed mid-stream: {reason}")
-                    usage = event.get("usage")
-                    if isinstance(usage, dict):
-                        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                        usage_tokens = usage.get("completion_tokens")
-                        details = usage.get("prompt_tokens_details")
-                        if isinstance(details, dict):
-                            cached = int(details.get("cached_tokens") or 0)
-                    choices = event.get("choices") or []
-                    if not choices:
-                        continue
-                    choice = choices[0]
-                    if choice.get("finish_reason"):
-                        finish = str(choice["finish_reason"])
-                    text = (choice.get("delta") or {}).get("content")
+                raise LlmUnavailable(
+                    f"no replica answered request {request_id}: {'; '.join(failures)}"
+                )
+            url = str(opened.response.url)
+            if opened.first is not None:
+                ttft = _elapsed_ms(started)
+                yield opened.first
+            if not opened.ended:
+                async for event in opened.events:
+                    text = tally.apply(event, url)
                     if text:
-                        produced += 1
-                        if ttft is None:
-                            ttft = _elapsed_ms(started)
-                        yield str(text)
+                        yield text
         except (GeneratorExit, asyncio.CancelledError):
-            finish = "abort"  # the consumer closed or cancelled the stream: the HTTP stream closes
+            call.aborted = True  # the consumer closed or cancelled the stream
             raise
         except LlmError:
             if not call.aborted:
                 raise
-            finish = "abort"
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             if not call.aborted:
-                raise LlmError(f"{self._url} request {request_id} failed: {e!r}") from e
-            finish = "abort"
+                raise LlmError(f"request {request_id} failed mid-stream: {e!r}") from e
         finally:
             self._calls.pop(request_id, None)
-            if call.aborted:
-                finish = "abort"
-            outputs = usage_tokens if isinstance(usage_tokens, int) else produced
-            self._stats.put(
-                request_id, GenerationStats(prompt_tokens, cached, outputs, ttft, finish)
-            )
+            if opened is not None:
+                opened.response.close()  # vLLM aborts a request whose client has gone
+                await opened.events.aclose()
+            finish = "abort" if call.aborted else tally.finish
+            outputs = tally.usage_tokens if tally.usage_tokens is not None else tally.deltas
+            stats = GenerationStats(tally.prompt_tokens, tally.cached_tokens, outputs, ttft, finish)
+            self._stats.put(request_id, stats)
+
+    async def _open(
+        self, url: str, body: dict[str, Any], request_id: str, call: _RemoteCall, tally: _Tally
+    ) -> _Opened | None:
+        """Send the request to one replica and read up to its first text delta.
+
+        Runs as its own task so that abort() can stop it while it waits (then returns None).
+        Raises _RetryOnAnother for a failure another replica may not have, LlmError otherwise.
+        """
+        task = asyncio.ensure_future(self._first_token(url, body, request_id, call, tally))
+        call.opening = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if call.aborted and (current is None or not current.cancelling()):
+                return None  # abort() cancelled the attempt, not our consumer
+            raise
+        finally:
+            call.opening = None
+
+    async def _first_token(
+        self, url: str, body: dict[str, Any], request_id: str, call: _RemoteCall, tally: _Tally
+    ) -> _Opened:
+        endpoint = f"{url}/v1/chat/completions"
+        response: aiohttp.ClientResponse | None = None
+        events: AsyncGenerator[dict[str, Any], None] | None = None
+        try:
+            async with asyncio.timeout(self.options.first_token_timeout_s):
+                response = await self._client().post(
+                    endpoint, json=body, headers={"X-Request-Id": request_id}
+                )
+                call.response = response
+                if response.status != 200:
+                    detail = (await response.text())[:300]
+                    message = f"{endpoint} answered {response.status}: {detail}"
+                    if response.status in RETRYABLE_STATUS:
+                        raise _RetryOnAnother(message)
+                    raise LlmError(message)
+                events = _sse_events(response)
+                async for event in events:
+                    text = tally.apply(event, endpoint)
+                    if text:
+                        return _Opened(response, events, text, ended=False)
+                return _Opened(response, events, None, ended=True)
+        except LlmStreamError as e:
+            await _discard(response, events)
+            raise _RetryOnAnother(f"{endpoint}: {e}") from e  # broke off before any text
+        except aiohttp.ClientError as e:  # refused, reset, or silent past read_timeout_s
+            await _discard(response, events)
+            raise _RetryOnAnother(f"{endpoint} failed: {type(e).__name__}: {e}") from e
+        except TimeoutError as e:  # asyncio.timeout: no token within first_token_timeout_s
+            await _discard(response, events)
+            raise _RetryOnAnother(
+                f"{endpoint} gave no token within {self.options.first_token_timeout_s} s"
+            ) from e
+        except (OSError, ValueError) as e:
+            await _discard(response, events)
+            raise _RetryOnAnother(f"{endpoint} failed: {type(e).__name__}: {e}") from e
+        except BaseException:
+            await _discard(response, events)
+            raise
 
     async def abort(self, request_id: str) -> None:
         call = self._calls.get(request_id)
         if call is None:
             return
         call.aborted = True
+        if call.opening is not None:
+            call.opening.cancel()
         if call.response is not None:
             call.response.close()
 
@@ -440,13 +594,22 @@ class RemoteVllm:
             self._session = None
 
 
-async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+async def _discard(
+    response: aiohttp.ClientResponse | None, events: AsyncGenerator[dict[str, Any], None] | None
+) -> None:
+    if response is not None:
+        response.close()
+    if events is not None:
+        await events.aclose()
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> AsyncGenerator[dict[str, Any], None]:
     """JSON payloads of the ``data:`` lines of a Server-Sent Events body, up to ``[DONE]``."""
     data: list[str] = []
     while True:
         raw = await response.content.readline()
         if not raw:
-            raise LlmError("the event stream ended before [DONE]")
+            raise LlmStreamError("the event stream ended before [DONE]")
         line = raw.decode("utf-8").rstrip("\r\n")
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,12 @@ from aiohttp import web
 
 from server import __version__
 from server.app import create_app
+from server.auth import exposure_warning
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
 from server.pipeline import load_pipeline
-from server.wiring import detector_factory
+from server.wiring import avatar_renderer, detector_factory, vision_model
+from server.workers import become_worker, run_supervisor
 
 log = logging.getLogger("server")
 
@@ -42,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", help="TCP port (server.port)")
     parser.add_argument("--config", type=Path, help="TOML configuration file")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (server.log_level)")
+    parser.add_argument("--workers", help="worker processes (server.workers)")
+    # set by the supervisor (server/workers.py) for its workers: the inherited listening
+    # socket, the worker's index (its session-id prefix) and the supervisor's pid
+    parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor-pid", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
         "--set",
         action="append",
@@ -68,27 +77,44 @@ def config_from_args(args: argparse.Namespace) -> Config:
         ("server.host", args.host),
         ("server.port", args.port),
         ("server.log_level", args.log_level),
+        ("server.workers", args.workers),
+        ("server.session_id_prefix", args.worker_index and f"w{args.worker_index}-"),
     ):
         if value is not None:
             overrides[dotted] = value
     return load_config(args.config, os.environ, overrides)
 
 
-async def serve(config: Config, stop: asyncio.Event | None = None) -> None:
-    """Run the server until SIGINT/SIGTERM (or ``stop``), then shut down in order."""
+async def serve(
+    config: Config, stop: asyncio.Event | None = None, listen_fd: int | None = None
+) -> None:
+    """Run the server until SIGINT/SIGTERM (or ``stop``), then shut down in order.
+
+    ``listen_fd``: serve on this inherited listening socket instead of host:port (a worker).
+    """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     pipeline = await load_pipeline(config)
     log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
-    app = create_app(config, detector_factory(config), pipeline)
+    renderer = avatar_renderer(config) if config.transport.video else None
+    vision = vision_model(config) if config.vision.enabled else None
+    app = create_app(config, detector_factory(config), pipeline, renderer, vision)
     runner = web.AppRunner(
-        app, handle_signals=False, shutdown_timeout=config.server.shutdown_timeout_s
+        app,
+        handle_signals=False,
+        shutdown_timeout=config.server.shutdown_timeout_s,
+        # a worker's requests come through the supervisor's router, which logs them
+        access_log=None if listen_fd is not None else logging.getLogger("aiohttp.access"),
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.server.host, config.server.port)
+        site: web.BaseSite = (
+            web.SockSite(runner, socket.socket(fileno=listen_fd))
+            if listen_fd is not None
+            else web.TCPSite(runner, config.server.host, config.server.port)
+        )
         await site.start()
         for addr in runner.addresses:
             log.info("ready: listening on http://%s:%d/ (GET /healthz)", addr[0], addr[1])
@@ -111,17 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(config)
         return 0
+    tag = f"[w{args.worker_index}] " if args.worker_index else ""
     logging.basicConfig(
         level=config.server.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s",
     )
     if config.server.log_level != "DEBUG":
         logging.getLogger("aioice").setLevel(logging.WARNING)
     log.info("avatar-server %s starting (config: %s)", __version__, args.config or "defaults")
     log.info("runtime: lookahead budget %d ms", config.runtime.lookahead_budget_ms)
     log.info("scheduler: policy %s", config.scheduler.policy)
+    exposed = exposure_warning(config.server.host, config.server.auth_tokens)
+    if exposed:
+        log.warning(exposed)
+    if config.server.workers > 1:
+        return run_supervisor(config, sys.argv[1:] if argv is None else argv)
+    if args.listen_fd is not None:
+        become_worker(args.supervisor_pid)
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, listen_fd=args.listen_fd))
     except ConfigError as exc:
         print(f"error: invalid configuration: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -11,13 +12,23 @@ from pathlib import Path
 from aiohttp import web
 
 from server import __version__
+from server.avatar import AvatarRenderer
 from server.config import Config
 from server.metrics import Metrics
 from server.pipeline import QueueObservable, TurnPipeline
+from server.procstats import open_fds, rss_bytes
 from server.registry import SessionRegistry
-from server.rtc import pin_host_addresses
-from server.signaling import MAX_BODY_KEY, REGISTRY_KEY, add_routes, json_errors
+from server.rtc import pin_host_addresses, widen_dtls_ciphers
+from server.signaling import (
+    MAX_BODY_KEY,
+    REGISTRY_KEY,
+    add_routes,
+    authenticate,
+    cors_headers,
+    json_errors,
+)
 from server.vad import TurnDetector
+from server.vision import VisionModel
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +55,8 @@ async def healthz(request: web.Request) -> web.Response:
             "uptime_s": round(time.monotonic() - started, 3),
             "sessions": len(request.app[REGISTRY_KEY]),
             "tasks": len(asyncio.all_tasks()),
+            "rss_bytes": rss_bytes(),
+            "open_fds": open_fds(),
         }
     )
 
@@ -54,12 +67,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def debug_sessions(request: web.Request) -> web.Response:
-    """Figures of live and recently closed sessions (only with server.debug_endpoints)."""
+    """Figures of live and recently closed sessions (only with server.debug_endpoints;
+    transcripts inside, so it needs the bearer token when tokens are configured)."""
+    authenticate(request)
     registry = request.app[REGISTRY_KEY]
     return web.json_response(
         {
             "live": [peer.describe() for peer in registry.sessions.values()],
             "closed": list(registry.finished),
+            "peer_objects": registry.live_peer_objects(),  # after gc: 0 when idle, or a leak
+            "closed_total": registry.closed_total,
+            "reaped_total": registry.reaped_total,
         }
     )
 
@@ -68,29 +86,55 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(web_root(request.app[CONFIG_KEY]) / "index.html")
 
 
+def warm_avatar(renderer: AvatarRenderer, stop: threading.Event) -> None:
+    """Draw every look's sprites in the background; early frames only render slower meanwhile."""
+    started = time.monotonic()
+    for name in renderer.appearances:
+        renderer.warm(name, stop)
+        if stop.is_set():
+            return
+    log.info("avatar warmed up in %.1f s", time.monotonic() - started)
+
+
 def create_app(
     config: Config,
     detector_factory: Callable[[], TurnDetector],
     pipeline: TurnPipeline | None = None,
+    renderer: AvatarRenderer | None = None,
+    vision: VisionModel | None = None,
 ) -> web.Application:
     """Build the application. ``detector_factory`` makes one turn detector per session;
-    ``pipeline`` answers the user (None: listen only)."""
+    ``pipeline`` answers the user (None: listen only); ``renderer`` draws the avatar (None:
+    no video track); ``vision`` looks at the client's camera (None: camera ignored)."""
     app = web.Application(
-        middlewares=[json_errors], client_max_size=config.transport.max_body_bytes
+        middlewares=[cors_headers, json_errors], client_max_size=config.transport.max_body_bytes
     )
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.monotonic()
     app[METRICS_KEY] = Metrics()
     app[MAX_BODY_KEY] = config.transport.max_body_bytes
-    app[REGISTRY_KEY] = SessionRegistry(config, detector_factory, pipeline, app[METRICS_KEY])
+    app[REGISTRY_KEY] = SessionRegistry(
+        config, detector_factory, pipeline, app[METRICS_KEY], renderer, vision
+    )
     if isinstance(pipeline, QueueObservable):
-        wait = app[METRICS_KEY].queue_wait
-        pipeline.set_queue_observer(lambda engine, ms: wait.labels(engine).observe(ms / 1000))
+        pipeline.set_queue_observer(app[METRICS_KEY].observe_engine_job)
     pin_host_addresses(config.transport.ice_host_addresses)
+    widen_dtls_ciphers()  # RSA-certificate peers (GStreamer, many WHIP publishers) too
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         log.info("accepting sessions (max %d)", config.transport.max_sessions)
+        app[REGISTRY_KEY].start_reaper()
+        stop_warming = threading.Event()
+        warming = (
+            asyncio.get_running_loop().run_in_executor(None, warm_avatar, renderer, stop_warming)
+            if renderer is not None
+            else None
+        )
         yield
+        stop_warming.set()
+        if warming is not None:
+            await warming
+        await app[REGISTRY_KEY].stop_reaper()
         # shutdown, in order: peers first (they use the engines), then the engines
         await app[REGISTRY_KEY].close_all()
         if pipeline is not None:
@@ -103,7 +147,7 @@ def create_app(
     app.router.add_get("/", index)
     if config.server.debug_endpoints:
         app.router.add_get("/debug/sessions", debug_sessions)
-    add_routes(app)
+    add_routes(app, config)
     root = web_root(config)
     if root.is_dir():
         app.router.add_static("/static/", root, show_index=False)

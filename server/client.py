@@ -27,7 +27,13 @@ import aiohttp
 import av
 import numpy as np
 import numpy.typing as npt
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCIceServer,
+    RTCIceTransportPolicy,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, resample
@@ -120,18 +126,23 @@ class ClientPeer:
         whip: bool = False,
         video: bool = True,
         mic: ScriptedMic | None = None,
+        camera: MediaStreamTrack | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        configuration: RTCConfiguration | None = None,
     ) -> None:
+        """``configuration``: ICE servers and policy (default: none, so no public STUN)."""
         self.base_url = base_url.rstrip("/")
         self.whip = whip
         self.want_video = video
         self.mic = mic or ScriptedMic()
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.camera = camera  # sent as our video (sendrecv), else video is receive-only
+        self.pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
         self.channel = self.pc.createDataChannel("events")
         self.session_id: str | None = None
         self.location: str | None = None
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.audio: list[tuple[float, PCM]] = []  # (arrival, mono 48 kHz frame)
+        self.audio_pts: list[int] = []  # RTP timestamp (48 kHz) of each frame in ``audio``
         self.video_frames: list[tuple[float, av.VideoFrame]] = []
         self.keep_video_frames = 0  # how many decoded frames to keep (others are counted)
         self.video_count = 0
@@ -145,7 +156,9 @@ class ClientPeer:
 
     async def connect(self, timeout: float = 15.0) -> None:
         self.pc.addTrack(self.mic)
-        if self.want_video:
+        if self.camera is not None:
+            self.pc.addTrack(self.camera)
+        elif self.want_video:
             self.pc.addTransceiver("video", direction="recvonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = self.pc.localDescription.sdp
@@ -219,6 +232,7 @@ class ClientPeer:
                 data.reshape(-1, channels).mean(axis=1).astype(np.int16) if channels > 1 else data
             )
             self.audio.append((time.monotonic(), mono.astype(np.int16)))
+            self.audio_pts.append(int(frame.pts or 0))
 
     async def _consume_video(self, track: MediaStreamTrack) -> None:
         async for frame in frames(track):
@@ -244,6 +258,18 @@ class ClientPeer:
         await self.pc.close()
 
 
+def ice_configuration(
+    urls: list[str], username: str | None, credential: str | None, relay_only: bool
+) -> RTCConfiguration:
+    """STUN/TURN servers for the client; ``relay_only``: gather and use TURN relay candidates
+    only (the ICE transport policy "relay"), as a client behind a strict firewall would."""
+    if relay_only and not any(url.startswith(("turn:", "turns:")) for url in urls):
+        raise ValueError("--relay-only needs a TURN server (--ice-server turn:HOST:PORT)")
+    servers = [RTCIceServer(urls=urls, username=username, credential=credential)] if urls else []
+    policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+    return RTCConfiguration(iceServers=servers, iceTransportPolicy=policy)
+
+
 async def run(args: argparse.Namespace) -> int:
     if args.pin_host:
         pin_host_addresses(args.pin_host)
@@ -254,6 +280,9 @@ async def run(args: argparse.Namespace) -> int:
         video=not args.no_video,
         mic=mic,
         on_event=lambda e: print(json.dumps(e), flush=True),
+        configuration=ice_configuration(
+            args.ice_server, args.ice_username, args.ice_credential, args.relay_only
+        ),
     )
     peer.keep_video_frames = 10_000 if args.record_video else 0
     started = time.monotonic()
@@ -311,7 +340,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ADDR",
         help="offer only this host address as ICE candidate (repeatable), e.g. 127.0.0.1",
     )
+    parser.add_argument(
+        "--ice-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="STUN/TURN server (repeatable), e.g. turn:turn.example.com:3478?transport=udp",
+    )
+    parser.add_argument("--ice-username", help="TURN username")
+    parser.add_argument("--ice-credential", help="TURN password")
+    parser.add_argument(
+        "--relay-only", action="store_true", help="use TURN relay candidates only (needs TURN)"
+    )
     args = parser.parse_args(argv)
+    if args.relay_only and not any(u.startswith(("turn:", "turns:")) for u in args.ice_server):
+        parser.error("--relay-only needs a TURN server (--ice-server turn:HOST:PORT)")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
     return asyncio.run(run(args))
 

@@ -22,9 +22,14 @@ class Conditions:
     voice: str
     appearance: str
     version: int = 0
+    presence: str = ""  # what the vision stage says about the user; not client-settable
+
+    def anchor(self) -> str:
+        """The system prompt: the persona, plus the user's presence when vision knows it."""
+        return f"{self.persona} {self.presence}" if self.presence else self.persona
 
 
-UPDATABLE = tuple(f.name for f in fields(Conditions) if f.name != "version")
+UPDATABLE = tuple(f.name for f in fields(Conditions) if f.name not in ("version", "presence"))
 
 
 def validate_update(changes: Mapping[str, object]) -> dict[str, str]:
@@ -69,6 +74,11 @@ class ConditionQueue:
     def request(self, changes: Mapping[str, object]) -> None:
         """Queue validated changes; an invalid request changes nothing."""
         self._pending.update(validate_update(changes))
+
+    def observe(self, presence: str) -> None:
+        """The server's own observation (vision): queued like a client's change."""
+        if presence != self._current.presence or "presence" in self._pending:
+            self._pending["presence"] = presence
 
     def at_boundary(self) -> Conditions:
         """Apply queued changes (a chunk boundary was reached) and return what is in force."""

@@ -8,6 +8,7 @@ invalid one raises :class:`ConfigError` naming the setting (e.g. ``server.port``
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,8 +23,11 @@ SCHEDULER_POLICIES = ("edf", "round_robin")
 
 
 def _setting(default: Any, help: str, **rules: Any) -> Any:
-    """A config field with its help text and validation rules (min, max, choices)."""
-    return field(default=default, metadata={"help": help, **rules})
+    """A config field with its help text and validation rules (min, max, choices); a
+    ``secret=True`` one is left out of the config's repr (``--print-config``, logs)."""
+    return field(
+        default=default, repr=not rules.get("secret", False), metadata={"help": help, **rules}
+    )
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,33 @@ class ServerConfig:
     )
     shutdown_timeout_s: float = _setting(
         5.0, "Seconds a graceful shutdown waits for sessions to close.", min=0.0, max=600.0
+    )
+    auth_tokens: tuple[str, ...] = _setting(
+        (),
+        "Bearer tokens (>= 16 characters, comma-separated in env) accepted for POST /offer, "
+        "/whip and its resources, /debug; empty: no authentication (keep the server on localhost).",
+        secret=True,
+        min_chars=16,
+    )
+    cors_origins: tuple[str, ...] = _setting(
+        (),
+        "Browser origins allowed to call the API (e.g. https://app.example; '*': any); "
+        "the server's own origin always is.",
+    )
+    trusted_proxies: tuple[str, ...] = _setting(
+        (),
+        "Addresses of reverse proxies whose X-Forwarded-For names the client (for rate limits).",
+    )
+    workers: int = _setting(
+        1,
+        "Worker processes; above 1 a supervisor routes signaling to them (sessions per worker).",
+        min=1,
+        max=64,
+    )
+    session_id_prefix: str = _setting(
+        "",
+        "Prefix of session ids (URL-safe characters); the supervisor gives worker k 'wk-'.",
+        pattern=r"[A-Za-z0-9_.~-]*",
     )
 
 
@@ -101,6 +132,24 @@ class TransportConfig:
     connect_timeout_s: float = _setting(
         20.0, "A peer that does not connect within this many seconds is closed.", min=1.0, max=600.0
     )
+    max_sdp_lines: int = _setting(
+        1000, "Most lines in an SDP offer or fragment; more gets 413.", min=50, max=100_000
+    )
+    session_rate_per_min: float = _setting(
+        60.0,
+        "Sessions one client address may create per minute (token bucket refill); 0: no limit.",
+        min=0.0,
+        max=1_000_000.0,
+    )
+    session_burst: int = _setting(
+        20, "Sessions one client address may create at once (token bucket size).", min=1, max=10_000
+    )
+    dead_peer_timeout_s: float = _setting(
+        10.0,
+        "A connected peer whose audio stops for this many seconds is closed (a vanished client).",
+        min=0.5,
+        max=3600.0,
+    )
     ice_urls: tuple[str, ...] = _setting(
         (),
         "STUN/TURN server URLs (comma-separated in env); none by default.",
@@ -118,8 +167,8 @@ class TransportConfig:
         max=8,
     )
     video: bool = _setting(True, "Send a video track.")
-    video_width: int = _setting(320, "Outbound video width (px).", min=16, max=4096)
-    video_height: int = _setting(240, "Outbound video height (px).", min=16, max=4096)
+    video_width: int = _setting(512, "Outbound avatar video width (px).", min=128, max=4096)
+    video_height: int = _setting(512, "Outbound avatar video height (px).", min=128, max=4096)
     video_fps: int = _setting(25, "Outbound video frame rate.", min=1, max=60)
 
 
@@ -152,10 +201,28 @@ class PipelineConfig:
     llm_model: str = _setting(
         "", "Local Hugging Face model folder for vLLM; empty: the prepared SmolLM2-135M-Instruct."
     )
-    llm_remote_url: str = _setting(
-        "", "Base URL of a remote vLLM OpenAI-compatible server; empty: in-process engine."
+    llm_remote_urls: tuple[str, ...] = _setting(
+        (),
+        "Base URLs of remote vLLM OpenAI-compatible servers, replicas of one model (comma-"
+        "separated in env); empty: in-process engine.",
+        prefix=("http://", "https://"),
     )
-    llm_remote_model: str = _setting("", "Model name to ask the remote server for.")
+    llm_remote_model: str = _setting("", "Model name to ask the remote servers for.")
+    llm_remote_api_key: str = _setting(
+        "", "API key of the remote servers (vLLM --api-key).", secret=True
+    )
+    llm_remote_connect_timeout_s: float = _setting(
+        2.0, "Seconds to connect to a remote replica.", min=0.1, max=60.0
+    )
+    llm_remote_first_token_timeout_s: float = _setting(
+        10.0,
+        "Seconds a replica may take to its first token before the next replica is tried.",
+        min=0.1,
+        max=600.0,
+    )
+    llm_remote_read_timeout_s: float = _setting(
+        30.0, "Longest silence (s) in a remote reply's stream; then it fails.", min=0.1, max=600.0
+    )
     llm_max_tokens: int = _setting(60, "Most tokens in one reply.", min=1, max=4096)
     llm_kv_cache_gib: float = _setting(
         1.0, "KV cache of the in-process engine on CPU (GiB).", min=0.1, max=512.0
@@ -173,6 +240,32 @@ class PipelineConfig:
     first_chunk_words: int = _setting(
         6, "Cut a reply's first chunk after this many words if no clause has ended.", min=1, max=100
     )
+    stage_timeout_s: float = _setting(
+        20.0,
+        "An engine call (transcript, next reply text, speech) over this many s fails the reply.",
+        min=0.1,
+        max=3600.0,
+    )
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """The camera: sampled frames -> face detection -> presence, gaze and a persona note."""
+
+    enabled: bool = _setting(True, "Analyse the client's camera frames when it sends video.")
+    sample_fps: float = _setting(2.0, "Camera frames analysed per second.", min=0.1, max=30.0)
+    present_after_ms: float = _setting(
+        300.0, "A face seen this long (ms) makes the user present.", min=0.0, max=60_000.0
+    )
+    away_after_ms: float = _setting(
+        3000.0, "No face for this long (ms) makes the user away.", min=100.0, max=600_000.0
+    )
+    smoothing_ms: float = _setting(
+        150.0, "Time constant (ms) of the face-position filter.", min=0.0, max=10_000.0
+    )
+    max_side: int = _setting(
+        320, "Frames are shrunk to at most this many pixels a side.", min=64, max=4096
+    )
 
 
 @dataclass(frozen=True)
@@ -185,6 +278,7 @@ class Config:
     transport: TransportConfig = field(default_factory=TransportConfig)
     vad: VadConfig = field(default_factory=VadConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
 
 
 def _sections() -> dict[str, type[Any]]:
@@ -250,6 +344,14 @@ def _validate(name: str, value: Any, meta: Mapping[str, Any]) -> None:
         raise ConfigError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
     if meta.get("nonempty") and not str(value).strip():
         raise ConfigError(f"{name}: must not be empty")
+    if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+        raise ConfigError(f"{name}: must match {meta['pattern']}, got {value!r}")
+    if "min_chars" in meta:
+        for entry in value:
+            if len(entry) < meta["min_chars"] or any(ch.isspace() for ch in entry):
+                raise ConfigError(
+                    f"{name}: every entry needs >= {meta['min_chars']} characters, no spaces"
+                )
     if "prefix" in meta:
         for entry in value:
             if not entry.startswith(meta["prefix"]):

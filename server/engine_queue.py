@@ -17,8 +17,9 @@ from typing import Any, Generic, TypeVar
 
 from server.chunk import Stage
 from server.clock import Clock
+from server.config import SchedulerConfig
 from server.errors import RuntimeErrorBase
-from server.scheduler import Scheduler, SessionView, WorkItem
+from server.scheduler import Scheduler, SessionView, WorkItem, latest_start_ms
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,14 @@ class EngineQueue:
         name: str,
         scheduler: Scheduler,
         clock: Clock,
-        on_wait: Callable[[float], None] | None = None,
+        on_wait: Callable[[float, bool], None] | None = None,
+        deadlines: SchedulerConfig | None = None,
     ) -> None:
         self.name = name
-        self.on_wait = on_wait  # called with each job's wait (ms) before it runs
+        # called as each job starts: its wait (ms), and whether it starts past its deadline
+        self.on_wait = on_wait
+        self._deadlines = deadlines or SchedulerConfig()
+        self.missed = 0
         self._scheduler = scheduler
         self._clock = clock
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
@@ -99,8 +104,11 @@ class EngineQueue:
             if job is None:
                 await asyncio.sleep(RETRY_S)  # everything waiting is past its budget
                 continue
+            now = self._clock.now_ms()
+            late = now > latest_start_ms(self._deadlines, now, job.item, job.tag.view())
+            self.missed += late
             if self.on_wait is not None:
-                self.on_wait(self._clock.now_ms() - job.item.enqueued_ms)
+                self.on_wait(now - job.item.enqueued_ms, late)
             try:
                 result = await loop.run_in_executor(self._pool, job.fn)
             except Exception as exc:

@@ -68,3 +68,43 @@ class UnsupportedMediaType(RequestError):
 class ServerFull(RequestError):
     status = 503
     code = "server_full"
+
+
+class Unauthorized(RequestError):
+    """No or a wrong bearer token; the response names the scheme (``WWW-Authenticate``)."""
+
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"WWW-Authenticate": 'Bearer realm="avatar-server"'})
+
+
+class Forbidden(RequestError):
+    status = 403
+    code = "forbidden"
+
+
+class PreconditionFailed(RequestError):
+    """``If-Match`` names an entity-tag the resource no longer has."""
+
+    status = 412
+    code = "precondition_failed"
+
+
+class UnprocessableContent(RequestError):
+    """Well-formed but not applicable, e.g. an ICE restart this server does not support."""
+
+    status = 422
+    code = "unprocessable_content"
+
+
+class TooManyRequests(RequestError):
+    """Rate limited; ``retry_after_s`` (whole seconds) goes out as ``Retry-After``."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s

@@ -64,3 +64,4 @@ class ConditionsApplied(SessionEvent):
     persona: str
     voice: str
     appearance: str
+    presence: str = ""

@@ -93,6 +93,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.deadline_misses = Counter(
+            "avatar_deadline_misses",
+            "Engine jobs (ASR, TTS) that started after their latest start time.",
+            ["engine"],
+            registry=r,
+        )
+
+    def observe_engine_job(self, engine: str, wait_ms: float, late: bool) -> None:
+        """A shared engine took a job: how long it waited, and whether it started too late."""
+        self.queue_wait.labels(engine).observe(wait_ms / 1000)
+        if late:
+            self.deadline_misses.labels(engine).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -25,12 +25,17 @@ import numpy.typing as npt
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
+from server.avatar import AvatarRenderer
+from server.avatar_video import AvatarVideo
+from server.camera import CameraStage
 from server.chunk import Stage
 from server.clock import MonotonicClock
 from server.config import Config
 from server.engine_queue import JobTag, StaleWork
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ResponseDone
+from server.face import FaceAnimator
+from server.lipsync import LipSync, cues_for
 from server.media import MEDIA_RATE_HZ, samples_to_ms
 from server.metrics import Metrics, quantile
 from server.pipeline import ReplyRequest, TurnPipeline, TurnTrace
@@ -42,11 +47,10 @@ from server.protocol import (
     TextInput,
     parse_client_event,
 )
-from server.rtc import rtc_configuration, tune_audio_jitter
+from server.rtc import add_outbound_track, rtc_configuration, tune_audio_jitter
 from server.scheduler import SessionView
 from server.session import ChunkAudio, Session
 from server.tracks import (
-    LevelFace,
     MediaClock,
     PacedAudioTrack,
     PacedVideoTrack,
@@ -55,6 +59,7 @@ from server.tracks import (
 )
 from server.turn import TurnState
 from server.vad import TurnDetector, VadEvent, VadEventKind
+from server.vision import PresenceTracker, VisionModel, presence_note
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +121,14 @@ class PeerSession:
         pipeline: TurnPipeline | None,
         metrics: Metrics,
         on_gone: Callable[[str], None],
+        renderer: AvatarRenderer | None = None,
+        vision: VisionModel | None = None,
     ) -> None:
         self.session_id = session_id
         self.config = config
         self.state = PeerState.NEW
         self.clock = MonotonicClock()
+        self.last_media_ms = self.clock.now_ms()  # last inbound audio frame (the reaper's)
         self.session = Session(session_id, config.runtime, self.clock)
         self.pc = RTCPeerConnection(rtc_configuration(config.transport))
         self.media_clock = MediaClock(time.monotonic)
@@ -137,9 +145,7 @@ class PeerSession:
         self._utterance: list[npt.NDArray[np.int16]] = []
         self._utterance_samples = 0  # 16 kHz samples in _utterance
         self._barge_onset_ms: float | None = None
-        self._level = 0.0
         self._underruns_seen = 0
-        self.latest_video_frame: av.VideoFrame | None = None
         self.barge_in_reactions_ms: list[float] = []  # from the gate's voice onset
         self.barge_in_confirmed_reactions_ms: list[float] = []  # from the confirmed voice
         self._barge_confirmed_ms = 0.0
@@ -154,14 +160,21 @@ class PeerSession:
         self._pulls = 0
         self.send_log: deque[float] = deque(maxlen=3000)  # lateness (s) of recent audio frames
         self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
-        tc = config.transport
+        self.lipsync = LipSync()
+        self.animator = FaceAnimator(seed=int.from_bytes(session_id.encode()[:8], "big"))
+        self._renderer = renderer
+        self.sends_video = False  # the client offered video and we have a renderer
+        self.camera = CameraStage(
+            session_id, config.vision, vision, self.clock, self._presence_changed
+        )
+        self.avatar = (
+            AvatarVideo(self.session, self.lipsync, self.animator, renderer, self.camera.attention)
+            if renderer is not None
+            else None
+        )
         self.video_track = (
-            PacedVideoTrack(
-                self.media_clock,
-                LevelFace(tc.video_width, tc.video_height, self._get_level),
-                tc.video_fps,
-            )
-            if tc.video
+            PacedVideoTrack(self.media_clock, self.avatar, config.transport.video_fps)
+            if config.transport.video and self.avatar is not None
             else None
         )
         self.pc.on("datachannel", self._on_datachannel)
@@ -193,11 +206,10 @@ class PeerSession:
         """Apply the client's offer and return our answer (ICE gathered: no trickle)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         tune_audio_jitter(self.pc, self.config.transport.jitter_prefetch_packets)
-        kinds = {t.kind for t in self.pc.getTransceivers()}
-        if "audio" in kinds:
-            self.pc.addTrack(self.audio_track)
-        if "video" in kinds and self.video_track is not None:
-            self.pc.addTrack(self.video_track)
+        # on the m-lines the client wants to receive on (none for a pure publisher)
+        add_outbound_track(self.pc, self.audio_track)
+        if self.video_track is not None:
+            self.sends_video = add_outbound_track(self.pc, self.video_track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         self._spawn(self._connect_watchdog(), "watchdog")
         return self.pc.localDescription
@@ -244,16 +256,17 @@ class PeerSession:
         if track.kind == "audio":
             self._spawn(self._consume_audio(track), "audio-in")
         else:
-            self._spawn(self._consume_video(track), "video-in")
+            self._spawn(self.camera.consume(track), "video-in")
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
         async for frame in frames(track):
-            arrival_ms = self.clock.now_ms()
+            arrival_ms = self.last_media_ms = self.clock.now_ms()
             assert isinstance(frame, av.AudioFrame)
             self.session.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
             for out in resampler.resample(frame):
                 pcm = out.to_ndarray().reshape(-1).astype(np.int16)
+                self.animator.hear_user(self.media_clock.now() * 1000, pcm_level(pcm))
                 for event in self._detector.push(pcm, arrival_ms):
                     await self._on_vad(event)
                 self._keep_audio(pcm)
@@ -266,10 +279,11 @@ class PeerSession:
         else:
             self._preroll.append(pcm)
 
-    async def _consume_video(self, track: MediaStreamTrack) -> None:
-        async for frame in frames(track):
-            if isinstance(frame, av.VideoFrame):
-                self.latest_video_frame = frame  # for the vision stage
+    def _presence_changed(self, presence: PresenceTracker) -> None:
+        """Tell the client, and note it in the persona's conditions (next chunk boundary)."""
+        self._send(presence.event().to_dict())
+        self.session.observe_presence(presence_note(presence.presence))
+        self._flush_events()
 
     async def _on_vad(self, event: VadEvent) -> None:
         if event.kind is VadEventKind.START:
@@ -281,6 +295,7 @@ class PeerSession:
                 self._metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
                 self._barge_onset_ms = event.onset_arrival_ms
                 self._barge_confirmed_ms = event.confirmed_arrival_ms
+                self.lipsync.drop_older(self.session.epoch)
                 await self._cancel_response()
             if self.session.state is TurnState.USER_SPEAKING and self._partials is None:
                 self._utterance = list(self._preroll)
@@ -377,7 +392,7 @@ class PeerSession:
                 self.session.commit_user_turn("")  # no ASR configured: listen only
             else:
                 self.session.finish_response(epoch, "failed")
-                self._send_error("no_pipeline", "this server has no reply pipeline configured")
+                self._send_server_error("no_pipeline", "this server has no reply pipeline")
             self._flush_events()
             return
         trace.prefill_cached_tokens, self._prefill_cached = self._prefill_cached, 0
@@ -420,10 +435,12 @@ class PeerSession:
         text: str | None,
     ) -> None:
         session = self.session
+        limit_s = self.config.pipeline.stage_timeout_s  # each engine call: ASR, next text, TTS
         try:
             if text is None:
                 assert utterance is not None
-                transcript = await self._final_transcript(pipeline, utterance, speech_end)
+                async with asyncio.timeout(limit_s):
+                    transcript = await self._final_transcript(pipeline, utterance, speech_end)
                 trace.asr_final_ms = self.clock.now_ms()
                 if epoch != session.epoch:
                     return
@@ -442,7 +459,12 @@ class PeerSession:
             if not session.start_response(epoch):
                 return
             self._flush_events()
-            async for sentence in pipeline.reply(self._request(epoch), trace):
+            sentences = aiter(pipeline.reply(self._request(epoch), trace))
+            while True:
+                async with asyncio.timeout(limit_s):
+                    sentence = await anext(sentences, None)
+                if sentence is None:
+                    break
                 chunk = session.open_chunk(epoch, sentence)
                 if chunk is None:
                     return
@@ -455,15 +477,19 @@ class PeerSession:
                         "delta": chunk.text,
                     }
                 )
-                audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
+                async with asyncio.timeout(limit_s):
+                    audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
                 if trace.first_tts_ms is None:
                     trace.first_tts_ms = self.clock.now_ms()
+                cues = cues_for(audio.phonemes, audio.pcm)
+                self.lipsync.add_chunk(chunk.chunk_id, epoch, session.conditions.appearance, cues)
                 pcm = audio.pcm
                 while True:
                     payload = ChunkAudio(pcm, audio.words, audio.phonemes, final=True)
                     accepted = session.deliver_audio(session.message(chunk, Stage.TTS, payload))
                     if accepted is None:
                         return
+                    self._announce_visemes(chunk.chunk_id)
                     pcm = pcm[accepted:]
                     if len(pcm) == 0:
                         break
@@ -474,9 +500,17 @@ class PeerSession:
             raise
         except StaleWork:
             return  # a barge-in ended this reply's epoch while its job waited
+        except TimeoutError:
+            log.error("session %s: an engine call took over %g s", self.session_id[:8], limit_s)
+            self._send_server_error(
+                "engine_timeout", f"an engine took over {limit_s:g} s; reply stopped"
+            )
+            session.finish_response(epoch, "failed")
         except Exception as exc:
             log.exception("session %s: reply failed", self.session_id[:8])
-            self._send_error("engine_error", f"the reply failed: {type(exc).__name__}: {exc}")
+            self._send_server_error(
+                "engine_error", f"the reply failed: {type(exc).__name__}: {exc}"
+            )
             session.finish_response(epoch, "failed")
         finally:
             self._flush_events()
@@ -488,15 +522,20 @@ class PeerSession:
         if underruns > self._underruns_seen:
             self._metrics.underruns.inc(underruns - self._underruns_seen)
             self._underruns_seen = underruns
-        self._level = pcm_level(pulled.pcm)
         self._pulls += 1
         if self._pulls % LOOKAHEAD_SAMPLE_FRAMES == 0 and self.session.playback.streaming:
             self._metrics.lookahead.observe(self.session.playback.slack_ms / 1000)
         self._flush_events()
         return pulled.pcm
 
-    def _get_level(self) -> float:
-        return min(1.0, self._level * 4)
+    def _announce_visemes(self, chunk_id: int) -> None:
+        """``avatar.viseme`` events for the chunk's newly queued audio (ahead of its pts)."""
+        position = self.session.playback.chunk_position(chunk_id)
+        if position is None:
+            return
+        queued = self.session.chunk(chunk_id).duration
+        for event in self.lipsync.placed(chunk_id, position, queued):
+            self._send(event)
 
     def _on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
         self._metrics.frame_lateness.observe(lateness_s)
@@ -530,7 +569,8 @@ class PeerSession:
                     "persona": self.session.conditions.persona,
                     "voice": self.session.conditions.voice,
                     "appearance": self.session.conditions.appearance,
-                    "video": self.video_track is not None,
+                    "appearances": list(self._appearances()),
+                    "video": self.sends_video,
                 },
             }
         )
@@ -546,6 +586,12 @@ class PeerSession:
 
     def _send_error(self, code: str, message: str, event_id: str | None = None) -> None:
         self._send(ProtocolError(code, message, event_id).to_event())
+
+    def _send_server_error(self, code: str, message: str) -> None:
+        """An engine failed (not the client's fault): ``error.type`` is ``server_error``."""
+        self._send(
+            {"type": "error", "error": {"type": "server_error", "code": code, "message": message}}
+        )
 
     def _flush_events(self) -> None:
         for event in self.session.drain_events():
@@ -594,6 +640,7 @@ class PeerSession:
         session = self.session
         try:
             if isinstance(event, SessionUpdate):
+                self._check_appearance(event.changes.get("appearance"))
                 session.request_update(event.changes)
             elif isinstance(event, ResponseCancel):
                 if session.cancel_response() is None:
@@ -616,6 +663,17 @@ class PeerSession:
             self._send_error("conversation_busy", f"not now: {exc}", event.event_id)
         self._flush_events()
 
+    def _appearances(self) -> tuple[str, ...]:
+        return () if self._renderer is None else self._renderer.appearances
+
+    def _check_appearance(self, name: object) -> None:
+        """An appearance the renderer does not have is refused (nothing changes)."""
+        known = self._appearances()
+        if name is not None and known and name not in (*known, "default"):
+            raise InvalidConditionUpdate(
+                f"session.update: unknown appearance {name!r} (available: {', '.join(known)})"
+            )
+
     # --- diagnostics ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
@@ -628,11 +686,17 @@ class PeerSession:
             "epoch": self.session.epoch,
             "heard_until_ms": samples_to_ms(cursors.heard_until),
             "playback_cursor_ms": samples_to_ms(cursors.playback_cursor),
+            "acked_playback_ms": self.session.acked_playback_ms,
             "underruns": self.session.playback.underruns,
             "speech_starts": self.speech_starts,
             "barge_in_reactions_ms": list(self.barge_in_reactions_ms),
             "barge_in_confirmed_reactions_ms": list(self.barge_in_confirmed_reactions_ms),
             "turns": list(self.traces),
+            "avatar": {
+                "frames": self.avatar.frames if self.avatar is not None else 0,
+                "nods": self.animator.nods,
+                "face": repr(self.avatar.last_state) if self.avatar is not None else None,
+            },
             "history": [
                 {"role": t.role.value, "text": t.text, "epoch": t.epoch, "truncated": t.truncated}
                 for t in self.session.history.turns

@@ -110,9 +110,10 @@ class TurnPipeline(Protocol):
 
 @runtime_checkable
 class QueueObservable(Protocol):
-    """A pipeline whose shared engines report how long jobs waited for them."""
+    """A pipeline whose shared engines report how long jobs waited for them, and whether they
+    started past their deadline (``observe(engine, wait_ms, late)``)."""
 
-    def set_queue_observer(self, observe: Callable[[str, float], None]) -> None: ...
+    def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None: ...
 
 
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 PCM = npt.NDArray[np.int16]
+RECENT_SPANS = 64  # played spans remembered for locate() (a few seconds of 20 ms pulls)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class PlaybackBuffer(Generic[V]):
         self._chunk_start: dict[int, int] = {}  # chunk_id -> position of its first sample
         self._video: dict[int, list[tuple[int, V]]] = {}
         self._playing: tuple[int, int] | None = None  # (chunk_id, offset) last sample played
+        self._recent: deque[tuple[int, PlayedSpan]] = deque(maxlen=RECENT_SPANS)  # (position, span)
         self._fade_tail: PCM | None = None
         self._streaming = False
         self._started = False
@@ -167,7 +169,9 @@ class PlaybackBuffer(Generic[V]):
             seg = self._segments[0]
             take = min(n - filled, len(seg.pcm))
             out[filled : filled + take] = seg.pcm[:take]
-            spans.append(PlayedSpan(seg.chunk_id, seg.epoch, seg.offset, take))
+            span = PlayedSpan(seg.chunk_id, seg.epoch, seg.offset, take)
+            spans.append(span)
+            self._recent.append((self.playback_cursor + filled, span))
             self._playing = (seg.chunk_id, seg.offset + take)
             filled += take
             self._buffered -= take
@@ -207,6 +211,29 @@ class PlaybackBuffer(Generic[V]):
                 break
             current = frame
         return current
+
+    def chunk_position(self, chunk_id: int) -> int | None:
+        """Output position (samples) of a queued chunk's first sample; None if not queued."""
+        return self._chunk_start.get(chunk_id)
+
+    def locate(self, position: int) -> tuple[int, int] | None:
+        """Which chunk, and how many samples into it, the audio at output ``position`` is:
+        audio handed out recently or still queued; None where it is (or will be) silence."""
+        if position < self.playback_cursor:
+            for start, span in reversed(self._recent):
+                if start <= position < start + span.samples:
+                    return span.chunk_id, span.start + position - start
+                if start + span.samples <= position:
+                    return None
+            return None
+        ahead = position - self.playback_cursor
+        if self._fade_tail is not None:
+            return None
+        for seg in self._segments:
+            if ahead < len(seg.pcm):
+                return seg.chunk_id, seg.offset + ahead
+            ahead -= len(seg.pcm)
+        return None
 
     def flush(self, new_epoch: int) -> int:
         """Barge-in: drop everything queued and refuse older epochs; returns samples dropped.

@@ -12,6 +12,7 @@ An optional ``event_id`` (string) is echoed in the ``error`` event answering a b
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +114,12 @@ def parse_client_event(raw: str | bytes, max_bytes: int) -> ClientEvent:
         return TextInput(_text_of(data, event_id), event_id)
     if kind == "playback.ack":
         played = data.get("played_ms")
-        if isinstance(played, bool) or not isinstance(played, int | float) or played < 0:
+        if (
+            isinstance(played, bool)
+            or not isinstance(played, int | float)
+            or not math.isfinite(played)
+            or played < 0
+        ):
             raise ProtocolError("invalid_event", "played_ms must be a number >= 0", event_id)
         return PlaybackAck(float(played), event_id)
     raise ProtocolError("unknown_event", f"unknown event type {kind!r}", event_id)

@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import secrets
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from aiortc import RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from server.auth import NO_OWNER
+from server.avatar import AvatarRenderer
 from server.config import Config
 from server.errors import BadRequest, NotFound, ServerFull
 from server.metrics import Metrics
-from server.peer import PeerSession
+from server.peer import PeerSession, PeerState
 from server.pipeline import TurnPipeline
+from server.procstats import trim_heap
 from server.vad import TurnDetector
+from server.vision import VisionModel
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_BYTES = 24  # 192 random bits, URL-safe
+REAP_INTERVAL_S = 1.0  # longest pause between two dead-peer checks
+
+
+def receives_audio(pc: RTCPeerConnection) -> bool:
+    """Whether the peer sends us audio (its liveness signal for the reaper)."""
+    return any(
+        t.kind == "audio" and t.currentDirection in ("sendrecv", "recvonly")
+        for t in pc.getTransceivers()
+    )
 
 
 class SessionRegistry:
@@ -33,26 +48,39 @@ class SessionRegistry:
         detector_factory: Callable[[], TurnDetector],
         pipeline: TurnPipeline | None,
         metrics: Metrics,
+        renderer: AvatarRenderer | None = None,
+        vision: VisionModel | None = None,
     ) -> None:
         self.config = config
         self._detector_factory = detector_factory
         self._pipeline = pipeline
         self._metrics = metrics
+        self._renderer = renderer
+        self._vision = vision
         self.sessions: dict[str, PeerSession] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
         self.finished: deque[dict[str, Any]] = deque(maxlen=256)  # describe() of closed ones
+        self._owners: dict[str, str] = {}  # session id -> digest of the token that created it
+        self._reaper: asyncio.Task[None] | None = None
+        self._live_since_ms: dict[str, float] = {}  # first seen connected (peer clock, ms)
+        self._peer_objects: weakref.WeakSet[PeerSession] = weakref.WeakSet()
+        self.closed_total = 0
+        self.reaped_total = 0
 
     def __len__(self) -> int:
         return len(self.sessions)
 
-    async def create(self, offer_sdp: str) -> tuple[str, RTCSessionDescription]:
-        """A new session for ``offer_sdp``; raises ServerFull or BadRequest, leaving nothing."""
+    async def create(
+        self, offer_sdp: str, owner: str = NO_OWNER
+    ) -> tuple[str, RTCSessionDescription]:
+        """A new session for ``offer_sdp``, owned by ``owner`` (the digest of the token that
+        created it); raises ServerFull or BadRequest, leaving nothing."""
         if not self._accepting or len(self.sessions) >= self.config.transport.max_sessions:
             self._metrics.sessions_rejected.inc()
             retry = str(self.config.transport.retry_after_s)
             raise ServerFull("server is at its session limit", {"Retry-After": retry})
-        session_id = secrets.token_urlsafe(SESSION_ID_BYTES)
+        session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
         peer = PeerSession(
             session_id,
             self.config,
@@ -60,18 +88,30 @@ class SessionRegistry:
             self._pipeline,
             self._metrics,
             self.request_close,
+            self._renderer,
+            self._vision,
         )
         self.sessions[session_id] = peer  # counts against capacity while we negotiate
+        self._owners[session_id] = owner
+        self._peer_objects.add(peer)
         try:
             answer = await peer.answer(offer_sdp)
         except Exception as exc:
             self.sessions.pop(session_id, None)
-            await peer.close()
+            self._owners.pop(session_id, None)
+            try:
+                await peer.close()
+            except Exception:  # aiortc cannot always close after a refused offer
+                log.warning("session %s: close after a refused offer failed", session_id[:8])
             raise BadRequest(f"cannot use this SDP offer: {exc}") from exc
         self._metrics.sessions_total.inc()
         self._metrics.sessions_active.set(len(self.sessions))
         log.info("session %s created (%d active)", session_id[:8], len(self.sessions))
         return session_id, answer
+
+    def owner(self, session_id: str) -> str:
+        """Digest of the token that created the session (``NO_OWNER`` without auth)."""
+        return self._owners.get(session_id, NO_OWNER)
 
     def get(self, session_id: str) -> PeerSession:
         try:
@@ -84,7 +124,9 @@ class SessionRegistry:
         peer = self.sessions.pop(session_id, None)
         if peer is None:
             raise NotFound("no such session")
+        self._owners.pop(session_id, None)
         await peer.close()
+        self.closed_total += 1
         self.finished.append(peer.describe())
         self._metrics.sessions_active.set(len(self.sessions))
         log.info("session %s closed (%d active)", session_id[:8], len(self.sessions))
@@ -104,8 +146,71 @@ class SessionRegistry:
     async def close_all(self) -> None:
         """Graceful shutdown: refuse new sessions, close every peer, await every close task."""
         self._accepting = False
+        await self.stop_reaper()
         ids = list(self.sessions)
         log.info("closing %d sessions", len(ids))
         await asyncio.gather(*(self._close_quietly(i) for i in ids))
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+    # --- the dead-peer reaper -------------------------------------------------------------
+    def start_reaper(self) -> None:
+        """Start the task that closes peers gone silent; the app starts it once at start-up."""
+        if self._reaper is None:
+            loop = asyncio.get_running_loop()
+            self._reaper = loop.create_task(self._reap_loop(), name="dead-peer-reaper")
+
+    async def stop_reaper(self) -> None:
+        """Stop the reaper and wait until it has ended; idempotent."""
+        task, self._reaper = self._reaper, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def dead_peers(self) -> list[str]:
+        """Connected sessions whose inbound audio stopped ``transport.dead_peer_timeout_s`` ago.
+
+        aiortc notices a vanished client only after ~30 s of failed consent checks; inbound
+        audio flows every 20 ms (silence too), so its absence is the quicker sign. Peers that
+        send no audio at all are left to ICE consent and the connect watchdog.
+        """
+        timeout_ms = self.config.transport.dead_peer_timeout_s * 1000
+        dead: list[str] = []
+        for session_id, peer in self.sessions.items():
+            if peer.state is not PeerState.CONNECTED or not receives_audio(peer.pc):
+                continue
+            now = peer.clock.now_ms()
+            since = self._live_since_ms.setdefault(session_id, now)
+            if now - max(since, peer.last_media_ms) > timeout_ms:
+                dead.append(session_id)
+        for gone in self._live_since_ms.keys() - self.sessions.keys():
+            del self._live_since_ms[gone]
+        return dead
+
+    async def _reap_loop(self) -> None:
+        interval = min(REAP_INTERVAL_S, self.config.transport.dead_peer_timeout_s / 4)
+        trimmed_at = self.closed_total
+        while True:
+            await asyncio.sleep(interval)
+            dead = self.dead_peers()
+            for session_id in dead:
+                log.warning(
+                    "session %s: no audio for %.1f s, closing (peer gone)",
+                    session_id[:8],
+                    self.config.transport.dead_peer_timeout_s,
+                )
+            results = await asyncio.gather(
+                *(self._close_quietly(i) for i in dead), return_exceptions=True
+            )
+            for session_id, result in zip(dead, results, strict=True):
+                if isinstance(result, Exception):
+                    log.error("session %s: close failed", session_id[:8], exc_info=result)
+            self.reaped_total += len(dead)
+            if self.closed_total != trimmed_at:  # return closed sessions' memory to the OS
+                trimmed_at = self.closed_total
+                await asyncio.to_thread(trim_heap)
+
+    def live_peer_objects(self) -> int:
+        """PeerSession objects still in memory (after a collection): a leak check."""
+        gc.collect()
+        return len(self._peer_objects)

@@ -1,21 +1,72 @@
-"""aiortc settings the project owns: ICE servers, host candidates, the audio jitter buffer."""
+"""aiortc settings the project owns: ICE servers, host candidates, the audio jitter buffer,
+the DTLS cipher list, trickled remote candidates, and which m-line carries our tracks."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import aioice.ice
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
+from aiortc.mediastreams import MediaStreamTrack
+from aiortc.rtcdtlstransport import SRTP_AES128_CM_SHA1_80, RTCCertificate
+from aiortc.rtcpeerconnection import or_direction
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
+from aiortc.sdp import candidate_from_sdp
+from OpenSSL import SSL
 
 from server.config import TransportConfig
 
 log = logging.getLogger(__name__)
 
 _original_host_addresses = aioice.ice.get_host_addresses
+_original_ssl_context = RTCCertificate._create_ssl_context
 AUDIO_JITTER_CAPACITY = 16  # packets (aiortc's own value; a power of two)
+
+# aiortc offers only ECDSA suites; peers with RSA certificates (GStreamer's webrtcbin, the
+# stack behind many WHIP publishers) then fail with "no shared cipher". Forward-secret AEAD
+# suites first, then aiortc's own CBC ones, for both certificate kinds.
+DTLS_CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+        "ECDHE-ECDSA-AES128-SHA",
+        "ECDHE-RSA-AES128-SHA",
+        "ECDHE-ECDSA-AES256-SHA",
+        "ECDHE-RSA-AES256-SHA",
+    )
+).encode()
+
+
+def widen_dtls_ciphers() -> None:
+    """Make every aiortc DTLS context (this process) accept RSA as well as ECDSA peers.
+
+    aiortc has no option for it: its certificate builds the SSL context in one method, which
+    is wrapped here (idempotent; the project owns this patch point).
+    """
+    if getattr(RTCCertificate._create_ssl_context, "_widened", False):
+        return
+
+    def create_ssl_context(self: RTCCertificate, srtp_profiles: list[Any]) -> SSL.Context:
+        ctx = _original_ssl_context(self, srtp_profiles)
+        ctx.set_cipher_list(DTLS_CIPHERS)
+        return ctx
+
+    create_ssl_context._widened = True  # type: ignore[attr-defined]
+    RTCCertificate._create_ssl_context = create_ssl_context  # type: ignore[method-assign]
+    log.info("DTLS cipher list widened to ECDSA and RSA suites")
+
+
+def dtls_cipher_names(certificate: RTCCertificate) -> list[str]:
+    """The cipher suites a DTLS connection with ``certificate`` offers; for tests."""
+    ctx = certificate._create_ssl_context([SRTP_AES128_CM_SHA1_80])
+    return [str(name) for name in SSL.Connection(ctx, None).get_cipher_list()]
 
 
 def rtc_configuration(config: TransportConfig) -> RTCConfiguration:
@@ -66,3 +117,58 @@ def audio_jitter_prefetch(receiver: RTCRtpReceiver) -> int:
     """The prefetch (packets) of a receiver's jitter buffer; for tests and diagnostics."""
     buffer: JitterBuffer = receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
     return int(buffer._prefetch)
+
+
+def remote_candidates_complete(pc: RTCPeerConnection) -> bool:
+    """Whether the remote side already signalled end-of-candidates (offer or trickle)."""
+    remote = pc.remoteDescription
+    return remote is not None and "a=end-of-candidates" in remote.sdp
+
+
+async def add_remote_candidates(
+    pc: RTCPeerConnection,
+    candidates: Sequence[str],
+    *,
+    mid: str | None,
+    mline_index: int,
+    end_of_candidates: bool = False,
+) -> int:
+    """Add trickled remote candidates (``candidate:...`` attribute values) to the transport of
+    the media section ``mid`` (or ``mline_index``); bundled sections share the first one's.
+
+    Returns how many candidates were added. ValueError for a candidate aiortc cannot parse.
+    """
+    added = 0
+    for value in candidates:
+        try:
+            candidate = candidate_from_sdp(value.removeprefix("candidate:"))
+        except (AssertionError, IndexError, ValueError) as exc:
+            raise ValueError(f"cannot parse candidate {value[:80]!r}") from exc
+        candidate.sdpMid = mid
+        candidate.sdpMLineIndex = mline_index
+        await pc.addIceCandidate(candidate)
+        added += 1
+    if end_of_candidates:
+        await pc.addIceCandidate(None)
+    return added
+
+
+def add_outbound_track(pc: RTCPeerConnection, track: MediaStreamTrack) -> bool:
+    """Send ``track`` on the first free transceiver of its kind whose m-line the remote
+    offer lets us send on (it offered ``sendrecv`` or ``recvonly``); call after
+    setRemoteDescription. False when the peer asked for none of that kind (a publisher).
+
+    aiortc's own ``addTrack`` takes the first transceiver of the kind, which for a client
+    with separate ``sendonly`` and ``recvonly`` m-lines is the wrong one: the answer then says
+    ``recvonly`` there and ``inactive`` where the client wanted to receive.
+    """
+    for transceiver in pc.getTransceivers():
+        if (
+            transceiver.kind == track.kind
+            and transceiver.sender.track is None
+            and transceiver._offerDirection in ("sendonly", "sendrecv")
+        ):
+            transceiver.sender.replaceTrack(track)
+            transceiver.direction = or_direction(transceiver.direction, "sendonly")
+            return True
+    return False

@@ -95,6 +95,18 @@ def _partition(
     return stale, deferred, runnable
 
 
+def latest_start_ms(
+    config: SchedulerConfig, now_ms: float, item: WorkItem, view: SessionView
+) -> float:
+    """When ``item`` must start (ms) for its session to meet its deadline: the first-audio
+    target of a reply not yet playing, else before the buffered playback runs out."""
+    if view.waiting_since_ms is not None:
+        due = view.waiting_since_ms + config.first_audio_target_ms
+    else:
+        due = now_ms + view.slack_ms
+    return due - item.est_cost_ms
+
+
 class DeadlineScheduler:
     """Earliest deadline first, overload-aware, with aging so that no session starves.
 
@@ -116,11 +128,7 @@ class DeadlineScheduler:
 
     def deadline_ms(self, now_ms: float, item: WorkItem, view: SessionView) -> float:
         """Latest start time (ms) of ``item`` before its session misses a deadline."""
-        if view.waiting_since_ms is not None:
-            due = view.waiting_since_ms + self.config.first_audio_target_ms
-        else:
-            due = now_ms + view.slack_ms
-        return due - item.est_cost_ms
+        return latest_start_ms(self.config, now_ms, item, view)
 
     def schedule(
         self,

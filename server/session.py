@@ -324,6 +324,12 @@ class Session:
         if not self.pending_chunks():
             self._apply_conditions()  # no chunk in flight: this is a boundary
 
+    def observe_presence(self, note: str) -> None:
+        """Vision's note on the user (present / stepped away): applied at the next boundary."""
+        self._conditions.observe(note)
+        if not self.pending_chunks():
+            self._apply_conditions()
+
     def start_response(self, epoch: int) -> bool:
         """Generation of a reply for ``epoch`` begins; False if that epoch is already stale."""
         if epoch != self.epoch or self.state is not TurnState.THINKING:
@@ -435,9 +441,9 @@ class Session:
         before = self._conditions.current.version
         now = self._conditions.at_boundary()
         if now.version != before:
-            self.history.set_anchor(now.persona)
+            self.history.set_anchor(now.anchor())
             self._events.append(
-                ConditionsApplied(now.version, now.persona, now.voice, now.appearance)
+                ConditionsApplied(now.version, now.persona, now.voice, now.appearance, now.presence)
             )
         return now
 

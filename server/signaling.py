@@ -1,5 +1,13 @@
-"""HTTP signaling: ``POST /offer`` (JSON), WHIP ``POST /whip`` / ``DELETE /whip/<id>``.
+"""HTTP signaling: ``POST /offer`` (JSON) and WHIP (RFC 9725) on ``/whip``.
 
+WHIP: ``POST /whip`` (SDP offer) -> ``201`` with the answer, ``Location``, ``ETag`` and ICE
+servers as ``Link`` headers; ``PATCH /whip/<id>`` with ``application/trickle-ice-sdpfrag``
+adds trickled candidates (``204``; an ICE restart is refused with ``422``; a stale ``If-Match``
+gets ``412``); ``DELETE /whip/<id>`` ends the session; ``OPTIONS`` on both answers CORS
+preflights and names the methods.
+
+Who may call: bearer tokens when configured (a resource obeys only the token that created
+it), browser origins by the CORS policy, session creation by a per-address token bucket.
 Typed errors are translated to HTTP here, at the edge, always with a JSON ``{"error": ...}``
 body. Bodies are checked (type, size, SDP shape) before any peer is created.
 """
@@ -11,19 +19,50 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from multidict import CIMultiDict
 
+from server.auth import BearerAuth, CorsPolicy, check_owner
+from server.clock import Clock, MonotonicClock
+from server.config import Config, TransportConfig
 from server.errors import (
     BadRequest,
+    Forbidden,
     PayloadTooLarge,
+    PreconditionFailed,
     RequestError,
+    TooManyRequests,
+    UnprocessableContent,
     UnsupportedMediaType,
 )
+from server.ratelimit import RateLimiter
 from server.registry import SessionRegistry
+from server.rtc import add_remote_candidates, remote_candidates_complete
+from server.whip import (
+    SDP_TYPE,
+    SDPFRAG_TYPE,
+    entity_tag,
+    ice_credentials,
+    ice_server_links,
+    if_match_allows,
+    is_ice_restart,
+    parse_sdpfrag,
+)
 
 log = logging.getLogger(__name__)
 
 REGISTRY_KEY = web.AppKey("registry", SessionRegistry)
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
+AUTH_KEY = web.AppKey("auth", BearerAuth)
+CORS_KEY = web.AppKey("cors", CorsPolicy)
+LIMITER_KEY = web.AppKey("session_rate", RateLimiter)
+TRANSPORT_KEY = web.AppKey("transport", TransportConfig)
+PROXIES_KEY = web.AppKey("trusted_proxies", frozenset)
+
+MAX_MEDIA_SECTIONS = 16  # m-lines in one offer (each becomes a transceiver)
+CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
+CORS_REQUEST_HEADERS = "Authorization, Content-Type, If-Match"
+CORS_EXPOSED = "Location, ETag, Link, Retry-After, Accept-Patch, Accept-Post, WWW-Authenticate"
+CORS_MAX_AGE_S = 600
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -48,6 +87,52 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error_response(exc.status, exc.reason, exc.reason.lower().replace(" ", "_"), headers)
 
 
+@web.middleware
+async def cors_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Browser origins: an allowed one gets CORS headers (preflights their own), any other is
+    refused with 403 before the request does anything. Requests without Origin pass as is."""
+    origin = request.headers.get("Origin")
+    if origin is None or CORS_KEY not in request.app:
+        return await handler(request)
+    if not request.app[CORS_KEY].allows(origin, request.host):
+        return error_response(403, f"origin {origin} is not allowed", Forbidden.code)
+    response = await handler(request)
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
+    response.headers.add("Vary", "Origin")
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+        response.headers["Access-Control-Allow-Headers"] = CORS_REQUEST_HEADERS
+        response.headers["Access-Control-Max-Age"] = str(CORS_MAX_AGE_S)
+    return response
+
+
+def authenticate(request: web.Request) -> str:
+    """The caller's identity (token digest, or '' with authentication off); 401 otherwise."""
+    return request.app[AUTH_KEY].authenticate(request.headers.get("Authorization"))
+
+
+def client_address(request: web.Request) -> str:
+    """The client's address: the peer, or what a trusted proxy says in X-Forwarded-For."""
+    remote = request.remote or "unknown"
+    forwarded = request.headers.get("X-Forwarded-For")
+    if forwarded and remote in request.app[PROXIES_KEY]:
+        return forwarded.split(",")[-1].strip() or remote
+    return remote
+
+
+def admit_session(request: web.Request) -> str:
+    """Gate of session creation: the address's rate limit (429), then the token (401)."""
+    address = client_address(request)
+    decision = request.app[LIMITER_KEY].take(address)
+    if not decision.allowed:
+        log.info("session rate limit hit by %s", address)
+        raise TooManyRequests(
+            "too many sessions created from this address; retry later", decision.retry_after_s
+        )
+    return authenticate(request)
+
+
 async def read_body(request: web.Request, content_type: str) -> str:
     """The request body as text if it has ``content_type`` and fits the size limit."""
     if request.content_type != content_type:
@@ -57,7 +142,15 @@ async def read_body(request: web.Request, content_type: str) -> str:
     limit = request.app[MAX_BODY_KEY]
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"body larger than {limit} bytes")
-    body = await request.content.read(limit + 1)
+    body = b""
+    try:
+        while len(body) <= limit:  # read() may return part of a body sent in pieces
+            chunk = await request.content.read(limit + 1 - len(body))
+            if not chunk:
+                break
+            body += chunk
+    except web.RequestPayloadError:  # e.g. a Content-Encoding the body is not in
+        raise BadRequest("cannot read the body (Content-Encoding or framing)") from None
     if len(body) > limit:
         raise PayloadTooLarge(f"body larger than {limit} bytes")
     try:
@@ -66,18 +159,29 @@ async def read_body(request: web.Request, content_type: str) -> str:
         raise BadRequest("body is not UTF-8") from None
 
 
-def check_sdp(sdp: object) -> str:
-    """A cheap shape check before aiortc sees it: an SDP offer has v=0 and media sections."""
+def check_sdp(sdp: object, max_lines: int | None = None) -> str:
+    """A cheap shape check before aiortc sees it: an SDP offer has v=0 and media sections,
+    at most ``max_lines`` lines and ``MAX_MEDIA_SECTIONS`` media sections."""
     if not isinstance(sdp, str) or not sdp.strip():
         raise BadRequest("missing SDP")
     lines = sdp.strip().splitlines()
+    if max_lines is not None and len(lines) > max_lines:
+        raise PayloadTooLarge(f"SDP has {len(lines)} lines; at most {max_lines}")
     if lines[0].strip() != "v=0" or not any(line.startswith("m=") for line in lines):
         raise BadRequest("malformed SDP: expected 'v=0' and at least one 'm=' line")
+    sections = sum(1 for line in lines if line.startswith("m="))
+    if sections > MAX_MEDIA_SECTIONS:
+        raise BadRequest(f"SDP has {sections} media sections; at most {MAX_MEDIA_SECTIONS}")
     return sdp
+
+
+def _max_lines(request: web.Request) -> int:
+    return request.app[TRANSPORT_KEY].max_sdp_lines
 
 
 async def post_offer(request: web.Request) -> web.Response:
     """``{"sdp", "type": "offer"}`` -> ``{"sdp", "type": "answer", "session_id"}``."""
+    owner = admit_session(request)
     text = await read_body(request, "application/json")
     try:
         data = json.loads(text)
@@ -85,30 +189,126 @@ async def post_offer(request: web.Request) -> web.Response:
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(data, dict) or data.get("type") != "offer":
         raise BadRequest('expected a JSON object with "type": "offer"')
-    sdp = check_sdp(data.get("sdp"))
-    session_id, answer = await request.app[REGISTRY_KEY].create(sdp)
+    sdp = check_sdp(data.get("sdp"), _max_lines(request))
+    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner)
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id})
+
+
+def _ice_links(request: web.Request) -> list[tuple[str, str]]:
+    return [("Link", link) for link in ice_server_links(request.app[TRANSPORT_KEY])]
 
 
 async def post_whip(request: web.Request) -> web.Response:
     """WHIP (RFC 9725): SDP offer in, 201 with the SDP answer and the resource's Location."""
-    sdp = check_sdp(await read_body(request, "application/sdp"))
-    session_id, answer = await request.app[REGISTRY_KEY].create(sdp)
+    owner = admit_session(request)
+    sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
+    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner)
+    ufrag, _ = ice_credentials(sdp)
+    headers = CIMultiDict(
+        [
+            ("Location", f"/whip/{session_id}"),
+            ("ETag", entity_tag(session_id, ufrag or "")),
+            ("Accept-Patch", SDPFRAG_TYPE),
+            *_ice_links(request),
+        ]
+    )
     return web.Response(
-        status=201,
-        body=answer.sdp.encode(),
-        content_type="application/sdp",
-        headers={"Location": f"/whip/{session_id}"},
+        status=201, body=answer.sdp.encode(), content_type=SDP_TYPE, headers=headers
     )
 
 
+async def patch_whip(request: web.Request) -> web.Response:
+    """Trickle ICE: the client's later candidates (``204``). ICE restarts: ``422``."""
+    caller = authenticate(request)
+    registry = request.app[REGISTRY_KEY]
+    session_id = request.match_info["session_id"]
+    peer = registry.get(session_id)
+    check_owner(registry.owner(session_id), caller)
+    text = await read_body(request, SDPFRAG_TYPE)
+    remote = peer.pc.remoteDescription
+    ufrag, _ = ice_credentials(remote.sdp if remote is not None else "")
+    etag = entity_tag(session_id, ufrag or "")
+    if not if_match_allows(request.headers.get("If-Match"), etag):
+        raise PreconditionFailed(f"If-Match does not match the resource's ETag {etag}")
+    fragment = parse_sdpfrag(text, _max_lines(request))
+    if is_ice_restart(fragment, ufrag):
+        raise UnprocessableContent(
+            "ICE restarts are not supported (aiortc cannot restart ICE): end this session "
+            "with DELETE and POST a new offer",
+            {"ETag": etag},
+        )
+    if fragment.candidate_count and remote_candidates_complete(peer.pc):
+        raise UnprocessableContent("the client already signalled end-of-candidates")
+    mids = {t.mid for t in peer.pc.getTransceivers()} | {None}
+    if peer.pc.sctp is not None:
+        mids.add(peer.pc.sctp.mid)
+    added = 0
+    for media in fragment.media:
+        if media.mid not in mids:
+            raise BadRequest(f"the session has no media section with mid {media.mid!r}")
+        try:
+            added += await add_remote_candidates(
+                peer.pc,
+                media.candidates,
+                mid=media.mid,
+                mline_index=media.mline_index,
+                end_of_candidates=media.end_of_candidates,
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    log.info("session %s: %d trickled candidates", session_id[:8], added)
+    return web.Response(status=204, headers={"ETag": etag})
+
+
 async def delete_whip(request: web.Request) -> web.Response:
-    """End the session; 404 for an unknown id."""
-    await request.app[REGISTRY_KEY].close(request.match_info["session_id"])
+    """End the session: 404 for an unknown id, 403 for a token other than its creator's."""
+    caller = authenticate(request)
+    registry = request.app[REGISTRY_KEY]
+    session_id = request.match_info["session_id"]
+    registry.get(session_id)
+    check_owner(registry.owner(session_id), caller)
+    await registry.close(session_id)
     return web.Response(status=200)
 
 
-def add_routes(app: web.Application) -> None:
+async def options_whip(request: web.Request) -> web.Response:
+    """The endpoint's methods; its ICE servers too, for callers who may use them."""
+    headers: CIMultiDict[str] = CIMultiDict([("Allow", "OPTIONS, POST"), ("Accept-Post", SDP_TYPE)])
+    try:
+        authenticate(request)
+    except RequestError:
+        pass  # a browser preflight carries no token: no TURN credentials for it
+    else:
+        headers.extend(_ice_links(request))
+    return web.Response(status=204, headers=headers)
+
+
+async def options_resource(request: web.Request) -> web.Response:
+    return web.Response(
+        status=204, headers={"Allow": "OPTIONS, PATCH, DELETE", "Accept-Patch": SDPFRAG_TYPE}
+    )
+
+
+async def options_offer(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Allow": "OPTIONS, POST"})
+
+
+def add_routes(app: web.Application, config: Config, clock: Clock | None = None) -> None:
+    """Signaling routes and what they need: limits, tokens, origins, the rate limiter."""
+    app[MAX_BODY_KEY] = config.transport.max_body_bytes
+    app[TRANSPORT_KEY] = config.transport
+    app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
+    app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
+    app[PROXIES_KEY] = frozenset(config.server.trusted_proxies)
+    app[LIMITER_KEY] = RateLimiter(
+        config.transport.session_rate_per_min,
+        config.transport.session_burst,
+        clock or MonotonicClock(),
+    )
     app.router.add_post("/offer", post_offer)
+    app.router.add_route("OPTIONS", "/offer", options_offer)
     app.router.add_post("/whip", post_whip)
+    app.router.add_route("OPTIONS", "/whip", options_whip)
+    app.router.add_patch("/whip/{session_id}", patch_whip)
     app.router.add_delete("/whip/{session_id}", delete_whip)
+    app.router.add_route("OPTIONS", "/whip/{session_id}", options_resource)

@@ -95,7 +95,9 @@ class PacedAudioTrack(MediaStreamTrack):
 
 
 class FrameSource(Protocol):
-    def __call__(self, media_ms: float) -> av.VideoFrame: ...
+    """The picture for media time ``media_ms`` (may render off the event loop)."""
+
+    async def __call__(self, media_ms: float) -> av.VideoFrame: ...
 
 
 class PacedVideoTrack(MediaStreamTrack):
@@ -115,47 +117,11 @@ class PacedVideoTrack(MediaStreamTrack):
             raise MediaStreamError
         media_s = float(self._pts * VIDEO_TIME_BASE)
         await self._clock.wait_until(media_s)
-        frame = self._source(media_s * 1000)
+        frame = await self._source(media_s * 1000)
         frame.pts = self._pts
         frame.time_base = VIDEO_TIME_BASE
         self._pts += self._ticks
         return frame
-
-
-class LevelFace:
-    """A minimal picture until the avatar renderer lands: a face whose mouth follows the level.
-
-    ``level`` is read at each frame (0..1, the RMS of the audio being played). Frames are
-    prepared once per quantised level, so a frame costs a dictionary lookup.
-    """
-
-    LEVELS = 8
-
-    def __init__(self, width: int, height: int, level: Callable[[], float]) -> None:
-        self._level = level
-        steps = self.LEVELS - 1
-        self._frames = [self._draw(width, height, i / steps) for i in range(self.LEVELS)]
-
-    def __call__(self, media_ms: float) -> av.VideoFrame:
-        index = min(self.LEVELS - 1, int(self._level() * (self.LEVELS - 1) + 0.5))
-        source = self._frames[index]
-        return av.VideoFrame.from_ndarray(source, format="rgb24")
-
-    @staticmethod
-    def _draw(width: int, height: int, opening: float) -> npt.NDArray[np.uint8]:
-        y, x = np.mgrid[0:height, 0:width]
-        cx, cy, r = width / 2, height / 2, min(width, height) * 0.38
-        img = np.empty((height, width, 3), np.uint8)
-        img[:] = (38, 50, 72)
-        face = (x - cx) ** 2 + (y - cy) ** 2 <= r**2
-        img[face] = (242, 200, 160)
-        for ex in (cx - r * 0.38, cx + r * 0.38):
-            eye = (x - ex) ** 2 + (y - (cy - r * 0.25)) ** 2 <= (r * 0.09) ** 2
-            img[eye] = (40, 40, 60)
-        mw, mh = r * 0.45, max(1.5, r * 0.32 * opening)
-        mouth = ((x - cx) / mw) ** 2 + ((y - (cy + r * 0.42)) / mh) ** 2 <= 1
-        img[mouth] = (120, 30, 40)
-        return img
 
 
 def pcm_level(pcm: PCM) -> float:

@@ -136,12 +136,12 @@ class VoicePipeline:
         config = scheduler_config or SchedulerConfig()
         self._clock = clock = clock or MonotonicClock()
         # each engine is one worker thread shared by all sessions, fed deadline first
-        self.asr_queue = EngineQueue("asr", make_scheduler(config), clock)
-        self.tts_queue = EngineQueue("tts", make_scheduler(config), clock)
+        self.asr_queue = EngineQueue("asr", make_scheduler(config), clock, deadlines=config)
+        self.tts_queue = EngineQueue("tts", make_scheduler(config), clock, deadlines=config)
         self._ids = itertools.count(1)
 
-    def set_queue_observer(self, observe: Callable[[str, float], None]) -> None:
-        """``observe(engine, wait_ms)`` is called as each ASR/TTS job leaves its queue."""
+    def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None:
+        """``observe(engine, wait_ms, late)`` is called as each ASR/TTS job leaves its queue."""
         for queue in (self.asr_queue, self.tts_queue):
             queue.on_wait = functools.partial(observe, queue.name)
 
@@ -155,8 +155,13 @@ class VoicePipeline:
         return await self.transcribe(utterance, tag)
 
     async def prefill(self, request: ReplyRequest) -> int:
+        """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs."""
         rid = f"{request.session_id[:8]}-warm-{next(self._ids)}"
-        stats = await self._llm.prefill(to_messages(request.context), rid)
+        try:
+            stats = await self._llm.prefill(to_messages(request.context), rid)
+        except Exception as exc:
+            log.warning("warm-up %s failed: %s: %s", rid, type(exc).__name__, exc)
+            return 0
         return int(stats.cached_tokens)
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:

@@ -10,13 +10,38 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from server.avatar import AvatarRenderer
 from server.config import Config
 from server.errors import ConfigError
 from server.vad import TurnDetector
+from server.vision import VisionModel
 from server.voice import VoicePipeline
 
+if TYPE_CHECKING:
+    from models.llm import RemoteOptions
+
 log = logging.getLogger(__name__)
+
+
+def avatar_renderer(config: Config) -> AvatarRenderer:
+    """The procedural 2D avatar (numpy/Pillow) at the configured video size."""
+    from models.avatar import ProceduralAvatar
+
+    tc = config.transport
+    log.info("loading avatar renderer (%dx%d)", tc.video_width, tc.video_height)
+    renderer = ProceduralAvatar(tc.video_width, tc.video_height)
+    log.info("avatar appearances: %s", ", ".join(renderer.appearances))
+    return renderer
+
+
+def vision_model(config: Config) -> VisionModel:
+    """Face detection with OpenCV's bundled Haar cascade (one per process, thread-safe)."""
+    from models.vision import HaarFaceDetector
+
+    log.info("loading face detector (OpenCV Haar cascade)")
+    return HaarFaceDetector(max_side=config.vision.max_side)
 
 
 def detector_factory(config: Config) -> Callable[[], TurnDetector]:
@@ -32,11 +57,32 @@ def detector_factory(config: Config) -> Callable[[], TurnDetector]:
     return make
 
 
+def remote_options(config: Config) -> RemoteOptions:
+    """The remote LLM's settings (``pipeline.llm_remote_*``); the model name is required."""
+    from models.llm import RemoteOptions
+
+    pc = config.pipeline
+    if not pc.llm_remote_urls:
+        raise ConfigError("pipeline.llm_remote_urls: no remote LLM configured")
+    if not pc.llm_remote_model:
+        raise ConfigError("pipeline.llm_remote_model: required with pipeline.llm_remote_urls")
+    first, *more = pc.llm_remote_urls
+    return RemoteOptions(
+        base_url=first,
+        model=pc.llm_remote_model,
+        more_urls=tuple(more),
+        api_key=pc.llm_remote_api_key or None,
+        connect_timeout_s=pc.llm_remote_connect_timeout_s,
+        first_token_timeout_s=pc.llm_remote_first_token_timeout_s,
+        read_timeout_s=pc.llm_remote_read_timeout_s,
+    )
+
+
 async def voice_pipeline(config: Config) -> VoicePipeline:
     """The embedded defaults: Whisper tiny.en, vLLM (SmolLM2-135M-Instruct or the configured
     model / remote server), Piper with the joe voice."""
     from models.asr import WhisperAsr
-    from models.llm import RemoteOptions, RemoteVllm, VllmEngine, VllmOptions
+    from models.llm import RemoteVllm, VllmEngine, VllmOptions
     from models.prepare import default_llm_dir, is_prepared
     from models.tts import PiperTts, split_sentences
 
@@ -47,11 +93,10 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     log.info("loading speech synthesiser (Piper, joe)")
     tts = PiperTts()
     llm: VllmEngine | RemoteVllm
-    if pc.llm_remote_url:
-        if not pc.llm_remote_model:
-            raise ConfigError("pipeline.llm_remote_model: required with pipeline.llm_remote_url")
-        log.info("LLM: remote vLLM at %s (model %s)", pc.llm_remote_url, pc.llm_remote_model)
-        llm = RemoteVllm(RemoteOptions(base_url=pc.llm_remote_url, model=pc.llm_remote_model))
+    if pc.llm_remote_urls:
+        llm = RemoteVllm(remote_options(config))
+        urls = ", ".join(pc.llm_remote_urls)
+        log.info("LLM: remote vLLM at %s (model %s)", urls, pc.llm_remote_model)
     else:
         model_dir = Path(pc.llm_model) if pc.llm_model else default_llm_dir()
         if not pc.llm_model and not is_prepared(model_dir):

@@ -1,14 +1,19 @@
-"""Shared test helpers: a fake clock, small runtime configs, tones of known length."""
+"""Shared test helpers: a fake clock, small runtime configs, tones of known length, and the
+client side of loopback calls (ICE pinned to 127.0.0.1, client peers closed after the test)."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
+from server.client import ClientPeer
 from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.media import ms_to_samples
 from server.playback import PCM
+from server.rtc import pin_host_addresses
 from server.session import Session
 
 
@@ -34,3 +39,18 @@ def runtime_config() -> RuntimeConfig:
 @pytest.fixture
 def session(clock: FakeClock, runtime_config: RuntimeConfig) -> Session:
     return Session("s" * 32, runtime_config, clock)
+
+
+@pytest.fixture
+def client_ice() -> None:
+    """Client peers of this process offer 127.0.0.1 as their host candidate (aioice skips it)."""
+    pin_host_addresses(["127.0.0.1"])
+
+
+@pytest.fixture
+async def peers(client_ice: None) -> AsyncIterator[list[ClientPeer]]:
+    """Client peers a test opens; closed when it ends."""
+    opened: list[ClientPeer] = []
+    yield opened
+    for peer in opened:
+        await peer.close()

@@ -114,3 +114,18 @@ async def test_session_over_budget_waits_until_it_drains(queue: EngineQueue) -> 
     views.set("full", 1000)  # playback drained
     assert await asyncio.wait_for(job, 2) == "done"
     await queue.close()
+
+
+async def test_jobs_that_start_past_their_deadline_are_reported() -> None:
+    clock = FakeClock(10_000.0)
+    queue = EngineQueue("tts", DeadlineScheduler(SchedulerConfig()), clock)
+    seen: list[tuple[float, bool]] = []
+    queue.on_wait = lambda wait_ms, late: seen.append((wait_ms, late))
+    playing = SessionView("playing", 0, 1500.0, budget_ms=2000.0)  # 1.5 s buffered: on time
+    waited = SessionView("waited", 0, 0.0, budget_ms=2000.0, waiting_since_ms=9_000.0)
+    for view in (playing, waited):  # the reply's turn ended 1 s ago: past the 500 ms target
+        tag = JobTag(view.session_id, 0, functools.partial(lambda v: v, view))
+        assert await queue.run(tag, Stage.TTS, 100, lambda: "ok") == "ok"
+    assert seen == [(0.0, False), (0.0, True)]
+    assert queue.missed == 1
+    await queue.close()

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from server.client import ClientPeer, load_wav, save_wav
-from server.rtc import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
 from tests.support.speech import silence, speak, voiced_span_ms
+
+pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
 QUESTION = "Hello there. What is the weather like today?"
 INTERRUPT = "Wait, stop, I have another question."
@@ -35,19 +36,6 @@ def server() -> Iterator[ServerProcess]:
     yield proc
     assert proc.stop() == 0, proc.log()
     assert "all sessions closed" in proc.log()
-
-
-@pytest.fixture(autouse=True)
-def client_ice() -> None:
-    pin_host_addresses(["127.0.0.1"])  # the client side of the loopback call
-
-
-@pytest.fixture
-async def peers() -> AsyncIterator[list[ClientPeer]]:
-    opened: list[ClientPeer] = []
-    yield opened
-    for peer in opened:
-        await peer.close()
 
 
 def rms(pcm: np.ndarray) -> float:
@@ -154,9 +142,9 @@ async def test_data_channel_protocol(server: ServerProcess, peers: list[ClientPe
         peer.channel.send(raw)
         error = await peer.wait_event("error", after=n)
         assert error["error"]["code"] == code, raw
-    peer.send({"type": "session.update", "session": {"voice": "amy", "appearance": "robot"}})
+    peer.send({"type": "session.update", "session": {"voice": "amy", "appearance": "milo"}})
     updated = await peer.wait_event("session.updated")
-    assert updated["voice"] == "amy" and updated["appearance"] == "robot"
+    assert updated["voice"] == "amy" and updated["appearance"] == "milo"
     assert updated["version"] == 1
     # typed text is a whole turn: a reply follows
     peer.send({"type": "conversation.item.create", "text": "Hello by keyboard"})

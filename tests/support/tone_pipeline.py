@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import numpy.typing as npt
 
-from server.chunk import WordTiming
+from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
 from server.config import Config
 from server.engine_queue import JobTag
@@ -35,6 +35,28 @@ def tone(ms: float) -> npt.NDArray[np.int16]:
     return pcm
 
 
+PHONEMES = ("h", "ə", "l", "oʊ", "w", "ɜ", "m", "a")  # IPA
+LOUDNESS = (0.35, 1.0, 0.55, 0.9, 0.45, 0.8, 0.3, 1.0)  # of each phoneme: vowels loudest
+PHONEME_SAMPLES = 4800  # 100 ms each
+
+
+def speechlike(pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+    """The tone with a syllable rhythm: each 100 ms phoneme slot at its LOUDNESS (5 ms ramps),
+    so the audio envelope and the lip-sync cues rise and fall together."""
+    slots = np.arange(len(pcm)) // PHONEME_SAMPLES % len(LOUDNESS)
+    envelope = np.asarray(LOUDNESS)[slots]
+    envelope = np.convolve(envelope, np.ones(240) / 240, mode="same")
+    return (pcm * envelope).astype(np.int16)
+
+
+def tone_phonemes(samples: int) -> tuple[PhonemeTiming, ...]:
+    """Phoneme timings for a tone: 100 ms slots cycling through PHONEMES (for lip-sync)."""
+    return tuple(
+        PhonemeTiming(PHONEMES[i % len(PHONEMES)], start, min(samples, start + PHONEME_SAMPLES))
+        for i, start in enumerate(range(0, samples, PHONEME_SAMPLES))
+    )
+
+
 class TonePipeline:
     def __init__(self, sentence_ms: float, sentences: int) -> None:
         self.sentence_ms = sentence_ms
@@ -54,11 +76,11 @@ class TonePipeline:
             yield f"Tone number {i + 1} for epoch {request.epoch}."
 
     async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
-        pcm = tone(self.sentence_ms)
+        pcm = speechlike(tone(self.sentence_ms))
         words = text.split()
         per = len(pcm) // len(words)
         timings = tuple(WordTiming(w, i * per, (i + 1) * per) for i, w in enumerate(words))
-        return SpeechAudio(pcm, timings)
+        return SpeechAudio(pcm, timings, tone_phonemes(len(pcm)))
 
     async def close(self) -> None:
         pass

@@ -1,0 +1,207 @@
+"""Render cost of the procedural avatar on one thread, over a realistic face sequence.
+
+The sequence is 10 s at 25 fps of one conversational turn: the user speaks (listening face,
+a nod at the pause), the avatar thinks, then talks (a viseme every ~80 ms with loudness
+weights ramped in over 30 ms, pauses between words), then idles. Blinks, head motion and gaze
+come from the server's own ``FaceAnimator``. Every frame is a different face state; the
+renderer's frame cache only hits where the quantised state really repeats.
+
+For each appearance: the first frame of a fresh renderer (it draws the look's static layers),
+the rest of the sequence with cold sprite caches (mouth and lid sprites drawn on first use),
+the cost of ``warm()`` (drawing every sprite ahead), and the sequence on a warmed renderer
+(steady state). Times are wall-clock and thread CPU ms per frame (CPU time is the cost on a
+shared machine, where wall time also counts waiting for a core); "drawn" are the frames that
+missed the frame cache and were composed. OpenCV is held to one thread.
+
+Run: ``.venv/bin/python -m benchmarks.avatar_bench`` (``--smoke`` for a short run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+
+from benchmarks import pct
+from models.avatar import ProceduralAvatar
+from server.avatar import Expression, FaceState, Viseme
+from server.face import FaceAnimator
+
+FPS = 25
+FRAME_MS = 1000 / FPS
+ATTACK_MS = 30.0  # as server.lipsync: a cue's weight ramps in over this long
+SPEECH_VISEMES = [v for v in Viseme if v is not Viseme.SIL]
+VOWELS = [Viseme.AA, Viseme.E, Viseme.I, Viseme.O, Viseme.U]
+# (until ms, expression): one turn
+TIMELINE = (
+    (2600.0, Expression.LISTENING),
+    (3400.0, Expression.THINKING),
+    (9300.0, Expression.SPEAKING),
+    (1e12, Expression.IDLE),
+)
+
+
+def viseme_track(
+    rng: random.Random, start_ms: float, end_ms: float
+) -> list[tuple[float, float, Viseme, float]]:
+    """Cues (start ms, end ms, viseme, weight): consonant/vowel runs of ~80 ms, word pauses."""
+    cues = []
+    t = start_ms
+    while t < end_ms:
+        for i in range(rng.randint(2, 6)):  # one word
+            viseme = rng.choice(VOWELS) if i % 2 else rng.choice(SPEECH_VISEMES)
+            length = rng.uniform(50.0, 120.0)
+            cues.append((t, t + length, viseme, round(rng.uniform(0.35, 1.0), 2)))
+            t += length
+        t += rng.uniform(60.0, 220.0) if rng.random() < 0.6 else 0.0
+    return cues
+
+
+def sequence(appearance: str, seconds: float, seed: int = 1) -> list[FaceState]:
+    """The face states of one turn, one per video frame (the timeline scaled to ``seconds``)."""
+    rng = random.Random(seed)
+    animator = FaceAnimator(seed)
+    timeline = [(until * seconds / 10, e) for until, e in TIMELINE]
+    cues = viseme_track(rng, timeline[1][0], timeline[2][0])
+    states = []
+    for n in range(round(seconds * FPS)):
+        t = n * FRAME_MS
+        expression = next(e for until, e in timeline if t < until)
+        if expression is Expression.LISTENING:
+            animator.hear_user(t, 0.1 if t < timeline[0][0] - 400 else 0.0)
+        viseme, weight = Viseme.SIL, 0.0
+        for start, end, v, w in cues:
+            if start <= t < end:
+                viseme, weight = v, w * min(1.0, (t - start + 1) / ATTACK_MS)
+                break
+        states.append(animator.face(t, appearance, expression, viseme, weight))
+    return states
+
+
+def timed(
+    renderer: ProceduralAvatar, states: list[FaceState]
+) -> tuple[list[float], list[float], list[float]]:
+    """Wall and thread-CPU ms of each render, and the CPU ms of those that drew a frame."""
+    wall, cpu, drawn = [], [], []
+    for state in states:
+        misses = renderer.frames.misses
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        renderer.render(state)
+        cpu.append((time.thread_time_ns() - c0) / 1e6)
+        wall.append((time.perf_counter_ns() - w0) / 1e6)
+        if renderer.frames.misses > misses:
+            drawn.append(cpu[-1])
+    return wall, cpu, drawn
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(statistics.median(values), 3),
+        "p95_ms": round(pct(values, 0.95), 3),
+        "max_ms": round(max(values), 3),
+    }
+
+
+def bench_look(appearance: str, size: tuple[int, int], seconds: float) -> dict[str, Any]:
+    states = sequence(appearance, seconds)
+    cold = ProceduralAvatar(*size)
+    keys = {cold.quantise(s) for s in states}
+    w0 = time.perf_counter_ns()
+    cold.render(states[0])
+    first_ms = (time.perf_counter_ns() - w0) / 1e6
+    cold_wall, cold_cpu, cold_drawn = timed(cold, states[1:])
+    warm = ProceduralAvatar(*size)
+    warm.render(states[0])
+    w0 = time.perf_counter_ns()
+    warm.warm(appearance)
+    warm_ms = (time.perf_counter_ns() - w0) / 1e6
+    hits0, misses0 = warm.frames.hits, warm.frames.misses
+    steady_wall, steady_cpu, steady_drawn = timed(warm, states)
+    hits, misses = warm.frames.hits - hits0, warm.frames.misses - misses0
+    return {
+        "frames": len(states),
+        "distinct_states": len(keys),
+        "first_frame_ms": round(first_ms, 1),
+        "warm_ms": round(warm_ms, 1),
+        "cold_sprites": {
+            "wall": stats(cold_wall),
+            "cpu": stats(cold_cpu),
+            "drawn_cpu": stats(cold_drawn),
+        },
+        "steady": {
+            "wall": stats(steady_wall),
+            "cpu": stats(steady_cpu),
+            "drawn_cpu": stats(steady_drawn),
+        },
+        "frame_cache_hit_rate": round(hits / max(1, hits + misses), 3),
+        "_steady_wall": steady_wall,
+        "_steady_cpu": steady_cpu,
+        "_steady_drawn": steady_drawn,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--smoke", action="store_true", help="2 s of one look (not for reporting)")
+    parser.add_argument("--size", default="512x512", help="WIDTHxHEIGHT")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/avatar.json"))
+    args = parser.parse_args(argv)
+    cv2.setNumThreads(1)
+    size = tuple(int(n) for n in args.size.lower().split("x"))
+    assert len(size) == 2
+    seconds = 2.0 if args.smoke else 10.0
+    looks = ProceduralAvatar(*size).appearances
+    looks = looks[:1] if args.smoke else looks
+    results: dict[str, Any] = {}
+    print(f"avatar render, {size[0]}x{size[1]}, {seconds:g} s at {FPS} fps, one thread")
+    header = (
+        f"{'look':<6} {'phase':<13} {'wall p50':>8} {'p95':>7} {'max':>7} {'cpu p50':>8} {'p95':>7}"
+        f" {'drawn cpu p50':>13} {'p95':>7}"
+    )
+    print(header)
+    for look in looks:
+        r = bench_look(look, (size[0], size[1]), seconds)
+        results[look] = r
+        for phase in ("cold_sprites", "steady"):
+            w, c, d = r[phase]["wall"], r[phase]["cpu"], r[phase]["drawn_cpu"]
+            print(
+                f"{look:<6} {phase:<13} {w['p50_ms']:>8.2f} {w['p95_ms']:>7.2f} {w['max_ms']:>7.2f}"
+                f" {c['p50_ms']:>8.2f} {c['p95_ms']:>7.2f} {d['p50_ms']:>13.2f} {d['p95_ms']:>7.2f}"
+            )
+        print(
+            f"{look:<6} first frame {r['first_frame_ms']:.0f} ms, warm() {r['warm_ms']:.0f} ms,"
+            f" {r['distinct_states']} distinct states in {r['frames']} frames,"
+            f" frame cache hit rate {r['frame_cache_hit_rate']:.1%}"
+        )
+    wall = [v for r in results.values() for v in r.pop("_steady_wall")]
+    cpu = [v for r in results.values() for v in r.pop("_steady_cpu")]
+    drawn = [v for r in results.values() for v in r.pop("_steady_drawn")]
+    summary = {
+        "steady_wall": stats(wall),
+        "steady_cpu": stats(cpu),
+        "steady_drawn_cpu": stats(drawn),
+    }
+    for name, figures in summary.items():
+        print(f"all looks, {name}: p50 {figures['p50_ms']:.2f} ms, p95 {figures['p95_ms']:.2f} ms")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = {
+        "size": list(size),
+        "seconds": seconds,
+        "fps": FPS,
+        "smoke": args.smoke,
+        "looks": results,
+        "summary": summary,
+    }
+    args.out.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""WHIP (RFC 9725) protocol values, free of I/O: trickle ICE SDP fragments (RFC 8840),
+entity-tags of a resource's ICE session, and ICE servers as ``Link`` headers.
+
+This server answers after ICE gathering completes (no server-side trickle), accepts the
+client's trickled candidates through ``PATCH`` and refuses ICE restarts with 422 (RFC 9725
+section 4.3.1: a session supporting trickle but not restarts answers restarts so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from server.config import TransportConfig
+from server.errors import BadRequest, PayloadTooLarge
+
+SDP_TYPE = "application/sdp"
+SDPFRAG_TYPE = "application/trickle-ice-sdpfrag"
+CANDIDATE_TRANSPORTS = ("udp", "tcp")
+
+
+@dataclass(frozen=True)
+class MediaFragment:
+    """One media section of a fragment: its ``mid`` (or index) and the candidates in it.
+
+    ``candidates`` are attribute values without ``a=``, e.g. ``candidate:1 1 udp ...``.
+    """
+
+    mline_index: int
+    mid: str | None = None
+    candidates: tuple[str, ...] = ()
+    end_of_candidates: bool = False
+
+
+@dataclass(frozen=True)
+class SdpFragment:
+    """A parsed ``application/trickle-ice-sdpfrag`` body."""
+
+    ufrag: str | None
+    pwd: str | None
+    media: tuple[MediaFragment, ...] = field(default_factory=tuple)
+
+    @property
+    def candidate_count(self) -> int:
+        return sum(len(m.candidates) for m in self.media)
+
+
+def check_candidate(value: str) -> str:
+    """A ``candidate:`` attribute value of the shape aiortc can parse; BadRequest otherwise."""
+    bits = value.split()
+    try:
+        ok = (
+            len(bits) >= 8
+            and bits[0].startswith("candidate:")
+            and len(bits[0]) > len("candidate:")
+            and 1 <= int(bits[1]) <= 256
+            and bits[2].lower() in CANDIDATE_TRANSPORTS
+            and 0 <= int(bits[3]) < 2**32
+            and 0 <= int(bits[5]) <= 65535
+            and bits[6] == "typ"
+        )
+    except ValueError:
+        ok = False
+    if not ok:
+        raise BadRequest(f"malformed ICE candidate: {value[:120]!r}")
+    return value
+
+
+class _Section:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.mid: str | None = None
+        self.candidates: list[str] = []
+        self.end = False
+
+    def freeze(self) -> MediaFragment:
+        return MediaFragment(self.index, self.mid, tuple(self.candidates), self.end)
+
+
+def parse_sdpfrag(text: str, max_lines: int) -> SdpFragment:
+    """Parse a trickle ICE fragment (RFC 8840): ICE credentials, then per media section its
+    ``a=mid``, ``a=candidate`` and ``a=end-of-candidates`` lines; other attributes are
+    ignored. Lines before any ``m=`` belong to the first media section.
+
+    Raises PayloadTooLarge past ``max_lines`` and BadRequest for malformed content.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > max_lines:
+        raise PayloadTooLarge(f"SDP fragment has {len(lines)} lines; at most {max_lines}")
+    credentials: dict[str, str] = {}
+    sections: list[_Section] = []
+    current: _Section | None = None
+    for line in lines:
+        if len(line) < 2 or line[1] != "=" or not line[0].islower():
+            raise BadRequest(f"malformed SDP fragment line: {line[:80]!r}")
+        kind, value = line[0], line[2:]
+        if kind == "m":
+            current = _Section(len(sections))
+            sections.append(current)
+            continue
+        if kind != "a":
+            continue
+        name, _, rest = value.partition(":")
+        if name in ("ice-ufrag", "ice-pwd"):
+            if not rest or credentials.setdefault(name, rest) != rest:
+                raise BadRequest(f"SDP fragment has conflicting or empty a={name}")
+            continue
+        if name not in ("mid", "candidate", "end-of-candidates"):
+            continue
+        if current is None:
+            current = _Section(0)
+            sections.append(current)
+        if name == "mid":
+            current.mid = rest or None
+        elif name == "candidate":
+            current.candidates.append(check_candidate(value))
+        else:
+            current.end = True
+    return SdpFragment(
+        credentials.get("ice-ufrag"),
+        credentials.get("ice-pwd"),
+        tuple(s.freeze() for s in sections),
+    )
+
+
+def ice_credentials(sdp: str) -> tuple[str | None, str | None]:
+    """The first ``a=ice-ufrag`` and ``a=ice-pwd`` of an SDP (bundle: the transport's)."""
+    ufrag = pwd = None
+    for line in sdp.splitlines():
+        if ufrag is None and line.startswith("a=ice-ufrag:"):
+            ufrag = line.split(":", 1)[1].strip()
+        elif pwd is None and line.startswith("a=ice-pwd:"):
+            pwd = line.split(":", 1)[1].strip()
+    return ufrag, pwd
+
+
+def entity_tag(session_id: str, ufrag: str) -> str:
+    """The strong entity-tag (quoted) of a resource's ICE session; it would change with an
+    ICE restart, which this server does not perform."""
+    digest = hashlib.sha256(f"{session_id}:{ufrag}".encode()).hexdigest()[:24]
+    return f'"{digest}"'
+
+
+def if_match_allows(header: str | None, etag: str) -> bool:
+    """``If-Match`` absent, ``*``, or listing ``etag`` (strong comparison)."""
+    if header is None:
+        return True
+    tags = [t.strip() for t in header.split(",")]
+    return "*" in tags or etag in tags
+
+
+def is_ice_restart(fragment: SdpFragment, current_ufrag: str | None) -> bool:
+    """A fragment with other ICE credentials than the session's asks for an ICE restart."""
+    return fragment.ufrag is not None and fragment.ufrag != current_ufrag
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def ice_server_links(config: TransportConfig) -> list[str]:
+    """The configured STUN/TURN servers as ``Link`` header values (RFC 9725 section 4.6)."""
+    links = []
+    for url in config.ice_urls:
+        link = f'<{url}>; rel="ice-server"'
+        if url.startswith(("turn:", "turns:")) and config.ice_username:
+            link += f"; username={_quoted(config.ice_username)}"
+            link += f"; credential={_quoted(config.ice_credential)}"
+            link += '; credential-type="password"'
+        links.append(link)
+    return links

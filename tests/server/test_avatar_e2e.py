@@ -1,0 +1,140 @@
+"""The avatar through real peers: viseme events ahead of their audio, video on or off."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from server.client import ClientPeer
+from tests.support.faces import StillCamera, draw_face
+from tests.support.server_process import TONE_PIPELINE, ServerProcess
+
+pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
+
+FRAME = 960  # samples per received 20 ms audio frame
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        {"pipeline.factory": TONE_PIPELINE, "transport.max_sessions": "3"},
+        env={"TONE_PIPELINE_MS": "1200", "TONE_PIPELINE_SENTENCES": "2"},
+    ).start()
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def audio_arrival(peer: ClientPeer, position: int) -> float | None:
+    """Client arrival time of the received audio frame holding output ``position`` (samples)."""
+    base = peer.audio_pts[0]
+    for (arrival, _), pts in zip(peer.audio, peer.audio_pts, strict=True):
+        start = (pts - base) % 2**32
+        if start <= position < start + FRAME:
+            return arrival
+    return None
+
+
+async def test_viseme_events_arrive_before_their_audio(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    peer = ClientPeer(server.url)
+    peers.append(peer)
+    await peer.connect()
+    created = await peer.wait_event("session.created")
+    assert created["session"]["video"] is True
+    assert len(created["session"]["appearances"]) >= 2
+    peer.send({"type": "conversation.item.create", "text": "Show me your face"})
+    await peer.wait_event("response.done", timeout=20)
+    await asyncio.sleep(0.3)
+    visemes = [(t, e) for t, e in peer.events if e["type"] == "avatar.viseme"]
+    assert len(visemes) >= 20  # 2 x 1.2 s of 100 ms phonemes
+    assert {e["epoch"] for _, e in visemes} == {0}
+    pts = [e["pts_ms"] for _, e in visemes]
+    assert pts == sorted(pts)
+    margins = []
+    for arrival, event in visemes:
+        heard = audio_arrival(peer, round(event["pts_ms"] * 48))
+        assert heard is not None, event
+        margins.append(heard - arrival)
+    assert min(margins) >= 0, f"a viseme event arrived after its audio: {min(margins):.3f} s"
+    # the audio at each cue's pts is the reply tone (the cue is on the right clock)
+    received = peer.received_audio()
+    base = peer.audio_pts[0]
+    for _, event in visemes[:: max(1, len(visemes) // 8)]:
+        heard_at = round(event["pts_ms"] * 48) - 0
+        index = next(
+            i for i, p in enumerate(peer.audio_pts) if ((p - base) % 2**32) + FRAME > heard_at
+        )
+        chunk = received[index * FRAME : (index + 2) * FRAME]
+        assert np.abs(chunk).max() > 1000, event
+    assert peer.video_count > 25
+
+
+async def test_event_only_client_gets_visemes_without_video(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    peer = ClientPeer(server.url, video=False)
+    peers.append(peer)
+    await peer.connect()
+    created = await peer.wait_event("session.created")
+    assert created["session"]["video"] is False
+    peer.send({"type": "conversation.item.create", "text": "Just the events"})
+    event = await peer.wait_event("avatar.viseme", timeout=15)
+    assert set(event) >= {"pts_ms", "viseme", "weight", "epoch", "name"}
+    assert 0 <= event["viseme"] <= 14 and 0.0 <= event["weight"] <= 1.0
+    await peer.wait_event("response.done", timeout=20)
+    assert peer.video_count == 0
+
+
+async def test_appearance_update_is_validated_and_applied(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    peer = ClientPeer(server.url, video=True)
+    peer.keep_video_frames = 5000
+    peers.append(peer)
+    await peer.connect()
+    created = await peer.wait_event("session.created")
+    names = created["session"]["appearances"]
+    n = len(peer.events)
+    peer.send({"type": "session.update", "session": {"appearance": "robot"}})
+    error = await peer.wait_event("error", after=n)
+    assert "unknown appearance" in error["error"]["message"]
+    deadline = time.monotonic() + 5
+    while len(peer.video_frames) < 10 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    before = peer.video_frames[-1][1].to_ndarray(format="rgb24")
+    peer.send({"type": "session.update", "session": {"appearance": names[1]}})
+    updated = await peer.wait_event("session.updated", after=n)
+    assert updated["appearance"] == names[1]
+    # another look: the picture changes far more than idle motion changes it
+    change = 0.0
+    deadline = time.monotonic() + 10
+    while change <= 8 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        after = peer.video_frames[-1][1].to_ndarray(format="rgb24")
+        change = float(np.abs(after.astype(int) - before.astype(int)).mean())
+    assert change > 8
+
+
+async def test_camera_presence_steers_events_and_the_persona(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    camera = StillCamera(draw_face(cx=200))  # the face left of centre in the user's picture
+    peer = ClientPeer(server.url, camera=camera)
+    peers.append(peer)
+    await peer.connect()
+    await peer.wait_event("session.created")
+    present = await peer.wait_event("vision.presence", timeout=10)
+    assert present["present"] is True and present["x"] < -0.1
+    updated = await peer.wait_event("session.updated", where=lambda e: bool(e["presence"]))
+    assert "in front of the camera" in updated["presence"]
+    n = len(peer.events)
+    camera.image = np.full_like(camera.image, 90)  # the user walks away
+    away = await peer.wait_event("vision.presence", timeout=10, after=n)
+    assert away["present"] is False and away["state"] == "away"
+    updated = await peer.wait_event("session.updated", after=n)
+    assert "stepped away" in updated["presence"]

@@ -1,0 +1,271 @@
+"""Soak and dead-peer reaper: clients that vanish without a goodbye leave nothing behind.
+
+Vanishing clients run in a subprocess (tests/support/vanishing_clients.py) that is SIGKILLed once
+its peers are connected and hear the server: no DELETE, no DTLS/SCTP goodbye, the ICE sockets
+are simply gone. aiortc alone would notice after ~30 s of failed consent checks; the server's
+reaper closes a connected peer whose audio stopped for ``transport.dead_peer_timeout_s`` (2 s
+here). The server reports its own RSS, open descriptors, asyncio tasks, sessions and live
+PeerSession objects (/healthz, /debug/sessions); the soak compares them before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pytest
+
+from server.client import ClientPeer
+from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
+
+pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
+
+DEAD_PEER_TIMEOUT_S = 2.0
+SOAK_CYCLES = 200  # connect / vanish cycles
+BATCH = 10  # peers per vanishing subprocess (connected at once)
+WARMUP_BATCHES = 3  # before the "before" figures: RSS grows ~40 MB over these, then stays
+MAX_SESSIONS = 40  # room for the batches still waiting to be reaped
+RSS_GROWTH_LIMIT = 50 * 1024 * 1024
+READY_TIMEOUT_S = 60.0
+AVATAR_SIDE = 128  # px; 256 cached frames of 128x128 RGB are 12.6 MB
+SETTLE_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        {
+            "pipeline.factory": TONE_PIPELINE,
+            "transport.max_sessions": str(MAX_SESSIONS),
+            "transport.dead_peer_timeout_s": str(DEAD_PEER_TIMEOUT_S),
+            "transport.connect_timeout_s": "10",
+            "transport.session_rate_per_min": "0",  # every client comes from one address
+            "server.debug_endpoints": "true",
+            # the renderer's shared frame cache (256 frames: ~200 MB at 512x512) fills over the
+            # first ~100 video sessions and then stays; small frames keep it out of the figure
+            "transport.video_width": str(AVATAR_SIDE),
+            "transport.video_height": str(AVATAR_SIDE),
+        },
+        env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "2"},
+    ).start()
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def debug(server: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=10) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def live_ids(server: ServerProcess) -> set[str]:
+    return {s["session_id"] for s in debug(server)["live"]}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the server process holds (its own report)."""
+
+    sessions: int
+    tasks: int
+    open_fds: int
+    rss_bytes: int
+    peer_objects: int
+
+
+async def settled(server: ServerProcess, sessions: int) -> Figures:
+    """The server's figures once ``sessions`` are left and its task count has stopped moving."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    last: dict[str, Any] | None = None
+    while True:
+        health = server.health()
+        steady = last is not None and health["tasks"] == last["tasks"]
+        if (health["sessions"] == sessions and steady) or time.monotonic() > deadline:
+            break
+        last = health
+        await asyncio.sleep(DEAD_PEER_TIMEOUT_S / 2)
+    await asyncio.sleep(1.5)  # one reaper tick: the heap is trimmed after closes
+    health = server.health()
+    return Figures(
+        health["sessions"],
+        health["tasks"],
+        health["open_fds"],
+        health["rss_bytes"],
+        debug(server)["peer_objects"],
+    )
+
+
+class VanishingClients:
+    """A subprocess holding ``count`` connected peers until it is killed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.session_ids: list[str] = []
+
+    @classmethod
+    async def start(cls, server: ServerProcess, count: int, video_every: int) -> VanishingClients:
+        """Once the server has room for ``count`` more (earlier batches may still be
+        waiting for the reaper), a subprocess with ``count`` connected peers."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while server.health()["sessions"] + count > MAX_SESSIONS:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server never had room for the next batch")
+            await asyncio.sleep(0.2)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.support.vanishing_clients",
+            server.url,
+            str(count),
+            "--video-every",
+            str(video_every),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        clients = cls(proc)
+        try:
+            await asyncio.wait_for(clients._ready(), READY_TIMEOUT_S)
+        except BaseException:
+            await clients.kill()
+            raise
+        return clients
+
+    async def _ready(self) -> None:
+        assert self.proc.stdout is not None
+        while True:
+            line = (await self.proc.stdout.readline()).decode().strip()
+            if not line:
+                raise RuntimeError(f"vanishing clients exited ({self.proc.returncode})")
+            if line == "ready":
+                return
+            kind, _, session_id = line.partition(" ")
+            if kind == "connected":
+                self.session_ids.append(session_id)
+
+    async def kill(self) -> None:
+        """SIGKILL: the peers vanish without a word."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+
+
+async def wait_gone(server: ServerProcess, ids: set[str], timeout_s: float) -> float:
+    """Seconds until none of ``ids`` is a live session (TimeoutError after ``timeout_s``)."""
+    started = time.monotonic()
+    while ids & live_ids(server):
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"sessions still live after {timeout_s} s")
+        await asyncio.sleep(0.1)
+    return time.monotonic() - started
+
+
+async def keep_talking(peer: ClientPeer, replies: list[str], stop: asyncio.Event) -> None:
+    """Ask for one reply after another until ``stop`` is set; the last one plays out."""
+    while not stop.is_set():
+        n = len(peer.events)
+        peer.send({"type": "conversation.item.create", "text": "keep talking"})
+        done = await peer.wait_event("response.done", timeout=30, after=n)
+        replies.append(done["status"])
+
+
+async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess) -> None:
+    clients = await VanishingClients.start(server, 1, video_every=0)
+    (session_id,) = clients.session_ids
+    assert session_id in live_ids(server)
+    await clients.kill()
+    # aiortc's own consent checks would take ~30 s; the reaper acts after the timeout
+    reaped_after_s = await wait_gone(server, {session_id}, timeout_s=15)
+    print(f"vanished client reaped {reaped_after_s:.2f} s after SIGKILL")
+    closed = [s for s in debug(server)["closed"] if s["session_id"] == session_id]
+    assert closed and closed[0]["state"] == "closed"
+    assert debug(server)["reaped_total"] >= 1
+
+
+async def test_idle_peer_is_reaped_and_a_talking_one_is_not(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    live = ClientPeer(server.url, video=False)
+    idle = ClientPeer(server.url, video=False)
+    peers += [live, idle]
+    await live.connect()
+    await idle.connect()
+    assert {live.session_id, idle.session_id} <= live_ids(server)
+    idle.mic.stop()  # ICE and DTLS stay up, but no more audio: a zombie holding a slot
+    await wait_gone(server, {str(idle.session_id)}, timeout_s=15)
+    deadline = time.monotonic() + 10
+    while idle.pc.connectionState not in ("closed", "failed") and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert idle.pc.connectionState in ("closed", "failed")  # the client is told: DTLS close
+    # the peer that keeps sending audio outlives several timeouts and still gets replies
+    await asyncio.sleep(2 * DEAD_PEER_TIMEOUT_S)
+    assert live.session_id in live_ids(server)
+    n = len(live.events)
+    live.send({"type": "conversation.item.create", "text": "still here?"})
+    assert (await live.wait_event("response.done", timeout=15, after=n))["status"] == "completed"
+
+
+@pytest.mark.timeout(300)
+async def test_soak_vanishing_clients_leave_nothing_behind(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    started = time.monotonic()
+    bystander = ClientPeer(server.url, video=False)
+    peers.append(bystander)
+    await bystander.connect()
+    await settled(server, 1)
+    for _ in range(WARMUP_BATCHES):  # codecs, thread pools, the renderer's caches
+        warm = await VanishingClients.start(server, BATCH, video_every=2)
+        await warm.kill()
+    before = await settled(server, 1)
+    reaped_before = debug(server)["reaped_total"]
+
+    replies: list[str] = []
+    stop = asyncio.Event()
+    talker = asyncio.get_running_loop().create_task(keep_talking(bystander, replies, stop))
+    vanished: set[str] = set()
+    try:
+        while len(vanished) < SOAK_CYCLES:
+            clients = await VanishingClients.start(server, BATCH, video_every=2)
+            assert len(clients.session_ids) == BATCH
+            if not vanished:  # the figures do see live sessions
+                during = server.health()
+                assert during["sessions"] > BATCH and during["open_fds"] > before.open_fds
+            vanished.update(clients.session_ids)
+            await clients.kill()
+        await wait_gone(server, vanished, timeout_s=SETTLE_TIMEOUT_S)
+        bystander_view = next(
+            s for s in debug(server)["live"] if s["session_id"] == bystander.session_id
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(talker, 30)
+    after = await settled(server, 1)
+    reaped = debug(server)["reaped_total"] - reaped_before
+    figures = {
+        "cycles": len(vanished),
+        "reaped": reaped,
+        "before": asdict(before),
+        "after": asdict(after),
+        "rss_growth_mb": round((after.rss_bytes - before.rss_bytes) / 2**20, 1),
+        "bystander_replies": replies.count("completed"),
+        "bystander_underruns": bystander_view["underruns"],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print("soak figures:", json.dumps(figures))
+
+    assert len(vanished) >= SOAK_CYCLES
+    assert reaped == len(vanished)  # every vanished peer was closed by the reaper
+    assert after.sessions == 1 and after.peer_objects == 1  # only the bystander
+    assert after.tasks <= before.tasks
+    assert after.open_fds <= before.open_fds
+    assert after.rss_bytes - before.rss_bytes <= RSS_GROWTH_LIMIT
+    # the session that stayed never noticed
+    assert bystander.session_id in live_ids(server)
+    assert replies and set(replies) == {"completed"}
+    assert bystander_view["underruns"] == 0

@@ -1,0 +1,441 @@
+"""The demo page in a real browser: Debian's Chromium (playwright) against the server process.
+
+The fake microphone plays espeak-ng speech (looped, with silence after it so that each turn
+ends). Transcripts come from the real recogniser (Whisper), replies from the tone pipeline, so
+the test knows how long the avatar speaks. Set ``WEB_TEST_SCREENSHOT=path.png`` to save a
+screenshot of the page mid-conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+from playwright.sync_api import Browser, Page, Playwright, sync_playwright
+
+from tests.support.browser import (
+    PHONE,
+    camera_frames_sent,
+    inbound_stats,
+    launch,
+    open_page,
+    write_wav,
+)
+from tests.support.server_process import ServerProcess
+from tests.support.speech import silence, speak
+
+pytestmark = pytest.mark.timeout(90)
+
+QUESTION = "What is the capital of France, and how many people live there?"
+LEAD_MS = 1000  # silence before the question: the call is up before the user speaks
+TAIL_MS = 5000  # silence after it: the turn ends, the reply plays, then the loop repeats
+PIPELINE = "tests.web.whisper_tone:create"
+SENTENCE_MS = 1500
+SENTENCES = 4  # a 6 s reply: the looped question comes back while it plays (a barge-in)
+NO_FIGURE = "\u2013"  # what the latency panel shows before a figure is known
+QUIET = 0.001  # inbound-rtp audioLevel below this: silence
+
+T = TypeVar("T")
+
+
+def wait_for(
+    check: Callable[[], T | None], timeout: float, what: str, page: Page | None = None
+) -> T:
+    """Poll ``check`` every 0.1 s until it returns something truthy; fail naming ``what`` (and
+    the events ``page`` received)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            seen = "" if page is None else f"; page events: {event_summary(page)}"
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
+        time.sleep(0.1)
+
+
+def event_summary(page: Page) -> str:
+    """The page's received events in order, runs of one type counted (for failure messages)."""
+    runs: list[list[Any]] = []
+    for event in events(page):
+        label = event["type"] + (f"({event['status']})" if "status" in event else "")
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in runs)
+
+
+def events(page: Page, kind: str | None = None) -> list[dict[str, Any]]:
+    """Server events the page received (``kind``: only that type)."""
+    received: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.events")
+    return [e for e in received if kind is None or e["type"] == kind]
+
+
+def sent(page: Page, kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.sent")
+    return [e for e in out if e["type"] == kind]
+
+
+def reveals_so_far(page: Page, at_least: int) -> list[dict[str, Any]]:
+    """When the page showed each chunk's words (``id``, ``agent``: the reply's level then)."""
+    reveals: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.reveals")
+    return reveals if len(reveals) >= at_least else []
+
+
+def state(page: Page) -> str:
+    return str(page.evaluate("() => window.avatarDemo.state"))
+
+
+def debug_session(
+    server: ServerProcess, session_id: str, which: tuple[str, ...] = ("live", "closed")
+) -> dict[str, Any] | None:
+    """The server's figures of one session (None if not in the ``which`` lists)."""
+    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=5) as resp:
+        data = json.loads(resp.read())
+    sessions = [s for name in which for s in data[name] if s["session_id"] == session_id]
+    return dict(sessions[0]) if sessions else None
+
+
+def live_session(server: ServerProcess, session_id: str) -> dict[str, Any]:
+    found = debug_session(server, session_id, ("live",))
+    assert found is not None, f"session {session_id} is not live"
+    return found
+
+
+def audio_level(page: Page) -> float:
+    stats = inbound_stats(page)
+    return float(stats["audio"]["audioLevel"]) if stats and stats["audio"] else 0.0
+
+
+def frames_decoded(page: Page) -> int:
+    stats = inbound_stats(page)
+    return int(stats["video"]["framesDecoded"]) if stats and stats["video"] else 0
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9 ]", " ", text.lower()).split()
+
+
+def start(page: Page) -> str:
+    """Press Start; returns the session id once the page shows it is connected."""
+    page.click("#start")
+    wait_for(lambda: state(page) == "connected", 20, "the page to connect")
+    assert page.get_attribute("#state", "data-state") == "connected"
+    assert page.inner_text("#state-text") == "Connected"
+    return str(page.evaluate("() => window.avatarDemo.sessionId"))
+
+
+def stop(page: Page, server: ServerProcess) -> None:
+    page.click("#stop")
+    assert state(page) == "idle"
+    wait_for(lambda: server.health()["sessions"] == 0, 10, "the server to close the session")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        {
+            "pipeline.factory": PIPELINE,
+            "server.debug_endpoints": "true",
+            "transport.max_sessions": "1",
+        },
+        env={"TONE_PIPELINE_MS": str(SENTENCE_MS), "TONE_PIPELINE_SENTENCES": str(SENTENCES)},
+    ).start(timeout=60)
+    yield proc
+    assert proc.stop() == 0, proc.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def pw() -> Iterator[Playwright]:
+    with sync_playwright() as playwright:
+        yield playwright
+
+
+@pytest.fixture(scope="module")
+def talking(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """A browser whose microphone asks the question, again and again."""
+    pcm = np.concatenate([silence(LEAD_MS), speak(QUESTION), silence(TAIL_MS)])
+    browser = launch(pw, write_wav(tmp_path_factory.mktemp("mic") / "question.wav", pcm))
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def quiet(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """A browser whose microphone hears silence."""
+    browser = launch(pw, write_wav(tmp_path_factory.mktemp("mic") / "silence.wav", silence(1000)))
+    yield browser
+    browser.close()
+
+
+def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
+    errors: list[str] = []
+    requests: list[str] = []
+    with open_page(talking, server.url, errors=errors, requests=requests) as page:
+        assert page.title().startswith("Avatar")
+        # the fake microphone has no echo path, as with headphones: echo cancellation off (on,
+        # Chromium damps the voice for seconds while the avatar talks)
+        page.check("#headphones")
+        session_id = start(page)
+        assert server.health()["sessions"] == 1
+        created = events(page, "session.created")[0]["session"]
+
+        # persona and appearance go to the server as session.update
+        page.select_option("#persona", label="Tour guide")
+        appearance = next(iter(created.get("appearances") or []), "default")
+        page.select_option("#appearance", value=appearance)
+        wait_for(
+            lambda: [e for e in events(page, "session.updated") if e["appearance"] == appearance],
+            10,
+            "session.updated with the appearance",
+            page,
+        )
+        updates = [e["session"] for e in sent(page, "session.update")]
+        assert {"appearance": appearance} in updates and any("persona" in u for u in updates)
+        wait_for(
+            lambda: (
+                page.get_attribute("#conditions", "data-appearance") == appearance
+                and "Tour guide" in page.inner_text("#conditions")
+            ),
+            10,
+            "the applied conditions on the page",
+        )
+
+        # the server hears the question; the page shows partial, then final transcripts
+        wait_for(lambda: events(page, "input_audio_buffer.speech_started"), 15, "speech", page)
+        partial = wait_for(
+            lambda: page.query_selector('.msg.user[data-state="partial"] .text'),
+            15,
+            "a partial transcript",
+            page,
+        )
+        assert partial.inner_text().strip()
+        final = wait_for(
+            lambda: page.query_selector('.msg.user[data-state="final"] .text'),
+            20,
+            "the final transcript",
+            page,
+        ).inner_text()
+        assert {"capital", "france", "people"} <= set(words(final)), final
+        completed = events(page, "conversation.item.input_audio_transcription.completed")[0]
+        assert completed["transcript"] == final
+        history = live_session(server, session_id)["history"]
+        assert history[0] == {"role": "user", "text": final, "epoch": 0, "truncated": False}
+
+        # the reply is heard and seen
+        wait_for(lambda: audio_level(page) > 0.01, 15, "reply audio (inbound-rtp audioLevel)")
+        assert created["video"] is True
+        before = frames_decoded(page)
+        wait_for(lambda: frames_decoded(page) > before + 10, 5, "video frames to decode")
+        assert page.get_attribute("#screen", "data-video") == "playing"
+        spoken = wait_for(
+            lambda: page.query_selector_all('.msg.agent .chunk:not([data-state="queued"])'),
+            5,
+            "the reply's words on the page",
+        )
+        assert spoken[0].inner_text().startswith("Tone number 1")
+        # each chunk's words appeared when its audio was playing, in order
+        reveals = wait_for(lambda: reveals_so_far(page, 2), 5, "the second chunk's words", page)
+        assert [r["id"] for r in reveals] == sorted(r["id"] for r in reveals)
+        assert all(r["agent"] > 0.005 for r in reveals), reveals
+        acks = wait_for(lambda: sent(page, "playback.ack"), 5, "playback acknowledgements")
+        assert acks[-1]["played_ms"] > 0
+
+        # the looped question comes back while the avatar talks: a barge-in by voice
+        truncated = wait_for(
+            lambda: events(page, "conversation.item.truncated"), 15, "a barge-in", page
+        )[0]
+        assert truncated["epoch"] == 0
+        cut = page.query_selector(f'.chunk[data-chunk-id="{truncated["chunk_id"]}"]')
+        assert cut is not None and cut.get_attribute("data-state") == "truncated"
+        heard = cut.query_selector(".heard")
+        assert heard is not None and heard.inner_text() == truncated["heard_text"]
+        dropped = page.query_selector_all('.msg.agent[data-epoch="0"] del.dropped')
+        assert dropped, "the unplayed remainder is struck through"
+        assert "interrupted" in (page.text_content('.msg.agent[data-epoch="0"] .who') or "")
+        wait_for(
+            lambda: page.inner_text("#lat-barge") != NO_FIGURE, 5, "the barge-in reaction figure"
+        )
+        assert live_session(server, session_id)["barge_in_reactions_ms"]
+        assert page.inner_text("#lat-v2v").endswith("ms")
+        for figure in ("#lat-rtt", "#lat-jitter", "#lat-lost"):
+            assert page.inner_text(figure) != NO_FIGURE, figure
+        shot = os.environ.get("WEB_TEST_SCREENSHOT")
+        if shot:
+            page.screenshot(path=shot)
+
+        # the second reply: the Interrupt button silences it
+        wait_for(
+            lambda: [e for e in events(page, "response.created") if e["epoch"] == 1],
+            20,
+            "the reply to the second question",
+        )
+        wait_for(lambda: audio_level(page) > 0.01, 10, "the second reply's audio")
+        page.click("#interrupt")
+        assert sent(page, "response.cancel")
+        done = wait_for(
+            lambda: [e for e in events(page, "response.done") if e["epoch"] == 1], 5, "cancel"
+        )[0]
+        assert done["status"] == "cancelled"
+        wait_for(lambda: audio_level(page) < QUIET, 3, "the reply to go silent")
+        assert not events(page, "error"), events(page, "error")
+        assert not errors, errors
+        # everything the page loaded came from the server itself (no CDN, no fonts)
+        assert requests and all(u.startswith(server.url + "/") for u in requests), requests
+
+        stop(page, server)
+        closed = wait_for(
+            lambda: debug_session(server, session_id, ("closed",)), 5, "the closed session"
+        )
+        assert closed["state"] == "closed"
+
+
+def test_typed_message_and_camera_on_a_phone_sized_screen(
+    server: ServerProcess, quiet: Browser
+) -> None:
+    with open_page(quiet, server.url, viewport=PHONE) as page:
+        page.select_option("#camera", index=1)  # Chromium's fake camera
+        start(page)
+        assert page.is_visible("#self-view")
+        wait_for(lambda: camera_frames_sent(page) > 5, 10, "camera frames sent")
+        page.fill("#message", "Hello by keyboard")
+        page.press("#message", "Enter")
+        typed = wait_for(lambda: page.query_selector(".msg.user.typed .text"), 5, "typed bubble")
+        assert typed.inner_text() == "Hello by keyboard"
+        item = sent(page, "conversation.item.create")[0]["item"]
+        assert item["content"][0]["text"] == "Hello by keyboard"
+        wait_for(
+            lambda: page.query_selector('.msg.agent .chunk:not([data-state="queued"])'),
+            10,
+            "the reply's words",
+        )
+        # nothing sticks out sideways at 390 px, with the conversation filled in
+        overflow = page.evaluate(
+            """() => {
+              const width = document.documentElement.clientWidth;
+              const wide = [...document.querySelectorAll('body *')].filter((el) => {
+                const r = el.getBoundingClientRect();
+                return r.width > 0 && r.right > width + 1;
+              }).map((el) => el.id || el.className || el.tagName);
+              return {width, scroll: document.documentElement.scrollWidth, wide};
+            }"""
+        )
+        assert overflow["width"] == PHONE["width"]
+        assert overflow["scroll"] <= PHONE["width"], overflow
+        assert overflow["wide"] == [], overflow
+        assert page.is_visible("#start") and page.is_visible("#interrupt")
+        # Escape interrupts too
+        page.press("body", "Escape")
+        done = wait_for(lambda: events(page, "response.done"), 5, "the reply to end")[0]
+        assert done["status"] == "cancelled"
+        stop(page, server)
+
+
+def test_server_full_is_explained(server: ServerProcess, quiet: Browser) -> None:
+    with open_page(quiet, server.url) as first, open_page(quiet, server.url) as second:
+        start(first)
+        second.click("#start")
+        wait_for(lambda: state(second) == "error", 15, "the second page to give up")
+        assert second.is_visible("#notice")
+        text = second.inner_text("#notice-text")
+        assert "server is full" in text and "Try again in 5 s" in text, text
+        assert second.inner_text("#state-text") == "Server full"
+        assert second.is_enabled("#start")
+        assert server.health()["sessions"] == 1  # the refused call left nothing behind
+        stop(first, server)
+
+
+def test_lost_and_unreachable_server_are_explained(quiet: Browser) -> None:
+    gone = ServerProcess({"pipeline.factory": "", "transport.video": "false"}).start()
+    with open_page(quiet, gone.url) as page:
+        start(page)
+        assert gone.stop() == 0  # the server goes away mid-call
+        wait_for(lambda: state(page) == "error", 10, "the page to notice", page)
+        assert "closed the conversation" in page.inner_text("#notice-text")
+        page.click("#start")
+        wait_for(lambda: state(page) == "error", 20, "the page to give up")
+        text = page.inner_text("#notice-text")
+        assert "Cannot reach the server" in text and gone.url in text, text
+        assert page.is_enabled("#start") and not page.is_enabled("#stop")
+
+
+def test_denied_microphone_is_explained(
+    server: ServerProcess, pw: Playwright, tmp_path: Path
+) -> None:
+    browser = launch(pw, write_wav(tmp_path / "silence.wav", silence(1000)), grant_media=False)
+    try:
+        denied_microphone(server, browser)
+    finally:
+        browser.close()
+
+
+def denied_microphone(server: ServerProcess, browser: Browser) -> None:
+    with open_page(browser, server.url) as page:
+        cdp = page.context.new_cdp_session(page)
+        cdp.send(
+            "Browser.setPermission",
+            {"permission": {"name": "microphone"}, "setting": "denied", "origin": server.url},
+        )
+        page.click("#start")
+        wait_for(lambda: state(page) == "error", 10, "the page to give up")
+        text = page.inner_text("#notice-text")
+        assert "Microphone permission was denied" in text, text
+        assert server.health()["sessions"] == 0  # no call was attempted
+
+
+FOLLOWER_JS = """
+async () => {
+  const { SpeechFollower } = await import('/static/spoken.js');
+  const out = {};
+  // placed chunks (from viseme pts): the first at the reply's first sound, which also learns
+  // the offset between the browser's played time and the server's timeline
+  let f = new SpeechFollower();
+  f.add(1, 'First sentence.');
+  f.add(2, 'Second sentence.');
+  f.place(1, 1000);
+  f.place(2, 2500);
+  out.silent = f.update(0, false, 900);
+  out.first = f.update(20, true, 1100);
+  out.offset = f.offsetMs;
+  out.early = f.update(1500, true, 2550);
+  out.second = f.update(1560, true, 2610);
+  // by sound (no visemes): the next chunk after its estimated length, or at a pause
+  f = new SpeechFollower(50);
+  f.add(1, 'x'.repeat(20));
+  f.add(2, 'y'.repeat(20));
+  f.add(3, 'z'.repeat(20));
+  const steps = [];
+  for (let t = 0; t <= 1000; t += 20) steps.push([t, f.update(t, true)]);
+  for (let t = 1020; t <= 1600; t += 20) steps.push([t, f.update(t, true)]);
+  for (let t = 1620; t <= 1800; t += 20) f.update(t, false); // a pause after half of chunk 2
+  out.bySound = steps.filter(([, ids]) => ids.length);
+  out.afterPause = f.update(1820, true);
+  out.remaining = f.finish();
+  out.learnt = f.msPerChar;
+  return out;
+}
+"""
+
+
+def test_speech_follower_reveals_chunks_when_their_audio_plays(
+    server: ServerProcess, quiet: Browser
+) -> None:
+    with open_page(quiet, server.url) as page:
+        out = page.evaluate(FOLLOWER_JS)
+    assert out["silent"] == []
+    assert out["first"] == [1] and out["offset"] == -100
+    assert out["early"] == []  # 2550 - 100 < 2500
+    assert out["second"] == [2]
+    assert out["bySound"] == [[0, [1]], [1000, [2]]]  # 20 chars x 50 ms
+    assert out["afterPause"] == [3]
+    assert out["remaining"] == []
+    assert 25 <= out["learnt"] <= 200

@@ -1,0 +1,656 @@
+// The demo page: start/stop a call, show the avatar and the conversation, the latency figures,
+// and acknowledge playback. Plain ES modules, no build step, nothing from the network but the
+// server itself.
+
+import { AvatarConnection, ConnectError, listDevices, openCamera, openMicrophone } from './rtc.js';
+import { LevelMeter, VoiceActivity } from './level.js';
+import { EventLog, LatencyPanel } from './panels.js';
+import { readStats } from './stats.js';
+import { SpeechFollower } from './spoken.js';
+import { Conversation } from './transcript.js';
+
+const LEVEL_TICK_MS = 20;
+const STATS_TICK_MS = 250; // also the playback acknowledgement interval while a reply plays
+const AGENT_SOUND = 0.01; // RMS above this: the avatar's audio is audible
+const MIC_SOUND = 0.02;
+const ACK_AFTER_DONE_MS = 1000;
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  state: $('state'),
+  stateText: $('state-text'),
+  screen: $('screen'),
+  avatar: $('avatar'),
+  placeholderText: $('placeholder-text'),
+  selfView: $('self-view'),
+  turn: $('turn'),
+  presence: $('presence'),
+  micLevel: $('mic-level'),
+  agentLevel: $('agent-level'),
+  notice: $('notice'),
+  noticeText: $('notice-text'),
+  start: $('start'),
+  stop: $('stop'),
+  interrupt: $('interrupt'),
+  mic: $('mic'),
+  camera: $('camera'),
+  headphones: $('headphones'),
+  persona: $('persona'),
+  appearance: $('appearance'),
+  conditions: $('conditions'),
+  composer: $('composer'),
+  message: $('message'),
+  send: $('send'),
+  events: $('events'),
+  lat: {
+    v2v: $('lat-v2v'),
+    v2vDetail: $('lat-v2v-detail'),
+    barge: $('lat-barge'),
+    bargeDetail: $('lat-barge-detail'),
+    rtt: $('lat-rtt'),
+    jitter: $('lat-jitter'),
+    lost: $('lat-lost'),
+    video: $('lat-video'),
+    videoDetail: $('lat-video-detail'),
+  },
+};
+
+const STATE_TEXT = {
+  idle: 'Not connected',
+  starting: 'Opening the microphone…',
+  connecting: 'Connecting…',
+  connected: 'Connected',
+  reconnecting: 'Connection unstable…',
+  error: 'Not connected',
+};
+
+const TURN_TEXT = {
+  listening: 'Listening',
+  user: 'Hearing you',
+  thinking: 'Thinking…',
+  speaking: 'Speaking',
+};
+
+const conversation = new Conversation($('conversation'));
+const latency = new LatencyPanel(ui.lat);
+const log = new EventLog(ui.events);
+
+// Everything a running call owns; `null` between calls.
+let call = null;
+let pageState = 'idle';
+let follower = new SpeechFollower();
+// Exposed for tests and for curious developers (window.avatarDemo in the console).
+const demo = {
+  get state() {
+    return pageState;
+  },
+  get pc() {
+    return call ? call.connection.pc : null;
+  },
+  get sessionId() {
+    return call ? call.connection.sessionId : null;
+  },
+  events: [],
+  sent: [],
+  reveals: [], // {id, at, played, agent}: when each chunk's words were shown
+  acks: { count: 0, lastPlayedMs: 0 },
+  get figures() {
+    return latency.figures;
+  },
+  stats: null,
+  level: { mic: 0, agent: 0 },
+};
+window.avatarDemo = demo;
+
+function setState(next, text) {
+  const old = pageState;
+  pageState = next;
+  ui.state.dataset.state = next;
+  ui.stateText.textContent = text || STATE_TEXT[next];
+  if (old !== next) console.info(`page: ${old} -> ${next}`);
+  const live = next === 'starting' || next === 'connecting' || next === 'connected' || next === 'reconnecting';
+  ui.start.disabled = live;
+  ui.stop.disabled = !live;
+  const talking = next === 'connected' || next === 'reconnecting';
+  ui.message.disabled = !talking;
+  ui.send.disabled = !talking;
+  if (!talking) {
+    ui.interrupt.disabled = true;
+    setTurn(null);
+  }
+}
+
+function setTurn(turn) {
+  ui.turn.hidden = !turn;
+  if (turn) {
+    ui.turn.dataset.turn = turn;
+    ui.turn.textContent = TURN_TEXT[turn];
+  }
+}
+
+function showNotice(text, kind = 'error') {
+  ui.notice.dataset.kind = kind;
+  ui.noticeText.textContent = text;
+  ui.notice.hidden = false;
+}
+
+function hideNotice() {
+  ui.notice.hidden = true;
+}
+
+function explain(err) {
+  if (!(err instanceof ConnectError)) return `Something went wrong: ${err && err.message ? err.message : err}`;
+  switch (err.kind) {
+    case 'permission':
+      return `${err.message} Allow microphone access for this site (the icon in the address bar), then press Start again.`;
+    case 'no-device':
+      return `${err.message} Connect a microphone, choose it in the list and press Start again.`;
+    case 'device-busy':
+      return `${err.message} Another application may be using it; close it or choose another device.`;
+    case 'full': {
+      const retry = err.detail.retryAfterS ? ` Try again in ${err.detail.retryAfterS} s.` : ' Try again shortly.';
+      return `The server is full: every conversation slot is taken (${err.message}).${retry}`;
+    }
+    case 'unreachable':
+      return `${err.message} Check that the server is running and the network is up, then press Start again.`;
+    case 'timeout':
+      return `${err.message} The network may block WebRTC (UDP); try again or ask for a TURN server.`;
+    default:
+      return err.message;
+  }
+}
+
+// --- devices ----------------------------------------------------------------------------------
+function fillSelect(select, devices, firstLabel) {
+  const chosen = select.value;
+  select.replaceChildren(new Option(firstLabel, ''));
+  for (const d of devices) select.append(new Option(d.label, d.deviceId));
+  if ([...select.options].some((o) => o.value === chosen)) select.value = chosen;
+}
+
+/** Show the device a track actually uses (the browser may have picked the default). */
+function selectDevice(select, track) {
+  const id = track && track.getSettings().deviceId;
+  if (id && [...select.options].some((o) => o.value === id)) select.value = id;
+}
+
+async function refreshDevices() {
+  try {
+    const { mics, cameras } = await listDevices();
+    fillSelect(ui.mic, mics, 'Default microphone');
+    fillSelect(ui.camera, cameras, 'No camera');
+  } catch (err) {
+    console.warn('cannot list devices', err);
+  }
+}
+
+// --- the call -----------------------------------------------------------------------------------
+/** An AudioContext for the level meters (created on the Start click), or null without WebAudio. */
+function openAudioContext() {
+  try {
+    const context = new AudioContext();
+    context.resume().catch(() => {});
+    return context;
+  } catch (err) {
+    console.warn('no WebAudio: levels come from getStats', err);
+    return null;
+  }
+}
+
+/** A level meter on `track`, or null (the reply's level then comes from getStats). */
+function meter(context, track) {
+  if (!context) return null;
+  try {
+    return new LevelMeter(context, track);
+  } catch (err) {
+    console.warn('no level meter', err);
+    return null;
+  }
+}
+
+async function start() {
+  if (call) return;
+  hideNotice();
+  setState('starting');
+  const audioContext = openAudioContext();
+  call = {
+    connection: new AvatarConnection('.'),
+    audioContext,
+    mic: null,
+    camera: null,
+    micMeter: null,
+    agentMeter: null,
+    micVoice: new VoiceActivity(MIC_SOUND, 250),
+    agentVoice: new VoiceActivity(AGENT_SOUND, 150),
+    timers: [],
+    session: null,
+    response: null, // the reply in progress: {epoch, firstSoundMs, voiceEndMs, pageV2V}
+    lastDoneMs: -Infinity,
+    userVoiceEndMs: null,
+    barge: null, // {t0, source}
+    lastAckMs: -1,
+    lastResponse: null, // the reply that ended last (its timings follow its response.done)
+    played: null, // {ms: output timeline played, at: performance.now() of the reading}
+  };
+  const current = call;
+  try {
+    current.mic = await openMicrophone(ui.mic.value, !ui.headphones.checked);
+    if (ui.camera.value) {
+      try {
+        current.camera = await openCamera(ui.camera.value);
+      } catch (err) {
+        showNotice(`${explain(err)} Continuing without the camera.`, 'warn');
+      }
+    }
+    if (call !== current) {
+      stopTracks(current); // Stop was pressed while the browser asked for permission
+      return;
+    }
+    await refreshDevices();
+    selectDevice(ui.mic, current.mic);
+    selectDevice(ui.camera, current.camera);
+    current.micMeter = meter(audioContext, current.mic);
+    showSelfView(current.camera);
+    setState('connecting');
+    const { connection } = current;
+    connection.addEventListener('message', (e) => onServerEvent(e.detail));
+    connection.addEventListener('track', (e) => onRemoteStream(e.detail));
+    connection.addEventListener('state', (e) => onConnectionState(e.detail));
+    connection.addEventListener('lost', (e) => fail(e.detail));
+    await connection.start(current.mic, current.camera);
+    if (call !== current) return;
+    current.timers.push(setInterval(levelTick, LEVEL_TICK_MS), setInterval(statsTick, STATS_TICK_MS));
+    if (!current.session) setState('connecting', 'Waiting for the server…');
+  } catch (err) {
+    if (call === current) fail(err);
+  }
+}
+
+function fail(err) {
+  console.warn('call failed', err);
+  teardown();
+  setState('error', err instanceof ConnectError && err.kind === 'full' ? 'Server full' : 'Not connected');
+  showNotice(explain(err));
+}
+
+function stop() {
+  if (!call) return;
+  teardown();
+  setState('idle', 'Stopped');
+}
+
+function teardown() {
+  const current = call;
+  call = null;
+  if (!current) return;
+  current.timers.forEach(clearInterval);
+  current.connection.stop();
+  stopTracks(current);
+  if (current.micMeter) current.micMeter.close();
+  if (current.agentMeter) current.agentMeter.close();
+  if (current.audioContext) current.audioContext.close().catch(() => {});
+  ui.avatar.srcObject = null;
+  ui.screen.dataset.video = 'none';
+  ui.screen.style.removeProperty('--vw');
+  ui.screen.style.removeProperty('--vh');
+  ui.placeholderText.innerHTML = 'Press <strong>Start</strong> to talk again.';
+  showSelfView(null);
+  ui.presence.hidden = true;
+  ui.micLevel.style.width = '0';
+  ui.agentLevel.style.width = '0';
+  if (current.response) conversation.responseDone(current.response.epoch, 'cancelled', []);
+  conversation.dropped(follower.drop());
+  follower = follower.next();
+}
+
+function stopTracks(current) {
+  for (const track of [current.mic, current.camera]) if (track) track.stop();
+}
+
+function showSelfView(track) {
+  ui.selfView.hidden = !track;
+  ui.selfView.srcObject = track ? new MediaStream([track]) : null;
+}
+
+function onRemoteStream(stream) {
+  if (!call) return;
+  if (ui.avatar.srcObject !== stream) ui.avatar.srcObject = stream;
+  ui.avatar.play().catch(() => {});
+  const audio = stream.getAudioTracks()[0];
+  if (audio && !call.agentMeter) call.agentMeter = meter(call.audioContext, audio);
+  if (stream.getVideoTracks().length) ui.screen.dataset.video = 'waiting';
+}
+
+function onConnectionState(state) {
+  if (!call) return;
+  if (state === 'disconnected') setState('reconnecting');
+  else if (state === 'connected' && call.session) setState('connected');
+}
+
+ui.avatar.addEventListener('resize', () => {
+  const { videoWidth: w, videoHeight: h } = ui.avatar;
+  if (w > 0 && h > 0) {
+    ui.screen.dataset.video = 'playing';
+    ui.screen.style.setProperty('--vw', String(w));
+    ui.screen.style.setProperty('--vh', String(h));
+  }
+});
+
+// --- server events ---------------------------------------------------------------------------
+function send(event) {
+  if (!call || !call.connection.send(event)) return false;
+  if (event.type !== 'playback.ack') log.add(event, 'out');
+  demo.sent.push(event);
+  if (demo.sent.length > 2000) demo.sent.splice(0, 1000);
+  return true;
+}
+
+function onServerEvent(event) {
+  if (!call) return;
+  demo.events.push(event);
+  if (demo.events.length > 2000) demo.events.splice(0, 1000);
+  log.add(event);
+  const now = performance.now();
+  switch (event.type) {
+    case 'session.created':
+      call.session = event.session;
+      setState('connected');
+      setTurn('listening');
+      offerAppearances(event.session.appearances);
+      showConditions(event.session, null);
+      if (!event.session.video) ui.placeholderText.textContent = 'This server sends no video: listen to the avatar.';
+      applySelections();
+      break;
+    case 'input_audio_buffer.speech_started': {
+      conversation.speechStarted();
+      setTurn('user');
+      if (call.agentVoice.active) {
+        // a barge-in: time from the user's first sound to the reply going silent
+        const voice = call.micVoice;
+        const t0 = voice.active && now - voice.startedMs < 1500 ? voice.startedMs : now;
+        call.barge = { t0, source: voice.active ? 'voice' : 'speech_started' };
+      }
+      break;
+    }
+    case 'input_audio_buffer.speech_stopped': {
+      setTurn('thinking');
+      const end = call.micVoice.endedMs;
+      call.userVoiceEndMs = end != null && now - end < 3000 ? end : null;
+      break;
+    }
+    case 'conversation.item.input_audio_transcription.delta':
+      conversation.partial(event.transcript || '', event.stable || '');
+      break;
+    case 'conversation.item.input_audio_transcription.completed':
+      conversation.final(event.transcript || '');
+      if (!event.transcript) setTurn('listening');
+      break;
+    case 'response.created':
+      call.response = {
+        epoch: event.epoch,
+        firstSoundMs: null,
+        voiceEndMs: call.userVoiceEndMs, // the end of the user's voice, if this page heard it
+        pageV2V: false,
+      };
+      call.userVoiceEndMs = null;
+      follower = follower.next();
+      conversation.responseCreated(event.epoch);
+      ui.interrupt.disabled = false;
+      setTurn('thinking');
+      break;
+    case 'response.audio_transcript.delta':
+      conversation.chunk(event.epoch, event.chunk_id, event.delta || '');
+      if (call.response && call.response.epoch === event.epoch) follower.add(event.chunk_id, event.delta || '');
+      break;
+    case 'conversation.item.truncated':
+      if (call.response && call.response.epoch === event.epoch) {
+        follower.drop();
+        conversation.truncated(event.chunk_id, event.heard_text || '');
+        conversation.dropQueued(event.epoch);
+      }
+      break;
+    case 'response.done':
+      onResponseDone(event, now);
+      break;
+    case 'response.timings': {
+      // the figures of the reply that just ended; the page's own measure where it has one
+      latency.serverTimings(event);
+      const last = call.lastResponse;
+      const measured = last && last.epoch === event.epoch && last.pageV2V;
+      if (!measured && typeof event.voice_to_voice_ms === 'number') {
+        latency.voiceToVoice(event.voice_to_voice_ms, 'server');
+      }
+      break;
+    }
+    case 'input_audio_buffer.barge_in':
+      if (typeof event.reaction_ms === 'number') {
+        latency.bargeIn(event.reaction_ms, 'server');
+      }
+      break;
+    case 'session.updated':
+      showConditions(event, event.version);
+      break;
+    case 'vision.presence':
+      showPresence(event);
+      break;
+    case 'error': {
+      const err = event.error || {};
+      if (err.code === 'no_active_response') break; // an interrupt that came just too late
+      conversation.notice(`Server: ${err.message || err.code || 'error'}`, 'error');
+      if (call.conditions) showConditions(call.conditions, call.conditions.version ?? null);
+      break;
+    }
+    case 'avatar.viseme':
+      // the chunk's place on the output timeline: its words show when the audio gets there
+      // (the first sounding one: a chunk may begin with a moment of silence)
+      if (call.response && call.response.epoch === event.epoch && event.viseme !== 0) {
+        follower.place(event.chunk_id, event.pts_ms);
+      }
+      break;
+    default:
+      break; // logged only
+  }
+}
+
+function onResponseDone(event, now) {
+  const response = call.response;
+  if (response && response.epoch === event.epoch) {
+    call.response = null;
+    call.lastResponse = response;
+    call.lastDoneMs = now;
+    if (event.status === 'completed') {
+      conversation.responseDone(event.epoch, 'completed', follower.finish());
+    } else {
+      conversation.dropped(follower.drop());
+      conversation.dropQueued(event.epoch);
+      conversation.responseDone(event.epoch, event.status, []);
+    }
+  } else {
+    conversation.responseDone(event.epoch, event.status, []);
+  }
+  ui.interrupt.disabled = true;
+  if (ui.turn.dataset.turn !== 'user') setTurn('listening');
+}
+
+// --- conditions (persona, appearance) ---------------------------------------------------------
+function showConditions(values, version) {
+  if (call) call.conditions = { ...values, version };
+  const preset = [...ui.persona.options].find((o) => o.value && o.value === values.persona);
+  const isDefault = call && call.session && values.persona === call.session.persona;
+  const personaName = preset ? preset.textContent : isDefault ? 'default' : 'custom';
+  const v = version == null ? '' : ` (applied, v${version})`;
+  ui.conditions.textContent = `Now: ${personaName} persona · ${values.appearance} appearance · ${values.voice} voice${v}`;
+  ui.conditions.dataset.appearance = values.appearance;
+  ui.conditions.dataset.version = version == null ? '0' : String(version);
+}
+
+function offerAppearances(names) {
+  if (!Array.isArray(names) || !names.length) return; // the server does not say: keep the list
+  const chosen = ui.appearance.value;
+  ui.appearance.replaceChildren(new Option('Server default', ''));
+  for (const name of names) {
+    ui.appearance.append(new Option(name.charAt(0).toUpperCase() + name.slice(1), name));
+  }
+  if ([...ui.appearance.options].some((o) => o.value === chosen)) ui.appearance.value = chosen;
+}
+
+function wanted(select, field) {
+  if (select.value) return select.value;
+  return call && call.session ? call.session[field] : null; // back to the server's default
+}
+
+function applySelections(only = null) {
+  if (!call || !call.session) return;
+  const changes = {};
+  for (const [select, field] of [[ui.persona, 'persona'], [ui.appearance, 'appearance']]) {
+    if (only && only !== field) continue;
+    const value = wanted(select, field);
+    if (value && (select.value || only)) changes[field] = value;
+  }
+  if (Object.keys(changes).length) {
+    send({ type: 'session.update', session: changes });
+    ui.conditions.textContent = 'Applying at the next sentence…';
+  }
+}
+
+// --- periodic work ---------------------------------------------------------------------------
+function levelTick() {
+  if (!call) return;
+  const now = performance.now();
+  const mic = call.micMeter ? call.micMeter.level() : 0;
+  const agent = call.agentMeter ? call.agentMeter.level() : (demo.stats && demo.stats.audio.level) || 0;
+  demo.level.mic = mic;
+  demo.level.agent = agent;
+  ui.micLevel.style.width = `${Math.min(100, mic * 400)}%`;
+  ui.agentLevel.style.width = `${Math.min(100, agent * 400)}%`;
+  call.micVoice.update(mic, now);
+  const change = call.agentVoice.update(agent, now);
+  if (change === 'start' && call.response && call.response.firstSoundMs == null) {
+    call.response.firstSoundMs = now;
+    if (call.response.voiceEndMs != null) {
+      call.response.pageV2V = true;
+      latency.voiceToVoice(now - call.response.voiceEndMs, 'page');
+    }
+  }
+  if (change === 'start' && call.response) setTurn('speaking');
+  if (change === 'end' && call.barge) {
+    latency.bargeIn(call.agentVoice.endedMs - call.barge.t0, call.barge.source);
+    call.barge = null;
+  }
+  if (call.barge && now - call.barge.t0 > 3000) call.barge = null;
+  if (call.response) {
+    const played = call.played ? call.played.ms + (now - call.played.at) : null;
+    for (const id of follower.update(now, agent >= AGENT_SOUND, played)) {
+      conversation.spoken(id);
+      demo.reveals.push({ id, at: Math.round(now), played: played && Math.round(played), agent });
+      if (demo.reveals.length > 500) demo.reveals.splice(0, 250);
+    }
+  }
+}
+
+async function statsTick() {
+  const current = call;
+  if (!current) return;
+  let stats;
+  const at = performance.now();
+  try {
+    stats = await readStats(current.connection.pc);
+  } catch {
+    return;
+  }
+  if (call !== current) return;
+  demo.stats = stats;
+  if (stats.audio.playedMs != null) current.played = { ms: stats.audio.playedMs, at };
+  latency.stats(stats);
+  // playback acknowledgement: how much of the output timeline has played here
+  const playing = current.response || performance.now() - current.lastDoneMs < ACK_AFTER_DONE_MS;
+  const played = follower.timeline(stats.audio.playedMs);
+  if (playing && played != null && Math.round(played) > current.lastAckMs) {
+    current.lastAckMs = Math.round(played);
+    if (send({ type: 'playback.ack', played_ms: current.lastAckMs })) {
+      demo.acks.count += 1;
+      demo.acks.lastPlayedMs = current.lastAckMs;
+    }
+  }
+}
+
+// --- presence -----------------------------------------------------------------------------------
+function showPresence(event) {
+  const state = event.state || (event.present ? 'present' : 'away');
+  ui.presence.hidden = state === 'unknown';
+  ui.presence.dataset.present = String(state === 'present');
+  ui.presence.textContent = state === 'present' ? 'You are in view' : 'No one in view';
+}
+
+// --- controls ---------------------------------------------------------------------------------
+function interrupt() {
+  if (!call || !call.response) return;
+  if (call.agentVoice.active) call.barge = { t0: performance.now(), source: 'button' };
+  send({ type: 'response.cancel' });
+}
+
+ui.start.addEventListener('click', start);
+ui.stop.addEventListener('click', stop);
+ui.interrupt.addEventListener('click', interrupt);
+ui.notice.querySelector('#notice-close').addEventListener('click', hideNotice);
+document.addEventListener('keydown', (e) => {
+  if (e.key === 'Escape' && call && call.response) interrupt();
+});
+
+ui.composer.addEventListener('submit', (e) => {
+  e.preventDefault();
+  const text = ui.message.value.trim();
+  if (!text || !call) return;
+  const item = { type: 'message', role: 'user', content: [{ type: 'input_text', text }] };
+  if (send({ type: 'conversation.item.create', item })) {
+    conversation.typed(text);
+    ui.message.value = '';
+    setTurn('thinking');
+  }
+});
+
+ui.persona.addEventListener('change', () => applySelections('persona'));
+ui.appearance.addEventListener('change', () => applySelections('appearance'));
+
+async function switchMicrophone() {
+  if (!call || !call.connection.pc) return;
+  try {
+    const track = await openMicrophone(ui.mic.value, !ui.headphones.checked);
+    await call.connection.replaceMicrophone(track);
+    call.mic.stop();
+    if (call.micMeter) call.micMeter.close();
+    call.mic = track;
+    call.micMeter = meter(call.audioContext, track);
+  } catch (err) {
+    showNotice(explain(err), 'warn');
+  }
+}
+
+ui.mic.addEventListener('change', switchMicrophone);
+ui.headphones.checked = localStorage.getItem('avatar.headphones') === '1';
+ui.headphones.addEventListener('change', () => {
+  localStorage.setItem('avatar.headphones', ui.headphones.checked ? '1' : '0');
+  switchMicrophone();
+});
+
+ui.camera.addEventListener('change', async () => {
+  if (!call || !call.connection.pc) return;
+  try {
+    const track = ui.camera.value ? await openCamera(ui.camera.value) : null;
+    await call.connection.replaceCamera(track);
+    if (call.camera) call.camera.stop();
+    call.camera = track;
+    showSelfView(track);
+  } catch (err) {
+    showNotice(explain(err), 'warn');
+  }
+});
+
+window.addEventListener('pagehide', () => {
+  if (call) teardown();
+});
+if (navigator.mediaDevices && navigator.mediaDevices.addEventListener) {
+  navigator.mediaDevices.addEventListener('devicechange', refreshDevices);
+}
+refreshDevices();
+setState('idle');
