@@ -266,7 +266,9 @@ class PeerSession:
             self.session.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
             for out in resampler.resample(frame):
                 pcm = out.to_ndarray().reshape(-1).astype(np.int16)
-                self.animator.hear_user(self.media_clock.now() * 1000, pcm_level(pcm))
+                media_ms = self.media_clock.peek_ms()  # never started by inbound audio
+                if media_ms is not None:
+                    self.animator.hear_user(media_ms, pcm_level(pcm))
                 for event in self._detector.push(pcm, arrival_ms):
                     await self._on_vad(event)
                 self._keep_audio(pcm)

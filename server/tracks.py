@@ -50,6 +50,10 @@ class MediaClock:
         """Seconds on the clock (starts it if needed)."""
         return self._now() - self.start()
 
+    def peek_ms(self) -> float | None:
+        """Milliseconds on the clock, or None before the outbound tracks started it."""
+        return None if self._t0 is None else (self._now() - self._t0) * 1000
+
     async def wait_until(self, media_s: float) -> float:
         """Sleep until media time ``media_s``; returns how late (s) we woke (0 if early)."""
         delay = media_s - self.now()

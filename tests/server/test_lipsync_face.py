@@ -16,6 +16,7 @@ from server.face import BLINK_MS, Attention, FaceAnimator
 from server.lipsync import ATTACK_SAMPLES, LipSync, cues_for
 from server.media import ms_to_samples, samples_to_ms
 from server.session import ChunkAudio, Session
+from server.tracks import MediaClock
 from server.turn import TurnState
 from tests.support.tone_pipeline import tone, tone_phonemes
 
@@ -257,3 +258,13 @@ def test_blink_lasts_a_few_frames() -> None:
     assert closed, "no blink in 20 s"
     runs = np.split(np.array(closed), np.where(np.diff(closed) > 10)[0] + 1)
     assert all(len(run) * 10 <= BLINK_MS + 10 for run in runs)
+
+
+def test_peeking_does_not_start_the_media_clock() -> None:
+    now = [5.0]
+    clock = MediaClock(lambda: now[0])
+    assert clock.peek_ms() is None  # inbound audio before the outbound tracks: no clock yet
+    now[0] = 6.0
+    assert clock.now() == 0.0  # the first outbound frame starts it
+    now[0] = 6.25
+    assert clock.peek_ms() == 250.0
