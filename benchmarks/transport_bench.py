@@ -22,7 +22,6 @@ import random
 import statistics
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from benchmarks.netns import isolate
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.speech import rms as rms  # re-exported: benchmarks.avatar_sync
 from tests.support.speech import silence, speak, voiced_span_ms
 
 QUESTION = "Hello there. Can you tell me something about the weather today?"
@@ -41,26 +41,17 @@ INTERRUPT = "Sorry, wait a moment, I have another question."
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def debug_sessions(server: ServerProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=5) as resp:
-        return dict(json.loads(resp.read()))
-
-
 def session_stats(server: ServerProcess, session_id: str | None) -> dict[str, Any]:
-    data = debug_sessions(server)
-    for entry in data["live"] + data["closed"]:
-        if entry["session_id"] == session_id:
-            return dict(entry)
-    raise KeyError(session_id)
+    """The server's figures of one session, live or closed (KeyError if it has none)."""
+    found = server.session(session_id)
+    if found is None:
+        raise KeyError(session_id)
+    return found
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rms(pcm: npt.NDArray[np.int16]) -> float:
-    return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
 
 
 def noise(kind: str, dbfs: float, seconds: float, seed: int) -> npt.NDArray[np.int16]:

@@ -28,9 +28,8 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from server.config import load_config
 from tests.support.coturn import stun_answers
-from tests.support.server_process import free_port
+from tests.support.server_process import ROOT, free_port, terminate
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 CPU_OVERRIDE = ROOT / "deploy" / "compose.cpu.yml"
 ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
@@ -368,12 +367,7 @@ def coturn_from_compose(compose: dict[str, Any]) -> Iterator[tuple[int, dict[str
             time.sleep(0.1)
         yield port, env
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, 10)
 
 
 async def allocate(port: int, username: str, password: str) -> tuple[str, int]:

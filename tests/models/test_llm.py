@@ -24,7 +24,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from models.llm import (
-    GenerationStats,
     LlmEngine,
     LlmError,
     Message,
@@ -34,6 +33,7 @@ from models.llm import (
     VllmOptions,
 )
 from models.prepare import prepare_llm
+from tests.support.llm_helpers import chat, collect, stats_of
 from tests.support.tiny_llama import TEXT, build_tiny_llama
 
 log = logging.getLogger(__name__)
@@ -46,24 +46,6 @@ BLOCK = VllmOptions().block_size
 def _engines(local: VllmEngine, remote: RemoteVllm) -> list[LlmEngine]:
     """Both backends satisfy the LlmEngine Protocol (checked by mypy)."""
     return [local, remote]
-
-
-def chat(tag: str, question: str = "Tell me a story about a cat.") -> list[Message]:
-    """A conversation whose long system prompt (> 3 KV blocks) starts with ``tag``."""
-    return [
-        {"role": "system", "content": f"{tag}. {TEXT}"},
-        {"role": "user", "content": question},
-    ]
-
-
-async def collect(stream: AsyncIterator[str]) -> list[str]:
-    return [delta async for delta in stream]
-
-
-def stats_of(engine: LlmEngine, request_id: str) -> GenerationStats:
-    stats = engine.last_stats(request_id)
-    assert stats is not None, f"no stats for {request_id}"
-    return stats
 
 
 # --------------------------------------------------------------------------- tiny model

@@ -21,7 +21,6 @@ import pytest_asyncio
 from transformers import AutoTokenizer
 
 from models.llm import (
-    GenerationStats,
     LlmError,
     LlmUnavailable,
     Message,
@@ -29,14 +28,18 @@ from models.llm import (
     RemoteVllm,
 )
 from server.client import ClientPeer
-from server.rtc import pin_host_addresses
+from tests.support.llm_helpers import chat, collect, stats_of
 from tests.support.server_process import ServerProcess, free_port
 from tests.support.tiny_llama import TEXT, build_tiny_llama
 from tests.support.vllm_server import VllmServer
 
 log = logging.getLogger(__name__)
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(420)]
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(420),
+    pytest.mark.usefixtures("client_ice"),  # tests/conftest.py
+]
 
 BLOCK = 32  # --block-size of the server
 LONG = 1700  # tokens: a reply that takes the tiny model ~2 s, unless it is aborted
@@ -77,30 +80,12 @@ async def remote(vllm: VllmServer) -> AsyncIterator[RemoteVllm]:
     await llm.close()
 
 
-def chat(tag: str, question: str = "Tell me a story about a cat.") -> list[Message]:
-    """A conversation whose long system prompt (> 3 KV blocks) starts with ``tag``."""
-    return [
-        {"role": "system", "content": f"{tag}. {TEXT}"},
-        {"role": "user", "content": question},
-    ]
-
-
 def prompt_tokens(model_dir: Path, messages: list[Message]) -> int:
     """Tokens of the prompt the server renders (chat template, assistant turn opened)."""
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert isinstance(text, str)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-async def collect(stream: AsyncIterator[str]) -> list[str]:
-    return [delta async for delta in stream]
-
-
-def stats_of(llm: RemoteVllm, request_id: str) -> GenerationStats:
-    stats = llm.last_stats(request_id)
-    assert stats is not None, f"no stats for {request_id}"
-    return stats
 
 
 async def running(vllm: VllmServer) -> float:
@@ -365,11 +350,6 @@ async def test_server_errors_are_llm_errors_and_not_retried(
 # --------------------------------------------------------------------------- the server, end to end
 
 
-@pytest.fixture
-def client_ice() -> None:
-    pin_host_addresses(["127.0.0.1"])  # the client side of the loopback call
-
-
 def voice_server(llm_urls: list[str], model: str) -> ServerProcess:
     """The server with the voice pipeline (Whisper, Piper) on a remote LLM; audio only."""
     return ServerProcess(
@@ -383,7 +363,7 @@ def voice_server(llm_urls: list[str], model: str) -> ServerProcess:
 
 
 async def test_server_answers_through_remote_vllm_with_failover(
-    vllm: VllmServer, refused_url: str, client_ice: None
+    vllm: VllmServer, refused_url: str
 ) -> None:
     """A typed message to the real server: its reply comes from vLLM, past a replica that is
     down, and is spoken (Piper) to an aiortc peer."""
@@ -419,9 +399,7 @@ async def test_server_answers_through_remote_vllm_with_failover(
     )
 
 
-async def test_server_reports_an_unreachable_llm_as_an_error_event(
-    refused_url: str, client_ice: None
-) -> None:
+async def test_server_reports_an_unreachable_llm_as_an_error_event(refused_url: str) -> None:
     server = await asyncio.to_thread(voice_server, [refused_url], "tiny")
     peer = ClientPeer(server.url, video=False)
     try:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +14,6 @@ from models.asr import WhisperAsr
 from models.tts import PiperTts
 from server.client import ClientPeer
 from server.media import resample
-from server.rtc import pin_host_addresses
 from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
 from tests.support.text import edit_distance
@@ -54,18 +50,11 @@ def asr() -> WhisperAsr:
 
 
 @pytest.fixture
-async def peer(server: ServerProcess) -> AsyncIterator[ClientPeer]:
-    pin_host_addresses(["127.0.0.1"])
+async def peer(server: ServerProcess, client_ice: None) -> AsyncIterator[ClientPeer]:
     client = ClientPeer(server.url, video=False)
     await client.connect(timeout=30)
     yield client
     await client.close()
-
-
-def debug_session(server: ServerProcess, session_id: str | None) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=5) as resp:
-        data = json.loads(resp.read())
-    return next(s for s in data["live"] + data["closed"] if s["session_id"] == session_id)
 
 
 def reply_text(peer: ClientPeer, epoch: int) -> str:
@@ -95,7 +84,9 @@ async def test_spoken_question_gets_a_spoken_answer(
     # what the client received is speech of the reply's text
     recognised = asr.transcribe(resample(peer.received_audio(), 48_000, 16_000))
     assert wer(text, recognised) <= 0.35, (text, recognised)
-    history = debug_session(server, peer.session_id)["history"]
+    session = server.session(peer.session_id)
+    assert session is not None
+    history = session["history"]
     assert history[-2]["role"] == "user" and "france" in history[-2]["text"].lower()
     assert history[-1]["role"] == "assistant" and not history[-1]["truncated"]
     assert words(history[-1]["text"]) == words(text)
@@ -125,7 +116,9 @@ async def test_barge_in_keeps_only_what_was_played(
     assert truncated["epoch"] == 0
     await peer.wait_event("response.done", timeout=10, after=n, where=lambda e: e["epoch"] == 0)
     generated = reply_text(peer, 0)
-    history = debug_session(server, peer.session_id)["history"]
+    session = server.session(peer.session_id)
+    assert session is not None
+    history = session["history"]
     agent = next(t for t in reversed(history) if t["role"] == "assistant" and t["epoch"] == 0)
     assert agent["truncated"]
     heard = words(agent["text"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,15 +20,14 @@ import pytest
 
 from server.client import ClientPeer
 from tests.support.fault_pipeline import ARM_PREFIX, FAULT_PREFIX, Fault
+from tests.support.peers import keep_talking
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
-from tests.support.speech import silence, speak
+from tests.support.speech import loud_seconds, silence, speak
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
 STAGE_TIMEOUT_S = 1.0
 SENTENCE_MS = 800  # two sentences a reply
-LOUD_RMS = 1000.0
-FRAME = 960  # 20 ms at 48 kHz
 
 # (fault, error code, sentences the user hears before the failure)
 TEXT_FAULTS = [
@@ -62,30 +60,13 @@ def server() -> Iterator[ServerProcess]:
 
 
 def live_sessions(server: ServerProcess) -> dict[str, dict[str, Any]]:
-    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=10) as resp:
-        return {s["session_id"]: s for s in json.loads(resp.read())["live"]}
+    return {s["session_id"]: s for s in server.debug_sessions()["live"]}
 
 
-def loud_seconds(peer: ClientPeer, since: float) -> float:
+def loud_since(peer: ClientPeer, since: float) -> float:
     """Seconds of clearly audible audio the peer received after monotonic time ``since``."""
     frames = [pcm for t, pcm in peer.audio if t >= since]
-    pcm = np.concatenate(frames) if frames else np.zeros(0, np.int16)
-    loud = 0
-    for i in range(0, len(pcm) - FRAME + 1, FRAME):
-        frame = pcm[i : i + FRAME].astype(np.float64)
-        loud += float(np.sqrt(np.mean(frame**2))) > LOUD_RMS
-    return loud * FRAME / 48_000
-
-
-async def wait_health(
-    server: ServerProcess, sessions: int, timeout_s: float = 15
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        health = server.health()
-        if health["sessions"] == sessions or time.monotonic() > deadline:
-            return health
-        await asyncio.sleep(0.1)
+    return loud_seconds(np.concatenate(frames) if frames else np.zeros(0, np.int16))
 
 
 async def turn(peer: ClientPeer, text: str) -> tuple[int, float]:
@@ -95,27 +76,19 @@ async def turn(peer: ClientPeer, text: str) -> tuple[int, float]:
     return n, sent
 
 
-async def keep_talking(peer: ClientPeer, replies: list[str], stop: asyncio.Event) -> None:
-    """Ask for one reply after another until ``stop`` is set; the last one plays out."""
-    while not stop.is_set():
-        n, _ = await turn(peer, "keep talking")
-        done = await peer.wait_event("response.done", timeout=30, after=n)
-        replies.append(done["status"])
-
-
 async def assert_session_continues(peer: ClientPeer) -> None:
     n, sent = await turn(peer, "are you still there?")
     done = await peer.wait_event("response.done", timeout=15, after=n)
     assert done["status"] == "completed"
     await asyncio.sleep(0.3)  # the tail of the audio is on its way
-    assert loud_seconds(peer, sent) >= 2 * SENTENCE_MS / 1000 - 0.2
+    assert loud_since(peer, sent) >= 2 * SENTENCE_MS / 1000 - 0.2
 
 
 async def test_engine_faults_fail_one_reply_of_one_session(
     server: ServerProcess, peers: list[ClientPeer]
 ) -> None:
     started = time.monotonic()
-    baseline = (await wait_health(server, 0))["tasks"]
+    baseline = (await server.wait_sessions(0, 15))["tasks"]
     victim = ClientPeer(server.url, video=False)
     other = ClientPeer(server.url, video=False)
     peers += [victim, other]
@@ -134,7 +107,7 @@ async def test_engine_faults_fail_one_reply_of_one_session(
             assert done["status"] == "failed", fault
             await asyncio.sleep(0.3)
             # what was made before the failure still plays, nothing after it
-            loud = loud_seconds(victim, sent)
+            loud = loud_since(victim, sent)
             assert abs(loud - heard * SENTENCE_MS / 1000) <= 0.2, (fault, loud)
             outcomes.append({"fault": fault.value, "error": code, "heard_s": loud})
             await assert_session_continues(victim)
@@ -183,7 +156,7 @@ async def test_engine_faults_fail_one_reply_of_one_session(
     for peer in list(peers):
         await peer.close()
         peers.remove(peer)
-    health = await wait_health(server, 0)
+    health = await server.wait_sessions(0, 15)
     assert health["sessions"] == 0
     assert health["tasks"] <= baseline  # no hung engine call is left behind
 
@@ -232,7 +205,7 @@ async def test_full_server_answers_503_while_its_sessions_play(peers: list[Clien
             done = await peer.wait_event("response.done", timeout=20, after=n)
             assert done["status"] == "completed"
             await asyncio.sleep(0.3)
-            assert loud_seconds(peer, sent) >= 3 * 1.5 - 0.2  # the whole reply was heard
+            assert loud_since(peer, sent) >= 3 * 1.5 - 0.2  # the whole reply was heard
         live = live_sessions(server)
         underruns = {sid[:8]: s["underruns"] for sid, s in live.items()}
         assert len(live) == 2 and set(underruns.values()) == {0}
@@ -240,7 +213,7 @@ async def test_full_server_answers_503_while_its_sessions_play(peers: list[Clien
         # a slot that frees up is usable again
         await a.close()
         peers.remove(a)
-        await wait_health(server, 1)
+        await server.wait_sessions(1, 15)
         late = ClientPeer(server.url, video=False)
         peers.append(late)
         await late.connect()

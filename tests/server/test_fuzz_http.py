@@ -384,7 +384,7 @@ def test_fuzzed_bad_requests_get_json_4xx_and_change_nothing(
     loop, peer = victim
     secret = str(peer.session_id)
     offers = broken_offers(peer.pc.localDescription.sdp)
-    before = settle(server, tasks=10**6, fds=10**6)
+    before = server.health()
     assert before["sessions"] == 1
     tally = Tally()
     started = time.monotonic()
@@ -474,7 +474,7 @@ def test_malformed_http_framing_is_refused_and_the_server_keeps_serving(
 ) -> None:
     """Framing errors are answered by aiohttp's HTTP parser before any handler runs: 4xx, in
     plain text (the only answers that are not JSON), and the connection is closed."""
-    before = settle(server, tasks=10**6, fds=10**6)
+    before = server.health()
     statuses: dict[int, int] = {}
 
     @settings(max_examples=FRAMING_REQUESTS, deadline=None, derandomize=True, database=None)

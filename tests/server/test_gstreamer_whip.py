@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,14 +101,10 @@ def run_client(server: ServerProcess, wav: Path, *args: str) -> tuple[dict[str, 
 
 
 def closed_session(server: ServerProcess, location: str) -> dict[str, Any]:
-    request = urllib.request.Request(
-        server.url + "/debug/sessions", headers={"Authorization": f"Bearer {TOKEN}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        sessions = json.loads(resp.read())
     session_id = location.rsplit("/", 1)[-1]
-    (found,) = [s for s in sessions["closed"] if s["session_id"] == session_id]
-    return dict(found)
+    found = server.session(session_id, ("closed",), token=TOKEN)
+    assert found is not None, f"session {session_id} is not closed"
+    return found
 
 
 def assert_connected(report: dict[str, Any]) -> None:

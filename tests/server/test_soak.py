@@ -15,7 +15,6 @@ import contextlib
 import json
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from server.client import ClientPeer
+from tests.support.peers import keep_talking
 from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
@@ -59,13 +59,8 @@ def server() -> Iterator[ServerProcess]:
     assert proc.stop() == 0, proc.log()
 
 
-def debug(server: ServerProcess) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=10) as resp:
-        return dict(json.loads(resp.read()))
-
-
 def live_ids(server: ServerProcess) -> set[str]:
-    return {s["session_id"] for s in debug(server)["live"]}
+    return {s["session_id"] for s in server.debug_sessions()["live"]}
 
 
 @dataclass(frozen=True)
@@ -81,15 +76,16 @@ class Figures:
 
 async def settled(server: ServerProcess, sessions: int) -> Figures:
     """The server's figures once ``sessions`` are left and its task count has stopped moving."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    last: dict[str, Any] | None = None
-    while True:
-        health = server.health()
-        steady = last is not None and health["tasks"] == last["tasks"]
-        if (health["sessions"] == sessions and steady) or time.monotonic() > deadline:
-            break
-        last = health
-        await asyncio.sleep(DEAD_PEER_TIMEOUT_S / 2)
+    tasks: list[int] = []  # at each poll
+
+    def steady(health: dict[str, Any]) -> bool:
+        unchanged = tasks[-1:] == [health["tasks"]]
+        tasks.append(health["tasks"])
+        return bool(health["sessions"] == sessions and unchanged)
+
+    await server.wait_health(
+        steady, SETTLE_TIMEOUT_S, f"{sessions} sessions, steady tasks", DEAD_PEER_TIMEOUT_S / 2
+    )
     await asyncio.sleep(1.5)  # one reaper tick: the heap is trimmed after closes
     health = server.health()
     return Figures(
@@ -97,7 +93,7 @@ async def settled(server: ServerProcess, sessions: int) -> Figures:
         health["tasks"],
         health["open_fds"],
         health["rss_bytes"],
-        debug(server)["peer_objects"],
+        server.debug_sessions()["peer_objects"],
     )
 
 
@@ -112,11 +108,12 @@ class VanishingClients:
     async def start(cls, server: ServerProcess, count: int, video_every: int) -> VanishingClients:
         """Once the server has room for ``count`` more (earlier batches may still be
         waiting for the reaper), a subprocess with ``count`` connected peers."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while server.health()["sessions"] + count > MAX_SESSIONS:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the server never had room for the next batch")
-            await asyncio.sleep(0.2)
+        await server.wait_health(
+            lambda h: h["sessions"] + count <= MAX_SESSIONS,
+            SETTLE_TIMEOUT_S,
+            "room for the next batch",
+            interval=0.2,
+        )
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -165,15 +162,6 @@ async def wait_gone(server: ServerProcess, ids: set[str], timeout_s: float) -> f
     return time.monotonic() - started
 
 
-async def keep_talking(peer: ClientPeer, replies: list[str], stop: asyncio.Event) -> None:
-    """Ask for one reply after another until ``stop`` is set; the last one plays out."""
-    while not stop.is_set():
-        n = len(peer.events)
-        peer.send({"type": "conversation.item.create", "text": "keep talking"})
-        done = await peer.wait_event("response.done", timeout=30, after=n)
-        replies.append(done["status"])
-
-
 async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess) -> None:
     clients = await VanishingClients.start(server, 1, video_every=0)
     (session_id,) = clients.session_ids
@@ -182,9 +170,9 @@ async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess
     # aiortc's own consent checks would take ~30 s; the reaper acts after the timeout
     reaped_after_s = await wait_gone(server, {session_id}, timeout_s=15)
     print(f"vanished client reaped {reaped_after_s:.2f} s after SIGKILL")
-    closed = [s for s in debug(server)["closed"] if s["session_id"] == session_id]
-    assert closed and closed[0]["state"] == "closed"
-    assert debug(server)["reaped_total"] >= 1
+    closed = server.session(session_id, ("closed",))
+    assert closed is not None and closed["state"] == "closed"
+    assert server.debug_sessions()["reaped_total"] >= 1
 
 
 async def test_idle_peer_is_reaped_and_a_talking_one_is_not(
@@ -223,7 +211,7 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
         warm = await VanishingClients.start(server, BATCH, video_every=2)
         await warm.kill()
     before = await settled(server, 1)
-    reaped_before = debug(server)["reaped_total"]
+    reaped_before = server.debug_sessions()["reaped_total"]
 
     replies: list[str] = []
     stop = asyncio.Event()
@@ -239,14 +227,13 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
             vanished.update(clients.session_ids)
             await clients.kill()
         await wait_gone(server, vanished, timeout_s=SETTLE_TIMEOUT_S)
-        bystander_view = next(
-            s for s in debug(server)["live"] if s["session_id"] == bystander.session_id
-        )
+        bystander_view = server.session(bystander.session_id, ("live",))
+        assert bystander_view is not None
     finally:
         stop.set()
         await asyncio.wait_for(talker, 30)
     after = await settled(server, 1)
-    reaped = debug(server)["reaped_total"] - reaped_before
+    reaped = server.debug_sessions()["reaped_total"] - reaped_before
     figures = {
         "cycles": len(vanished),
         "reaped": reaped,

@@ -19,7 +19,7 @@ import pytest
 
 from server.client import ClientPeer, load_wav, save_wav
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
-from tests.support.speech import silence, speak, voiced_span_ms
+from tests.support.speech import loud_seconds, rms, silence, speak, voiced_span_ms
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
@@ -36,19 +36,6 @@ def server() -> Iterator[ServerProcess]:
     yield proc
     assert proc.stop() == 0, proc.log()
     assert "all sessions closed" in proc.log()
-
-
-def rms(pcm: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
-
-
-async def wait_sessions(server: ServerProcess, count: int, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        health = server.health()
-        if health["sessions"] == count or time.monotonic() > deadline:
-            return health
-        await asyncio.sleep(0.1)
 
 
 @pytest.mark.parametrize("whip", [False, True], ids=["offer", "whip"])
@@ -80,8 +67,7 @@ async def test_spoken_question_gets_events_and_a_paced_reply(
     await asyncio.sleep(0.5)
     # we heard the 2 x 2.5 s reply
     audio = peer.received_audio()
-    loud_frames = [rms(audio[i : i + 960]) > 1000 for i in range(0, len(audio), 960)]
-    assert 4.8 <= sum(loud_frames) * 0.02 <= 5.2
+    assert 4.8 <= loud_seconds(audio) <= 5.2
     # pacing: audio arrives at real time, never ahead of it
     first, last = peer.audio[0][0], peer.audio[-1][0]
     assert len(audio) / 48_000 <= (last - first) + 0.3
@@ -156,7 +142,7 @@ async def test_data_channel_protocol(server: ServerProcess, peers: list[ClientPe
 
 
 async def test_bad_requests_leave_nothing_behind(server: ServerProcess) -> None:
-    before = await wait_sessions(server, 0)
+    before = await server.wait_sessions(0, 10)
     url = server.url
     big = "v=0\r\n" + "a=x\r\n" * 20_000
     async with aiohttp.ClientSession() as http:
@@ -192,7 +178,7 @@ async def test_bad_requests_leave_nothing_behind(server: ServerProcess) -> None:
                 assert resp.status == status, (path, kwargs.keys(), await resp.text())
                 body = await resp.json()
                 assert isinstance(body["error"], str) and body["error"]
-    after = await wait_sessions(server, 0)
+    after = await server.wait_sessions(0, 10)
     assert after["sessions"] == 0
     assert after["tasks"] <= before["tasks"]  # no peer, no task left behind
 
@@ -200,7 +186,7 @@ async def test_bad_requests_leave_nothing_behind(server: ServerProcess) -> None:
 async def test_full_server_answers_503_and_others_keep_going(
     server: ServerProcess, peers: list[ClientPeer]
 ) -> None:
-    await wait_sessions(server, 0)
+    await server.wait_sessions(0, 10)
     for _ in range(3):
         peer = ClientPeer(server.url, video=False)
         peers.append(peer)
@@ -222,21 +208,21 @@ async def test_full_server_answers_503_and_others_keep_going(
     for peer in list(peers):
         await peer.close()
         peers.remove(peer)
-    health = await wait_sessions(server, 0)
+    health = await server.wait_sessions(0, 10)
     assert health["sessions"] == 0
 
 
 async def test_vanished_client_is_cleaned_up(server: ServerProcess) -> None:
-    await wait_sessions(server, 0)
+    await server.wait_sessions(0, 10)
     peer = ClientPeer(server.url, video=False)
     await peer.connect()
-    assert (await wait_sessions(server, 1))["sessions"] == 1
+    assert (await server.wait_sessions(1, 10))["sessions"] == 1
     await peer.close()  # /offer clients have no DELETE: the peer connection just goes away
-    assert (await wait_sessions(server, 0, timeout=20))["sessions"] == 0
+    assert (await server.wait_sessions(0, 20))["sessions"] == 0
 
 
 async def test_whip_resource_lifecycle(server: ServerProcess) -> None:
-    await wait_sessions(server, 0)
+    await server.wait_sessions(0, 10)
     peer = ClientPeer(server.url, whip=True, video=False)
     await peer.connect()
     assert peer.location is not None and peer.location.startswith("/whip/")
@@ -248,14 +234,14 @@ async def test_whip_resource_lifecycle(server: ServerProcess) -> None:
             assert resp.content_type == "application/sdp"
             assert (await resp.text()).startswith("v=0")
             second = resp.headers["Location"]
-        assert (await wait_sessions(server, 2))["sessions"] == 2
+        assert (await server.wait_sessions(2, 10))["sessions"] == 2
         for location in (peer.location, second):
             async with http.delete(server.url + location) as resp:
                 assert resp.status == 200
             async with http.delete(server.url + location) as resp:
                 assert resp.status == 404  # gone, and only once
     await peer.close(delete=False)
-    assert (await wait_sessions(server, 0))["sessions"] == 0
+    assert (await server.wait_sessions(0, 10))["sessions"] == 0
 
 
 def test_command_line_peer_records_a_reply(server: ServerProcess, tmp_path: Path) -> None:

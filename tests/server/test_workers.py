@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection
@@ -30,7 +29,6 @@ from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
 from server.metrics import Metrics
 from server.router import create_router, merge_expositions, worker_of
-from server.rtc import pin_host_addresses
 from server.workers import Worker, WorkerState
 from tests.support.server_process import (
     ROOT,
@@ -39,6 +37,9 @@ from tests.support.server_process import (
     free_port,
     metric_value,
 )
+from tests.support.speech import loud_seconds
+
+pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
 SETTINGS = {
     "pipeline.factory": TONE_PIPELINE,
@@ -58,52 +59,16 @@ def server() -> Iterator[ServerProcess]:
     proc.stop()
 
 
-@pytest.fixture(autouse=True)
-def client_ice() -> None:
-    pin_host_addresses(["127.0.0.1"])  # the client side of the loopback call
-
-
-@pytest.fixture
-async def peers() -> AsyncIterator[list[ClientPeer]]:
-    opened: list[ClientPeer] = []
-    yield opened
-    for peer in opened:
-        await peer.close()
-
-
 def by_worker(health: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {w["worker"]: w for w in health["workers"]}
 
 
-async def wait_health(
-    server: ServerProcess, ok: Any, timeout: float = 20.0, what: str = ""
-) -> dict[str, Any]:
-    """Poll the router's /healthz until ``ok(health)``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            health = server.health()
-        except OSError:  # 503 while no worker is ready
-            health = {"workers": []}
-        if health["workers"] and ok(health):
-            return health
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within {timeout} s: {health}")
-        await asyncio.sleep(0.1)
-
-
 async def sessions_are(server: ServerProcess, counts: dict[int, int]) -> dict[str, Any]:
-    return await wait_health(
-        server,
+    return await server.wait_health(
         lambda h: {i: w["sessions"] for i, w in by_worker(h).items()} == counts,
-        what=f"sessions {counts}",
+        20,
+        f"sessions {counts}",
     )
-
-
-def loud_seconds(peer: ClientPeer) -> float:
-    audio = peer.received_audio()
-    frames = [audio[i : i + 960] for i in range(0, len(audio) - 959, 960)]
-    return sum(float(np.sqrt(np.mean(f.astype(np.float64) ** 2))) > 1000 for f in frames) * 0.02
 
 
 async def test_sessions_spread_over_workers_each_with_audio_and_events(
@@ -130,7 +95,7 @@ async def test_sessions_spread_over_workers_each_with_audio_and_events(
         await peer.wait_event("response.done", timeout=15)
     await asyncio.sleep(0.3)
     for peer in peers:
-        assert 0.9 <= loud_seconds(peer) <= 1.1  # its 1 s tone reply
+        assert 0.9 <= loud_seconds(peer.received_audio()) <= 1.1  # its 1 s tone reply
     # both workers are full: the router answers 503 JSON with Retry-After
     async with aiohttp.ClientSession() as http:
         offer = {"type": "offer", "sdp": peers[0].pc.localDescription.sdp}
@@ -234,10 +199,10 @@ async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> N
     on_1 = next(p for p in peers if p is not on_2)
     os.kill(before[2]["pid"], signal.SIGKILL)
     after = by_worker(
-        await wait_health(
-            server,
+        await server.wait_health(
             lambda h: by_worker(h)[2]["restarts"] == 1 and by_worker(h)[2]["state"] == "ready",
-            what="worker 2 restarted",
+            20,
+            "worker 2 restarted",
         )
     )
     assert after[2]["pid"] != before[2]["pid"]
@@ -269,11 +234,8 @@ async def test_a_hung_worker_is_reported_and_gets_no_new_sessions(server: Server
     pid = by_worker(server.health())[1]["pid"]
     os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
     try:
-        health = await wait_health(
-            server,
-            lambda h: by_worker(h)[1]["state"] == "unhealthy",
-            timeout=30,
-            what="worker 1 unhealthy",
+        health = await server.wait_health(
+            lambda h: by_worker(h)[1]["state"] == "unhealthy", 30, "worker 1 unhealthy"
         )
         assert health["status"] == "degraded"
         assert 'avatar_worker_up{worker="1"} 0' in server.metrics()
@@ -282,7 +244,7 @@ async def test_a_hung_worker_is_reported_and_gets_no_new_sessions(server: Server
         assert (peer.location or "").startswith("/whip/w2-")  # the answering worker took it
     finally:
         os.kill(pid, signal.SIGCONT)
-    health = await wait_health(server, lambda h: h["status"] == "ok", what="worker 1 ready again")
+    health = await server.wait_health(lambda h: h["status"] == "ok", 20, "worker 1 ready again")
     assert by_worker(health)[1]["pid"] == pid and by_worker(health)[1]["restarts"] == 0
     await peer.close()
     await sessions_are(server, {1: 0, 2: 0})

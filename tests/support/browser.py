@@ -6,14 +6,12 @@ root there, so it needs ``--no-sandbox``.
 
 from __future__ import annotations
 
-import wave
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import numpy as np
-import numpy.typing as npt
 from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -40,21 +38,12 @@ BASE_ARGS = [
 ]
 
 
-def write_wav(path: Path, pcm: npt.NDArray[np.int16], rate: int = 48_000) -> Path:
-    """Mono 16-bit PCM WAV, as Chromium's fake audio capture reads it."""
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.astype(np.int16).tobytes())
-    return path
-
-
 def chromium_args(
     microphone_wav: Path | None, loop: bool = True, grant_media: bool = True
 ) -> list[str]:
-    """Flags; the fake microphone plays ``microphone_wav`` (looped unless ``loop`` is False).
-    Without ``grant_media`` no permission prompt is answered for the page (headless: denied)."""
+    """Flags; the fake microphone plays ``microphone_wav`` (mono 16-bit PCM, as
+    ``server.client.save_wav`` writes it; looped unless ``loop`` is False). Without
+    ``grant_media`` no permission prompt is answered for the page (headless: denied)."""
     args = [a for a in BASE_ARGS if grant_media or a != GRANT_MEDIA]
     if microphone_wav is not None:
         suffix = "" if loop else "%noloop"
@@ -154,3 +143,40 @@ def inbound_stats(page: Page) -> dict[str, Any] | None:
     """The page's inbound-rtp audio and video figures from ``RTCPeerConnection.getStats()``."""
     result = page.evaluate(INBOUND_STATS_JS)
     return None if result is None else dict(result)
+
+
+T = TypeVar("T")
+
+
+def wait_for(
+    check: Callable[[], T | None], timeout: float, what: str, page: Page | None = None
+) -> T:
+    """Poll ``check`` every 0.1 s until it returns something truthy; fail naming ``what`` (and
+    the events ``page`` received)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            seen = "" if page is None else f"; page events: {event_summary(page)}"
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
+        time.sleep(0.1)
+
+
+def events(page: Page, kind: str | None = None) -> list[dict[str, Any]]:
+    """Server events the demo page received (``kind``: only that type)."""
+    received: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.events")
+    return [e for e in received if kind is None or e["type"] == kind]
+
+
+def event_summary(page: Page) -> str:
+    """The page's received events in order, runs of one type counted (for failure messages)."""
+    runs: list[list[Any]] = []
+    for event in events(page):
+        label = event["type"] + (f"({event['status']})" if "status" in event else "")
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in runs)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from tests.support.server_process import free_port
+from tests.support.server_process import free_port, terminate
 
 STUN_BINDING_REQUEST = bytes.fromhex("0001 0000 2112a442") + os.urandom(12)
 
@@ -102,11 +101,5 @@ class Coturn:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM the process this object started, then SIGKILL if it lingers."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, timeout)

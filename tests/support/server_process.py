@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float) -> int:
+    """SIGTERM ``proc`` if it still runs, wait ``timeout`` s, then SIGKILL; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
 
 
 class ServerProcess:
@@ -57,9 +71,54 @@ class ServerProcess:
         with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as resp:
             return dict(json.loads(resp.read()))
 
+    async def wait_health(
+        self, ok: Callable[[dict[str, Any]], bool], timeout: float, what: str, interval: float = 0.1
+    ) -> dict[str, Any]:
+        """Poll /healthz every ``interval`` s until ``ok(health)``; returns that health. No
+        answer or an error status (a supervisor without a ready worker: 503) counts as not
+        yet; TimeoutError naming ``what`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                health: dict[str, Any] | OSError = self.health()
+            except OSError as exc:
+                health = exc
+            if isinstance(health, dict) and ok(health):
+                return health
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not reached within {timeout} s: {health!r}")
+            await asyncio.sleep(interval)
+
+    async def wait_sessions(self, count: int, timeout: float) -> dict[str, Any]:
+        """/healthz once the server has ``count`` sessions (TimeoutError after ``timeout`` s)."""
+        return await self.wait_health(
+            lambda h: h["sessions"] == count, timeout, f"{count} sessions"
+        )
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as resp:
             return str(resp.read().decode())
+
+    def debug_sessions(self, token: str | None = None) -> dict[str, Any]:
+        """GET /debug/sessions (needs ``server.debug_endpoints``; ``token``: the bearer token
+        when the server has ``server.auth_tokens``)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(f"{self.url}/debug/sessions", headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return dict(json.loads(resp.read()))
+
+    def session(
+        self,
+        session_id: str | None,
+        which: tuple[str, ...] = ("live", "closed"),
+        token: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The /debug/sessions figures of one session from the ``which`` lists (live or
+        recently closed); None if it is in none of them."""
+        data = self.debug_sessions(token)
+        found = [s for name in which for s in data[name] if s["session_id"] == session_id]
+        assert len(found) <= 1, found  # a session is listed once
+        return dict(found[0]) if found else None
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
@@ -67,15 +126,9 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (graceful shutdown) and wait; returns the exit code."""
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = terminate(self.proc, timeout)
         self._log.close()
-        return int(self.proc.returncode)
+        return code
 
 
 def metric_value(text: str, name: str) -> float:

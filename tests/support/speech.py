@@ -1,4 +1,5 @@
-"""Spoken test audio from espeak-ng (installed by scripts/setup.sh), at 48 kHz mono int16."""
+"""Spoken test audio from espeak-ng (installed by scripts/setup.sh), at 48 kHz mono int16, and
+measures of what a peer heard."""
 
 from __future__ import annotations
 
@@ -33,3 +34,15 @@ def voiced_span_ms(pcm: npt.NDArray[np.int16], threshold: int = 500) -> tuple[fl
 
 def silence(ms: float) -> npt.NDArray[np.int16]:
     return np.zeros(int(ms * 48), np.int16)
+
+
+def rms(pcm: npt.NDArray[np.int16]) -> float:
+    """Root mean square of the samples (0 for none)."""
+    return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
+
+
+def loud_seconds(pcm: npt.NDArray[np.int16], threshold: float = 1000.0, frame: int = 960) -> float:
+    """Seconds of ``pcm`` (48 kHz) in whole ``frame``-sample frames (20 ms) with an RMS above
+    ``threshold``: clearly audible audio, such as a reply tone."""
+    starts = range(0, len(pcm) - frame + 1, frame)
+    return sum(rms(pcm[i : i + frame]) > threshold for i in starts) * frame / 48_000

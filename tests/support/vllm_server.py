@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.server_process import ROOT, free_port, metric_value
+from tests.support.server_process import ROOT, free_port, metric_value, terminate
 
 STARTUP_TIMEOUT_S = 240.0  # ~25 s alone; minutes when other tests load the 2 cores
 
@@ -106,12 +106,6 @@ class VllmServer:
         proc = self.proc
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, timeout)
         with contextlib.suppress(ProcessLookupError):  # engine processes a kill left behind
             os.killpg(proc.pid, signal.SIGKILL)

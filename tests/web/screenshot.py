@@ -13,34 +13,19 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from playwright.sync_api import Page
 
-from tests.support.browser import chromium, open_page, write_wav
+from server.client import save_wav
+from tests.support.browser import chromium, events, open_page, wait_for
 from tests.support.server_process import ROOT, ServerProcess
 from tests.support.speech import silence, speak
 
 QUESTION = "What is the capital of France?"
 INTERRUPTED = "Tell me a long story about a brave little cat."
 LAST = "What is the tallest mountain in the world?"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-    return value
-
-
-def responses_done(page: Page) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.events")
-    return [e for e in events if e["type"] == "response.done"]
 
 
 def spoken_chunks(page: Page) -> int:
@@ -56,13 +41,13 @@ def converse(page: Page, out: Path, theme: str) -> None:
     page.check("#headphones")
     page.click("#start")
     wait_for(lambda: page.evaluate("() => window.avatarDemo.state") == "connected", 60, "connect")
-    wait_for(lambda: responses_done(page), 60, "the answer to the spoken question")
+    wait_for(lambda: events(page, "response.done"), 60, "the answer to the spoken question")
     type_message(page, INTERRUPTED)
     before = spoken_chunks(page)
     wait_for(lambda: spoken_chunks(page) > before, 60, "the story to start")
     time.sleep(2.0)
     page.click("#interrupt")
-    wait_for(lambda: len(responses_done(page)) >= 2, 10, "the story to stop")
+    wait_for(lambda: len(events(page, "response.done")) >= 2, 10, "the story to stop")
     type_message(page, LAST)
     before = spoken_chunks(page)
     wait_for(lambda: spoken_chunks(page) > before, 60, "the last answer to start")
@@ -83,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     server = ServerProcess({"transport.connect_timeout_s": "60"}).start(timeout=400)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            pcm = np.concatenate([silence(1500), speak(QUESTION), silence(1000)])
-            wav = write_wav(Path(tmp) / "question.wav", pcm)
+            wav = Path(tmp) / "question.wav"
+            save_wav(wav, np.concatenate([silence(1500), speak(QUESTION), silence(1000)]))
             with chromium(wav, loop=False) as browser, open_page(browser, server.url) as page:
                 page.emulate_media(color_scheme=args.theme)
                 converse(page, args.out, args.theme)

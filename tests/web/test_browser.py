@@ -8,26 +8,25 @@ screenshot of the page mid-conversation.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
+from server.client import save_wav
 from tests.support.browser import (
     PHONE,
     camera_frames_sent,
+    events,
     inbound_stats,
     launch,
     open_page,
-    write_wav,
+    wait_for,
 )
 from tests.support.server_process import ServerProcess
 from tests.support.speech import silence, speak
@@ -42,42 +41,6 @@ SENTENCE_MS = 1500
 SENTENCES = 4  # a 6 s reply: the looped question comes back while it plays (a barge-in)
 NO_FIGURE = "\u2013"  # what the latency panel shows before a figure is known
 QUIET = 0.001  # inbound-rtp audioLevel below this: silence
-
-T = TypeVar("T")
-
-
-def wait_for(
-    check: Callable[[], T | None], timeout: float, what: str, page: Page | None = None
-) -> T:
-    """Poll ``check`` every 0.1 s until it returns something truthy; fail naming ``what`` (and
-    the events ``page`` received)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            seen = "" if page is None else f"; page events: {event_summary(page)}"
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
-        time.sleep(0.1)
-
-
-def event_summary(page: Page) -> str:
-    """The page's received events in order, runs of one type counted (for failure messages)."""
-    runs: list[list[Any]] = []
-    for event in events(page):
-        label = event["type"] + (f"({event['status']})" if "status" in event else "")
-        if runs and runs[-1][0] == label:
-            runs[-1][1] += 1
-        else:
-            runs.append([label, 1])
-    return ", ".join(f"{label} x{n}" if n > 1 else label for label, n in runs)
-
-
-def events(page: Page, kind: str | None = None) -> list[dict[str, Any]]:
-    """Server events the page received (``kind``: only that type)."""
-    received: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.events")
-    return [e for e in received if kind is None or e["type"] == kind]
 
 
 def sent(page: Page, kind: str) -> list[dict[str, Any]]:
@@ -95,18 +58,8 @@ def state(page: Page) -> str:
     return str(page.evaluate("() => window.avatarDemo.state"))
 
 
-def debug_session(
-    server: ServerProcess, session_id: str, which: tuple[str, ...] = ("live", "closed")
-) -> dict[str, Any] | None:
-    """The server's figures of one session (None if not in the ``which`` lists)."""
-    with urllib.request.urlopen(f"{server.url}/debug/sessions", timeout=5) as resp:
-        data = json.loads(resp.read())
-    sessions = [s for name in which for s in data[name] if s["session_id"] == session_id]
-    return dict(sessions[0]) if sessions else None
-
-
 def live_session(server: ServerProcess, session_id: str) -> dict[str, Any]:
-    found = debug_session(server, session_id, ("live",))
+    found = server.session(session_id, ("live",))
     assert found is not None, f"session {session_id} is not live"
     return found
 
@@ -163,8 +116,9 @@ def pw() -> Iterator[Playwright]:
 @pytest.fixture(scope="module")
 def talking(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
     """A browser whose microphone asks the question, again and again."""
-    pcm = np.concatenate([silence(LEAD_MS), speak(QUESTION), silence(TAIL_MS)])
-    browser = launch(pw, write_wav(tmp_path_factory.mktemp("mic") / "question.wav", pcm))
+    wav = tmp_path_factory.mktemp("mic") / "question.wav"
+    save_wav(wav, np.concatenate([silence(LEAD_MS), speak(QUESTION), silence(TAIL_MS)]))
+    browser = launch(pw, wav)
     yield browser
     browser.close()
 
@@ -172,7 +126,9 @@ def talking(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture(scope="module")
 def quiet(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
     """A browser whose microphone hears silence."""
-    browser = launch(pw, write_wav(tmp_path_factory.mktemp("mic") / "silence.wav", silence(1000)))
+    wav = tmp_path_factory.mktemp("mic") / "silence.wav"
+    save_wav(wav, silence(1000))
+    browser = launch(pw, wav)
     yield browser
     browser.close()
 
@@ -293,9 +249,7 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
         assert requests and all(u.startswith(server.url + "/") for u in requests), requests
 
         stop(page, server)
-        closed = wait_for(
-            lambda: debug_session(server, session_id, ("closed",)), 5, "the closed session"
-        )
+        closed = wait_for(lambda: server.session(session_id, ("closed",)), 5, "the closed session")
         assert closed["state"] == "closed"
 
 
@@ -371,7 +325,8 @@ def test_lost_and_unreachable_server_are_explained(quiet: Browser) -> None:
 def test_denied_microphone_is_explained(
     server: ServerProcess, pw: Playwright, tmp_path: Path
 ) -> None:
-    browser = launch(pw, write_wav(tmp_path / "silence.wav", silence(1000)), grant_media=False)
+    save_wav(tmp_path / "silence.wav", silence(1000))
+    browser = launch(pw, tmp_path / "silence.wav", grant_media=False)
     try:
         denied_microphone(server, browser)
     finally:
