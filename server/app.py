@@ -20,7 +20,6 @@ from server.procstats import open_fds, rss_bytes
 from server.registry import SessionRegistry
 from server.rtc import pin_host_addresses, widen_dtls_ciphers
 from server.signaling import (
-    MAX_BODY_KEY,
     REGISTRY_KEY,
     add_routes,
     authenticate,
@@ -112,7 +111,6 @@ def create_app(
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.monotonic()
     app[METRICS_KEY] = Metrics()
-    app[MAX_BODY_KEY] = config.transport.max_body_bytes
     app[REGISTRY_KEY] = SessionRegistry(
         config, detector_factory, pipeline, app[METRICS_KEY], renderer, vision
     )
@@ -134,7 +132,6 @@ def create_app(
         stop_warming.set()
         if warming is not None:
             await warming
-        await app[REGISTRY_KEY].stop_reaper()
         # shutdown, in order: peers first (they use the engines), then the engines
         await app[REGISTRY_KEY].close_all()
         if pipeline is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from server.auth import MIN_TOKEN_CHARS
 from server.errors import ConfigError
 
 ENV_PREFIX = "AVATAR_"
@@ -46,10 +47,11 @@ class ServerConfig:
     )
     auth_tokens: tuple[str, ...] = _setting(
         (),
-        "Bearer tokens (>= 16 characters, comma-separated in env) accepted for POST /offer, "
-        "/whip and its resources, /debug; empty: no authentication (keep the server on localhost).",
+        f"Bearer tokens (>= {MIN_TOKEN_CHARS} characters, comma-separated in env) accepted for "
+        "POST /offer, /whip and its resources, /debug; empty: no authentication (keep the server "
+        "on localhost).",
         secret=True,
-        min_chars=16,
+        min_chars=MIN_TOKEN_CHARS,
     )
     cors_origins: tuple[str, ...] = _setting(
         (),

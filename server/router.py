@@ -10,9 +10,10 @@
   workers' lists.
 - Anything else (``/``, ``/static/``, ``OPTIONS /whip``, ...) goes to a ready worker.
 
-Requests and responses pass through unchanged except hop-by-hop headers. The client's ``Host`` is
-kept, so a worker builds its URLs for the public address, and an absolute ``Location`` naming a
-worker is rewritten to the router. The router's own errors are JSON like server/signaling.py.
+Requests and responses pass through unchanged except hop-by-hop headers (and a request's
+``Content-Encoding``: its body goes on as aiohttp decoded it). The client's ``Host`` is kept, so
+a worker builds its URLs for the public address, and an absolute ``Location`` naming a worker is
+rewritten to the router. The router's own errors are JSON like server/signaling.py.
 """
 
 from __future__ import annotations
@@ -32,11 +33,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from server import __version__
-from server.clock import Clock, MonotonicClock
 from server.config import Config
-from server.errors import NotFound, PayloadTooLarge, RequestError, ServerFull, TooManyRequests
-from server.ratelimit import RateLimiter
-from server.signaling import json_errors
+from server.errors import NotFound, RequestError, ServerFull
+from server.signaling import add_session_limit, json_errors, limit_session_rate, read_limited
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +59,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 DROP_FROM_RESPONSE = HOP_BY_HOP | {"date", "server"}  # the router's own are sent
+# the body read from the client is already decoded (gzip, deflate, ...): sent on as it is
+DROP_FROM_REQUEST = HOP_BY_HOP | {"content-encoding"}
 URL_HEADERS = ("Location", "Content-Location")
 
 
@@ -189,16 +190,9 @@ def pool_metrics(workers: Sequence[Upstream]) -> str:
 class Router:
     """Routes HTTP requests to the pool's workers."""
 
-    def __init__(self, config: Config, pool: Pool, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, pool: Pool) -> None:
         self.config = config
         self.pool = pool
-        # the session rate limit per client address is kept here, for the whole machine
-        # (workers run with it off: per worker it would multiply by the worker count)
-        self._limiter = RateLimiter(
-            config.transport.session_rate_per_min,
-            config.transport.session_burst,
-            clock or MonotonicClock(),
-        )
         self.started = time.monotonic()
         self._http: aiohttp.ClientSession | None = None
         self._turn = 0  # rotates ties between equally loaded workers
@@ -219,16 +213,7 @@ class Router:
     # ----- helpers
 
     async def _body(self, request: web.Request) -> bytes:
-        limit = self.config.transport.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise PayloadTooLarge(f"body larger than {limit} bytes")
-        chunks, size = [], 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"body larger than {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_limited(request, self.config.transport.max_body_bytes)
 
     def _by_load(self) -> list[Upstream]:
         """Ready workers, least-loaded first (offers in flight count; ties rotate)."""
@@ -240,14 +225,6 @@ class Router:
             ready,
             key=lambda w: (w.sessions + self._pending.get(w.index, 0), (w.index - turn) % n),
         )
-
-    def _client(self, request: web.Request) -> str:
-        """The client's address, read as server/signaling.py reads it."""
-        remote = request.remote or "unknown"
-        forwarded = request.headers.get("X-Forwarded-For")
-        if forwarded and remote in self.config.server.trusted_proxies:
-            return forwarded.split(",")[-1].strip() or remote
-        return remote
 
     def _forwarded_for(self, request: web.Request) -> str:
         """X-Forwarded-For whose last entry is the client, as server/signaling.py reads it.
@@ -265,7 +242,7 @@ class Router:
         """Send ``request`` (with ``body``) to ``worker``; its answer as the router's answer."""
         assert self._http is not None
         headers: CIMultiDict[str] = CIMultiDict(
-            (k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
+            (k, v) for k, v in request.headers.items() if k.lower() not in DROP_FROM_REQUEST
         )
         headers["Host"] = request.host
         headers["X-Forwarded-For"] = self._forwarded_for(request)
@@ -325,13 +302,7 @@ class Router:
 
     async def place(self, request: web.Request) -> web.Response:
         """A new session (``POST /offer``, ``POST /whip``) on the least-loaded worker with room."""
-        address = self._client(request)
-        decision = self._limiter.take(address)
-        if not decision.allowed:
-            log.info("session rate limit hit by %s", address)
-            raise TooManyRequests(
-                "too many sessions created from this address; retry later", decision.retry_after_s
-            )
+        limit_session_rate(request)
         body = await self._body(request)
         candidates = self._by_load()
         retry = {"Retry-After": str(self.config.transport.retry_after_s)}
@@ -439,6 +410,9 @@ def create_router(config: Config, pool: Pool) -> web.Application:
     """The public application of a supervisor."""
     router = Router(config, pool)
     app = web.Application(middlewares=[json_errors])
+    # the session rate limit per client address is kept here, for the whole machine
+    # (workers run with it off: per worker it would multiply by the worker count)
+    add_session_limit(app, config)
     app.cleanup_ctx.append(router.lifecycle)
     app.router.add_get("/healthz", router.healthz)
     app.router.add_get("/metrics", router.metrics)

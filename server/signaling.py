@@ -22,7 +22,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from server.auth import BearerAuth, CorsPolicy, check_owner
-from server.clock import Clock, MonotonicClock
+from server.clock import MonotonicClock
 from server.config import Config, TransportConfig
 from server.errors import (
     BadRequest,
@@ -51,7 +51,6 @@ from server.whip import (
 log = logging.getLogger(__name__)
 
 REGISTRY_KEY = web.AppKey("registry", SessionRegistry)
-MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 AUTH_KEY = web.AppKey("auth", BearerAuth)
 CORS_KEY = web.AppKey("cors", CorsPolicy)
 LIMITER_KEY = web.AppKey("session_rate", RateLimiter)
@@ -121,8 +120,8 @@ def client_address(request: web.Request) -> str:
     return remote
 
 
-def admit_session(request: web.Request) -> str:
-    """Gate of session creation: the address's rate limit (429), then the token (401)."""
+def limit_session_rate(request: web.Request) -> None:
+    """The per-address session rate limit: 429 (with Retry-After) when the address is over it."""
     address = client_address(request)
     decision = request.app[LIMITER_KEY].take(address)
     if not decision.allowed:
@@ -130,16 +129,16 @@ def admit_session(request: web.Request) -> str:
         raise TooManyRequests(
             "too many sessions created from this address; retry later", decision.retry_after_s
         )
+
+
+def admit_session(request: web.Request) -> str:
+    """Gate of session creation: the address's rate limit (429), then the token (401)."""
+    limit_session_rate(request)
     return authenticate(request)
 
 
-async def read_body(request: web.Request, content_type: str) -> str:
-    """The request body as text if it has ``content_type`` and fits the size limit."""
-    if request.content_type != content_type:
-        raise UnsupportedMediaType(
-            f"expected Content-Type {content_type}, got {request.content_type or 'none'}"
-        )
-    limit = request.app[MAX_BODY_KEY]
+async def read_limited(request: web.Request, limit: int) -> bytes:
+    """The request body if it has at most ``limit`` bytes (413 otherwise; 400 if unreadable)."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"body larger than {limit} bytes")
     body = b""
@@ -153,23 +152,33 @@ async def read_body(request: web.Request, content_type: str) -> str:
         raise BadRequest("cannot read the body (Content-Encoding or framing)") from None
     if len(body) > limit:
         raise PayloadTooLarge(f"body larger than {limit} bytes")
+    return body
+
+
+async def read_body(request: web.Request, content_type: str) -> str:
+    """The request body as text if it has ``content_type`` and fits the size limit."""
+    if request.content_type != content_type:
+        raise UnsupportedMediaType(
+            f"expected Content-Type {content_type}, got {request.content_type or 'none'}"
+        )
+    body = await read_limited(request, request.app[TRANSPORT_KEY].max_body_bytes)
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         raise BadRequest("body is not UTF-8") from None
 
 
-def check_sdp(sdp: object, max_lines: int | None = None) -> str:
+def check_sdp(sdp: object, max_lines: int) -> str:
     """A cheap shape check before aiortc sees it: an SDP offer has v=0 and media sections,
     at most ``max_lines`` lines and ``MAX_MEDIA_SECTIONS`` media sections."""
     if not isinstance(sdp, str) or not sdp.strip():
         raise BadRequest("missing SDP")
     lines = sdp.strip().splitlines()
-    if max_lines is not None and len(lines) > max_lines:
+    if len(lines) > max_lines:
         raise PayloadTooLarge(f"SDP has {len(lines)} lines; at most {max_lines}")
-    if lines[0].strip() != "v=0" or not any(line.startswith("m=") for line in lines):
-        raise BadRequest("malformed SDP: expected 'v=0' and at least one 'm=' line")
     sections = sum(1 for line in lines if line.startswith("m="))
+    if lines[0].strip() != "v=0" or not sections:
+        raise BadRequest("malformed SDP: expected 'v=0' and at least one 'm=' line")
     if sections > MAX_MEDIA_SECTIONS:
         raise BadRequest(f"SDP has {sections} media sections; at most {MAX_MEDIA_SECTIONS}")
     return sdp
@@ -293,18 +302,23 @@ async def options_offer(request: web.Request) -> web.Response:
     return web.Response(status=204, headers={"Allow": "OPTIONS, POST"})
 
 
-def add_routes(app: web.Application, config: Config, clock: Clock | None = None) -> None:
-    """Signaling routes and what they need: limits, tokens, origins, the rate limiter."""
-    app[MAX_BODY_KEY] = config.transport.max_body_bytes
-    app[TRANSPORT_KEY] = config.transport
-    app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
-    app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
+def add_session_limit(app: web.Application, config: Config) -> None:
+    """What ``limit_session_rate`` needs: the rate limiter and the proxies trusted to name the
+    client (server/router.py keeps the limit too, once for all workers)."""
     app[PROXIES_KEY] = frozenset(config.server.trusted_proxies)
     app[LIMITER_KEY] = RateLimiter(
         config.transport.session_rate_per_min,
         config.transport.session_burst,
-        clock or MonotonicClock(),
+        MonotonicClock(),
     )
+
+
+def add_routes(app: web.Application, config: Config) -> None:
+    """Signaling routes and what they need: limits, tokens, origins, the rate limiter."""
+    app[TRANSPORT_KEY] = config.transport
+    app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
+    app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
+    add_session_limit(app, config)
     app.router.add_post("/offer", post_offer)
     app.router.add_route("OPTIONS", "/offer", options_offer)
     app.router.add_post("/whip", post_whip)

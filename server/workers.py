@@ -192,17 +192,10 @@ def become_worker(supervisor_pid: int | None) -> None:
 class Supervisor:
     """Starts ``config.server.workers`` workers, keeps them running, stops them in order."""
 
-    def __init__(
-        self,
-        config: Config,
-        argv: Sequence[str],
-        clock: Clock | None = None,
-        start_timeout_s: float = START_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, config: Config, argv: Sequence[str]) -> None:
         self.config = config
         self._argv = list(argv)
-        self._clock = clock or MonotonicClock()
-        self._start_timeout_s = start_timeout_s
+        self._clock = MonotonicClock()
         self.workers: list[Worker] = []
         self._lifecycles: list[asyncio.Task[None]] = []
         self._poller: asyncio.Task[None] | None = None
@@ -265,7 +258,7 @@ class Supervisor:
                     return  # a start failure is fatal: start() stops everything
             if not ready and proc.returncode is None:
                 log.error(
-                    "worker %d not ready in %.0f s; killing it", worker.index, self._start_timeout_s
+                    "worker %d not ready in %.0f s; killing it", worker.index, START_TIMEOUT_S
                 )
                 proc.kill()
             code = await proc.wait()
@@ -301,7 +294,7 @@ class Supervisor:
             return None
 
     async def _wait_ready(self, worker: Worker, proc: asyncio.subprocess.Process) -> bool:
-        deadline = self._clock.now_ms() + self._start_timeout_s * 1000
+        deadline = self._clock.now_ms() + START_TIMEOUT_S * 1000
         while proc.returncode is None and self._clock.now_ms() < deadline:
             placements = worker.placements
             health = await self._health(worker)

@@ -7,6 +7,8 @@ rewriting, placement when a worker is full), and the Prometheus merge against re
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 import os
 import signal
 import subprocess
@@ -397,6 +399,22 @@ async def test_router_passes_headers_and_skips_a_full_worker(
             assert resp.status == 503 and (await resp.json())["error"] == "no worker is ready"
         async with http.post(url + "/whip", data="x" * 4096, headers=headers) as resp:
             assert resp.status == 413 and (await resp.json())["code"] == "payload_too_large"
+
+
+async def test_a_compressed_body_reaches_the_worker_as_it_reaches_one_worker_alone(
+    router_with_echoes: tuple[str, list[Upstream]],
+) -> None:
+    url, workers = router_with_echoes
+    offer = json.dumps({"type": "offer", "sdp": "v=0"})
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with aiohttp.ClientSession() as http:
+        for target in (workers[1].url, url):  # worker 2 alone, then through the router
+            async with http.post(
+                target + "/offer", data=gzip.compress(offer.encode()), headers=headers
+            ) as resp:
+                assert resp.status == 201, await resp.text()
+                echo = await resp.json()
+                assert echo["worker"] == 2 and echo["body"] == offer
 
 
 def test_metrics_of_two_workers_merge_into_one_exposition() -> None:
