@@ -100,13 +100,13 @@ _PHONEME_VISEMES: dict[str, Viseme] = {
     **dict.fromkeys(["k", "g", "ɡ", "ŋ", "h", "x"], Viseme.KK),
     **dict.fromkeys(["ʃ", "ʒ", "tʃ", "dʒ", "ʧ", "ʤ", "j"], Viseme.CH),
     **dict.fromkeys(["s", "z"], Viseme.SS),
-    **dict.fromkeys(["n", "l", "ɫ", "n̩", "l̩"], Viseme.NN),
+    **dict.fromkeys(["n", "l", "ɫ"], Viseme.NN),
     **dict.fromkeys(["ɹ", "r", "ɚ", "ɝ", "ɐ˞", "ɜ˞"], Viseme.RR),
-    **dict.fromkeys(["a", "ɑ", "æ", "ʌ", "ɐ", "aɪ", "aʊ", "ɑː", "ɒ"], Viseme.AA),
+    **dict.fromkeys(["a", "ɑ", "æ", "ʌ", "ɐ", "aɪ", "aʊ", "ɒ"], Viseme.AA),
     **dict.fromkeys(["e", "ɛ", "eɪ", "ə", "ɜ", "ɛɹ"], Viseme.E),
-    **dict.fromkeys(["i", "ɪ", "iː", "ᵻ", "ɨ"], Viseme.I),
-    **dict.fromkeys(["o", "ɔ", "oʊ", "ɔɪ", "ɔː", "ɔɹ", "oː"], Viseme.O),
-    **dict.fromkeys(["u", "ʊ", "uː", "w", "ʊɹ"], Viseme.U),
+    **dict.fromkeys(["i", "ɪ", "ᵻ", "ɨ"], Viseme.I),
+    **dict.fromkeys(["o", "ɔ", "oʊ", "ɔɪ", "ɔɹ"], Viseme.O),
+    **dict.fromkeys(["u", "ʊ", "w", "ʊɹ"], Viseme.U),
 }
 _MARKS = "ˈˌːˑ̩"
 

@@ -39,22 +39,18 @@ class CameraStage:
         self.presence = PresenceTracker(
             session_id, config.present_after_ms, config.away_after_ms, config.smoothing_ms
         )
-        self.analysed = 0
-        self.latest_frame: av.VideoFrame | None = None
 
     async def consume(self, track: MediaStreamTrack) -> None:
         """Read every frame (aiortc queues them unbounded); analyse the sampled ones."""
         async for frame in frames(track):
             if not isinstance(frame, av.VideoFrame):
                 continue
-            self.latest_frame = frame
             at_ms = self._clock.now_ms()
             if self._model is None or not self._sampler.take(at_ms):
                 continue
             width, height = small_size(frame.width, frame.height, self._config.max_side)
             rgb = np.asarray(frame.to_ndarray(format="rgb24", width=width, height=height), np.uint8)
             face = await asyncio.to_thread(self._model.observe, rgb)
-            self.analysed += 1
             if self.presence.update(at_ms, face):
                 self._on_change(self.presence)
         if self.presence.camera_lost(self._clock.now_ms()):

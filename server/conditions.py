@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 
 from server.errors import InvalidConditionUpdate
@@ -32,8 +32,13 @@ class Conditions:
 UPDATABLE = tuple(f.name for f in fields(Conditions) if f.name not in ("version", "presence"))
 
 
-def validate_update(changes: Mapping[str, object]) -> dict[str, str]:
-    """Check a ``session.update`` payload; raise InvalidConditionUpdate naming the bad field."""
+def validate_update(
+    changes: Mapping[str, object], choices: Mapping[str, Collection[str]] | None = None
+) -> dict[str, str]:
+    """Check a ``session.update`` payload; raise InvalidConditionUpdate naming the bad field.
+
+    ``choices``: the values a field may take, for fields limited to a known set.
+    """
     if not changes:
         raise InvalidConditionUpdate("session.update: no field to change")
     clean: dict[str, str] = {}
@@ -47,6 +52,11 @@ def validate_update(changes: Mapping[str, object]) -> dict[str, str]:
         limit = MAX_PERSONA_CHARS if key == "persona" else MAX_NAME_CHARS
         if len(value) > limit:
             raise InvalidConditionUpdate(f"session.update: {key} longer than {limit} characters")
+        allowed = (choices or {}).get(key)
+        if allowed is not None and value not in allowed:
+            raise InvalidConditionUpdate(
+                f"session.update: unknown {key} {value!r} (available: {', '.join(allowed)})"
+            )
         clean[key] = value
     return clean
 
@@ -55,10 +65,14 @@ class ConditionQueue:
     """Holds the conditions in force and the changes waiting for the next chunk boundary.
 
     Several updates queued before one boundary merge (later fields win) into one version step.
+    ``choices``: the values a field may take (see :func:`validate_update`).
     """
 
-    def __init__(self, initial: Conditions) -> None:
+    def __init__(
+        self, initial: Conditions, choices: Mapping[str, Collection[str]] | None = None
+    ) -> None:
         self._current = initial
+        self._choices = choices
         self._pending: dict[str, str] = {}
 
     @property
@@ -73,7 +87,7 @@ class ConditionQueue:
 
     def request(self, changes: Mapping[str, object]) -> None:
         """Queue validated changes; an invalid request changes nothing."""
-        self._pending.update(validate_update(changes))
+        self._pending.update(validate_update(changes, self._choices))
 
     def observe(self, presence: str) -> None:
         """The server's own observation (vision): queued like a client's change."""

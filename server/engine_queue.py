@@ -74,7 +74,6 @@ class EngineQueue:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self.dropped_stale = 0
-        self.ran = 0
 
     async def run(self, tag: JobTag, stage: Stage, est_cost_ms: float, fn: Callable[[], T]) -> T:
         """Queue ``fn`` for the worker thread; raises StaleWork if its epoch ends first."""
@@ -115,7 +114,6 @@ class EngineQueue:
                 if not job.future.done():
                     job.future.set_exception(exc)
             else:
-                self.ran += 1
                 if not job.future.done():
                     job.future.set_result(result)
 
@@ -136,6 +134,10 @@ class EngineQueue:
         job = jobs[plan.run[0].item_id]
         self._pending.remove(job)
         return job
+
+    def forget(self, session_id: str) -> None:
+        """The session ended: the scheduler drops what it kept about it."""
+        self._scheduler.forget(session_id)
 
     async def close(self) -> None:
         if self._worker is not None:

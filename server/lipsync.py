@@ -91,12 +91,11 @@ def cues_for(
 
 @dataclass(frozen=True)
 class _Placed:
-    """A chunk's cues with the output position of the chunk's first sample (or None yet)."""
+    """A chunk's cues, and how many of them were announced."""
 
     epoch: int
     appearance: str
     cues: tuple[VisemeCue, ...]
-    position: int | None = None
     announced: int = 0  # cues already sent as events
 
 
@@ -137,7 +136,7 @@ class LipSync:
                 }
             )
             index += 1
-        self._chunks[chunk_id] = _Placed(entry.epoch, entry.appearance, entry.cues, position, index)
+        self._chunks[chunk_id] = _Placed(entry.epoch, entry.appearance, entry.cues, index)
         return events
 
     def appearance(self, chunk_id: int) -> str | None:
@@ -155,9 +154,6 @@ class LipSync:
                 ramp = min(1.0, (offset - cue.start + 1) / ATTACK_SAMPLES)
                 return cue.viseme, round(cue.weight * ramp, 3)
         return Viseme.SIL, 0.0
-
-    def forget(self, chunk_id: int) -> None:
-        self._chunks.pop(chunk_id, None)
 
     def drop_older(self, epoch: int) -> None:
         """Barge-in: forget every chunk of an older epoch."""

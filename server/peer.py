@@ -38,13 +38,14 @@ from server.face import FaceAnimator
 from server.lipsync import LipSync, cues_for
 from server.media import MEDIA_RATE_HZ, samples_to_ms
 from server.metrics import Metrics, quantile
-from server.pipeline import ReplyRequest, TurnPipeline, TurnTrace
+from server.pipeline import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace
 from server.protocol import (
     ClientEvent,
     ProtocolError,
     ResponseCancel,
     SessionUpdate,
     TextInput,
+    error_event,
     parse_client_event,
 )
 from server.rtc import add_outbound_track, rtc_configuration, tune_audio_jitter
@@ -129,7 +130,10 @@ class PeerSession:
         self.state = PeerState.NEW
         self.clock = MonotonicClock()
         self.last_media_ms = self.clock.now_ms()  # last inbound audio frame (the reaper's)
-        self.session = Session(session_id, config.runtime, self.clock)
+        # an appearance the renderer does not have is refused like any invalid update
+        looks = () if renderer is None else renderer.appearances
+        choices = {"appearance": (*looks, "default")} if looks else {}
+        self.session = Session(session_id, config.runtime, self.clock, choices=choices)
         self.pc = RTCPeerConnection(rtc_configuration(config.transport))
         self.media_clock = MediaClock(time.monotonic)
         self._detector = detector
@@ -243,6 +247,8 @@ class PeerSession:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if isinstance(self._pipeline, SessionScoped):
+            self._pipeline.forget(self.session_id)
         self.audio_track.stop()
         if self.video_track is not None:
             self.video_track.stop()
@@ -329,9 +335,10 @@ class PeerSession:
         interval = self.config.pipeline.partial_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            audio = np.concatenate(self._utterance) if self._utterance else None
-            if audio is None or len(audio) <= self._partial.covered or len(audio) < 4800:
+            samples = self._utterance_samples
+            if samples <= self._partial.covered or samples < 4800:
                 continue
+            audio = np.concatenate(self._utterance)
             heard = self.session.cursors.heard_until
             tag = JobTag(self.session_id, self.session.epoch, self._partial_view)
             job = asyncio.get_running_loop().create_task(pipeline.partial_transcript(audio, tag))
@@ -352,12 +359,8 @@ class PeerSession:
                 request = self._request(self.session.epoch)
                 cached = await pipeline.prefill(request)
                 self._prefill_cached = max(self._prefill_cached, cached)
-                self.session.advance_prefilled(
-                    max(
-                        self.session.cursors.prefilled_until,
-                        min(heard, self.session.cursors.heard_until),
-                    )
-                )
+                # heard_until only grows: what was heard when the decode began is still heard
+                self.session.advance_prefilled(max(self.session.cursors.prefilled_until, heard))
 
     async def _stop_partials(self) -> None:
         task, self._partials = self._partials, None
@@ -591,9 +594,7 @@ class PeerSession:
 
     def _send_server_error(self, code: str, message: str) -> None:
         """An engine failed (not the client's fault): ``error.type`` is ``server_error``."""
-        self._send(
-            {"type": "error", "error": {"type": "server_error", "code": code, "message": message}}
-        )
+        self._send(error_event("server_error", code, message))
 
     def _flush_events(self) -> None:
         for event in self.session.drain_events():
@@ -642,7 +643,6 @@ class PeerSession:
         session = self.session
         try:
             if isinstance(event, SessionUpdate):
-                self._check_appearance(event.changes.get("appearance"))
                 session.request_update(event.changes)
             elif isinstance(event, ResponseCancel):
                 if session.cancel_response() is None:
@@ -667,14 +667,6 @@ class PeerSession:
 
     def _appearances(self) -> tuple[str, ...]:
         return () if self._renderer is None else self._renderer.appearances
-
-    def _check_appearance(self, name: object) -> None:
-        """An appearance the renderer does not have is refused (nothing changes)."""
-        known = self._appearances()
-        if name is not None and known and name not in (*known, "default"):
-            raise InvalidConditionUpdate(
-                f"session.update: unknown appearance {name!r} (available: {', '.join(known)})"
-            )
 
     # --- diagnostics ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -116,6 +116,14 @@ class QueueObservable(Protocol):
     def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None: ...
 
 
+@runtime_checkable
+class SessionScoped(Protocol):
+    """A pipeline whose shared engines keep per-session records (e.g. scheduling fairness);
+    ``forget`` drops them once the session has ended."""
+
+    def forget(self, session_id: str) -> None: ...
+
+
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]
 
 

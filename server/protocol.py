@@ -21,6 +21,15 @@ from server.errors import RuntimeErrorBase
 MAX_TEXT_CHARS = 2000
 
 
+def error_event(kind: str, code: str, message: str, event_id: str | None = None) -> dict[str, Any]:
+    """An ``error`` event; ``kind`` (``error.type``) says whose fault it was: the client's
+    (``invalid_request_error``) or the server's (``server_error``)."""
+    error: dict[str, Any] = {"type": kind, "code": code, "message": message}
+    if event_id is not None:
+        error["event_id"] = event_id
+    return {"type": "error", "error": error}
+
+
 class ProtocolError(RuntimeErrorBase):
     """A client event that cannot be accepted; nothing was changed."""
 
@@ -31,11 +40,7 @@ class ProtocolError(RuntimeErrorBase):
         self.event_id = event_id
 
     def to_event(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"type": "invalid_request_error", "code": self.code}
-        error["message"] = self.message
-        if self.event_id is not None:
-            error["event_id"] = self.event_id
-        return {"type": "error", "error": error}
+        return error_event("invalid_request_error", self.code, self.message, self.event_id)
 
 
 @dataclass(frozen=True)

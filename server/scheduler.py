@@ -69,6 +69,10 @@ class Scheduler(Protocol):
         """Pick up to ``max_items`` items to run now, in order."""
         ...
 
+    def forget(self, session_id: str) -> None:
+        """The session ended; drop whatever the policy keeps about it."""
+        ...
+
 
 def _is_stale(item: WorkItem, sessions: Mapping[str, SessionView]) -> bool:
     view = sessions.get(item.session_id)
@@ -243,6 +247,7 @@ class RoundRobinScheduler:
         return Plan(tuple(run), tuple(order[max_items:]), tuple(deferred), tuple(stale))
 
     def forget(self, session_id: str) -> None:
+        """The session ended; drop it from the ring (the turn passes to its successor)."""
         if session_id in self._ring:
             if self._last == session_id:
                 idx = self._ring.index(session_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -115,7 +116,9 @@ class Session:
         config: RuntimeConfig,
         clock: Clock,
         count_tokens: TokenCounter = approx_tokens,
+        choices: Mapping[str, Collection[str]] | None = None,
     ) -> None:
+        """``choices``: the values a condition may take (e.g. the renderer's appearances)."""
         self.session_id = session_id
         self.config = config
         self.clock = clock
@@ -127,7 +130,7 @@ class Session:
         )
         self.stale_dropped: Counter[Stage] = Counter()
         self._conditions = ConditionQueue(
-            Conditions(config.persona, config.voice, config.appearance)
+            Conditions(config.persona, config.voice, config.appearance), choices
         )
         self._chunks: dict[int, Chunk] = {}
         self._next_chunk_id = 1
@@ -321,14 +324,12 @@ class Session:
     def request_update(self, changes: dict[str, object]) -> None:
         """``session.update``: queued, applied at the next chunk boundary. Invalid: no change."""
         self._conditions.request(changes)
-        if not self.pending_chunks():
-            self._apply_conditions()  # no chunk in flight: this is a boundary
+        self._apply_conditions_if_idle()
 
     def observe_presence(self, note: str) -> None:
         """Vision's note on the user (present / stepped away): applied at the next boundary."""
         self._conditions.observe(note)
-        if not self.pending_chunks():
-            self._apply_conditions()
+        self._apply_conditions_if_idle()
 
     def start_response(self, epoch: int) -> bool:
         """Generation of a reply for ``epoch`` begins; False if that epoch is already stale."""
@@ -446,6 +447,11 @@ class Session:
                 ConditionsApplied(now.version, now.persona, now.voice, now.appearance, now.presence)
             )
         return now
+
+    def _apply_conditions_if_idle(self) -> None:
+        """No chunk in flight: this is a boundary, so queued changes apply now."""
+        if not self.pending_chunks():
+            self._apply_conditions()
 
     def _maybe_end_stream(self) -> None:
         if (

@@ -250,23 +250,3 @@ def small_size(width: int, height: int, max_side: int = 320) -> tuple[int, int]:
         raise ValueError(f"max_side must be >= 1 (got {max_side})")
     scale = min(1.0, max_side / max(width, height))
     return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def to_rgb_small(frame_rgb: Rgb, max_side: int = 320) -> Rgb:
-    """Shrink an RGB frame by an integer factor (box average) so its longer side <= ``max_side``.
-
-    Cheap (about 1 ms for 640x480 -> 320x240); a frame already small enough is returned as is.
-    """
-    if max_side < 1:
-        raise ValueError(f"max_side must be >= 1 (got {max_side})")
-    h, w = frame_rgb.shape[:2]
-    k = math.ceil(max(h, w) / max_side)
-    if k <= 1:
-        return frame_rgb
-    hh, ww = h // k, w // k
-    acc = np.zeros((hh, ww, *frame_rgb.shape[2:]), dtype=np.uint16 if k <= 16 else np.uint32)
-    for dy in range(k):
-        for dx in range(k):
-            acc += frame_rgb[dy : hh * k : k, dx : ww * k : k]
-    small: Rgb = ((acc + (k * k) // 2) // (k * k)).astype(np.uint8)
-    return small

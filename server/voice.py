@@ -145,6 +145,11 @@ class VoicePipeline:
         for queue in (self.asr_queue, self.tts_queue):
             queue.on_wait = functools.partial(observe, queue.name)
 
+    def forget(self, session_id: str) -> None:
+        """The session ended: the engine queues drop what their schedulers kept about it."""
+        for queue in (self.asr_queue, self.tts_queue):
+            queue.forget(session_id)
+
     async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         if len(utterance) < 1600:  # < 100 ms: not a word
             return ""

@@ -129,3 +129,16 @@ async def test_jobs_that_start_past_their_deadline_are_reported() -> None:
     assert seen == [(0.0, False), (0.0, True)]
     assert queue.missed == 1
     await queue.close()
+
+
+async def test_forget_drops_the_sessions_scheduling_record() -> None:
+    scheduler = DeadlineScheduler(SchedulerConfig())
+    queue = EngineQueue("tts", scheduler, FakeClock())
+    views = Views()
+    for sid in ("gone", "live"):
+        views.set(sid, 500)
+        assert await queue.run(views.tag(sid), Stage.TTS, 10, lambda: "ok") == "ok"
+    assert set(scheduler.served) == {"gone", "live"}
+    queue.forget("gone")
+    assert set(scheduler.served) == {"live"}
+    await queue.close()

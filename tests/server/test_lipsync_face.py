@@ -33,6 +33,8 @@ def test_phonemes_map_to_visemes() -> None:
     assert viseme_of("ˈa") is Viseme.AA  # stress marks ignored
     assert viseme_of("oʊ") is Viseme.O
     assert viseme_of("iː") is Viseme.I
+    long_and_syllabic = [viseme_of(p) for p in ("ɑː", "ɔː", "oː", "uː", "n̩", "l̩")]  # marks go
+    assert long_and_syllabic == [Viseme.AA, Viseme.O, Viseme.O, Viseme.U, Viseme.NN, Viseme.NN]
     assert viseme_of(" ") is Viseme.SIL
     assert viseme_of(",") is Viseme.SIL
     assert viseme_of("^") is Viseme.SIL

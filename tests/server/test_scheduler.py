@@ -120,6 +120,38 @@ def test_round_robin_rotates_and_plain_ignores_epochs() -> None:
     assert plan.run == () and len(plan.stale) == 1
 
 
+def test_forgotten_session_leaves_no_fairness_record(edf: DeadlineScheduler) -> None:
+    views = {s: view(s, 500) for s in "abc"}
+    for step in range(6):
+        items = [item(step * 3 + k, s, at=float(step)) for k, s in enumerate("abc")]
+        edf.schedule(float(step), items, views, max_items=1)
+    assert set(edf.served) == {"a", "b", "c"}
+    edf.forget("b")
+    assert set(edf.served) == {"a", "c"}
+    del views["b"]
+    order = []
+    for step in range(6, 10):
+        items = [item(step * 2 + k, s, at=float(step)) for k, s in enumerate("ac")]
+        order.append(edf.schedule(float(step), items, views, max_items=1).run[0].session_id)
+    assert sorted(order) == ["a", "a", "c", "c"]  # the live sessions still share fairly
+
+
+def test_round_robin_forgets_a_session_and_keeps_the_turn() -> None:
+    rr = RoundRobinScheduler()
+    views = {s: view(s, 0) for s in "abc"}
+    order = []
+    for step in range(2):
+        items = [item(step * 3 + k, s) for k, s in enumerate("abc")]
+        order.append(rr.schedule(0.0, items, views, 1).run[0].session_id)
+    assert order == ["a", "b"]
+    rr.forget("b")  # b just ran: its successor is next
+    assert rr._ring == ["a", "c"]
+    for step in range(2, 5):
+        items = [item(step * 3 + k, s) for k, s in enumerate("ac")]
+        order.append(rr.schedule(0.0, items, views, 1).run[0].session_id)
+    assert order == ["a", "b", "c", "a", "c"]
+
+
 def test_policy_from_config() -> None:
     assert isinstance(make_scheduler(SchedulerConfig()), DeadlineScheduler)
     assert isinstance(make_scheduler(SchedulerConfig(policy="round_robin")), RoundRobinScheduler)

@@ -4,6 +4,7 @@ import pytest
 
 from server.chunk import Stage, WordTiming
 from server.clock import FakeClock
+from server.config import RuntimeConfig
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ConditionsApplied, ItemTruncated, ResponseDone
 from server.history import Role
@@ -158,6 +159,20 @@ def test_invalid_condition_update_changes_nothing(
     assert session.conditions == before
     session.request_update({"voice": "amy"})
     assert session.conditions.version == 1
+
+
+def test_a_field_limited_to_choices_refuses_other_values(
+    clock: FakeClock, runtime_config: RuntimeConfig
+) -> None:
+    looks = {"appearance": ("ada", "milo", "default")}
+    session = Session("s" * 32, runtime_config, clock, choices=looks)
+    before = session.conditions
+    with pytest.raises(InvalidConditionUpdate, match="unknown appearance 'robot'"):
+        session.request_update({"appearance": "robot", "voice": "amy"})
+    assert session.conditions == before  # nothing changed, the valid field neither
+    session.request_update({"appearance": "milo", "voice": "robot"})  # voice has no choices
+    session.request_update({"appearance": "default"})
+    assert session.conditions.appearance == "default" and session.conditions.voice == "robot"
 
 
 def test_cursors_track_input_and_output(session: Session) -> None:

@@ -16,7 +16,6 @@ from server.vision import (
     PresenceTracker,
     presence_note,
     small_size,
-    to_rgb_small,
 )
 
 
@@ -225,27 +224,6 @@ def test_sampler_after_a_gap_takes_one_frame_not_a_burst() -> None:
 def test_sampler_refuses_a_zero_rate() -> None:
     with pytest.raises(ValueError, match="fps"):
         FrameSampler(0)
-
-
-def test_to_rgb_small_box_averages() -> None:
-    frame = np.zeros((480, 640, 3), dtype=np.uint8)
-    frame[::2, ::2] = 200  # a 2x2 pattern averages to 50
-    small = to_rgb_small(frame, max_side=320)
-    assert small.shape == (240, 320, 3)
-    assert small.dtype == np.uint8
-    assert np.all(small == 50)
-    assert to_rgb_small(np.zeros((720, 1280, 3), np.uint8)).shape == (180, 320, 3)
-    tiny = np.zeros((100, 200, 3), dtype=np.uint8)
-    assert to_rgb_small(tiny) is tiny
-
-
-def test_to_rgb_small_matches_a_block_mean() -> None:
-    rng = np.random.default_rng(11)
-    frame = rng.integers(0, 256, size=(721, 1283, 3), dtype=np.uint8)  # k = 5, ragged edges
-    small = to_rgb_small(frame, max_side=320)
-    assert small.shape == (144, 256, 3)
-    mean = frame[:720, :1280].reshape(144, 5, 256, 5, 3).mean(axis=(1, 3))
-    assert np.abs(small.astype(np.float64) - mean).max() <= 0.5
 
 
 def test_small_size_keeps_the_aspect() -> None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 import pytest
 
 from models.tts import PiperTts, split_sentences
 from server.conditions import Conditions
+from server.config import Config
 from server.engine_queue import JobTag
 from server.history import CacheClass, ContextEntry, Role
-from server.peer import stable_words
-from server.scheduler import SessionView
+from server.metrics import Metrics
+from server.peer import PeerSession, stable_words
+from server.pipeline import SessionScoped
+from server.scheduler import DeadlineScheduler, SessionView
 from server.voice import FirstChunkCutter, VoicePipeline, to_messages
 
 
@@ -91,3 +97,59 @@ async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
     assert [w.word.strip(".") for w in audio.words] == ["The", "weather", "is", "lovely", "today"]
     assert audio.phonemes[0].start == 0 and audio.phonemes[-1].end == len(audio.pcm)
     assert all(a.end == b.start for a, b in zip(audio.phonemes, audio.phonemes[1:], strict=False))
+
+
+class _Speech:
+    pcm = np.zeros(480, np.int16)
+    words: tuple[()] = ()
+    phonemes: tuple[()] = ()
+
+
+class _Engines:
+    """ASR and TTS that answer at once; the LLM side only closes."""
+
+    def transcribe(self, pcm: object) -> str:
+        return "hi"
+
+    def synthesize(self, text: str) -> _Speech:
+        return _Speech()
+
+    async def close(self) -> None:
+        pass
+
+
+def _served(pipeline: VoicePipeline) -> list[set[str]]:
+    """The sessions each engine queue's scheduler keeps a fairness record of."""
+    out = []
+    for queue in (pipeline.asr_queue, pipeline.tts_queue):
+        scheduler = queue._scheduler
+        assert isinstance(scheduler, DeadlineScheduler)
+        out.append(set(scheduler.served))
+    return out
+
+
+async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
+    engines = _Engines()
+    pipeline = VoicePipeline(
+        engines,
+        engines,  # type: ignore[arg-type]
+        engines,
+        split_sentences,
+        max_tokens=10,
+        first_chunk_words=6,
+    )
+    assert isinstance(pipeline, SessionScoped)
+    sid = "p" * 32
+    no_detector: Any = None  # a peer that never connects hears nothing
+    peer = PeerSession(sid, Config(), no_detector, pipeline, Metrics(), lambda _: None)
+    try:
+        for session in (sid, "live"):
+            tag = JobTag(session, 0, functools.partial(SessionView, session, 0, 0.0, 2000.0))
+            assert await pipeline.transcribe(np.zeros(1600, np.int16), tag) == "hi"
+            await pipeline.synthesize("Hi.", Conditions("p", "joe", "a"), tag)
+        assert _served(pipeline) == [{sid, "live"}, {sid, "live"}]
+        await peer.close()
+        assert _served(pipeline) == [{"live"}, {"live"}]
+    finally:
+        await peer.close()
+        await pipeline.close()
