@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import aiohttp
 
-from models.replicas import ReplicaSet, ReplicaStatus, prompt_key
+from models.replicas import Replica, ReplicaSet, ReplicaStatus, prompt_key
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -379,7 +379,6 @@ class _Opened:
     response: aiohttp.ClientResponse
     events: AsyncGenerator[dict[str, Any], None]
     first: str | None
-    ended: bool
 
 
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
@@ -457,6 +456,7 @@ class RemoteVllm:
         tally = _Tally()
         ttft: float | None = None
         opened: _Opened | None = None
+        busy: Replica | None = None  # the replica counting this request in flight
         failures: list[str] = []
         try:
             for replica in self._replicas.order(prompt, anchor):
@@ -464,18 +464,18 @@ class RemoteVllm:
                     break
                 tally = _Tally()
                 self._replicas.started(replica)
+                busy = replica
                 try:
                     opened = await self._open(replica.url, body, request_id, call, tally)
                 except _RetryOnAnother as e:
+                    self._replicas.ended(replica)
+                    busy = None
                     self._replicas.failed(replica)
                     failures.append(str(e))
                     log.warning("LLM request %s: %s; trying the next replica", request_id, e)
                     continue
-                finally:
-                    self._replicas.ended(replica)
-                if opened is None:  # aborted while opening
-                    break
-                self._replicas.served(replica, prompt)
+                if opened is not None:  # None: aborted while opening
+                    self._replicas.served(replica, prompt)
                 break
             if opened is None:
                 if call.aborted:
@@ -484,10 +484,9 @@ class RemoteVllm:
                     f"no replica answered request {request_id}: {'; '.join(failures)}"
                 )
             url = str(opened.response.url)
-            if opened.first is not None:
+            if opened.first is not None:  # else the stream ended without text
                 ttft = _elapsed_ms(started)
                 yield opened.first
-            if not opened.ended:
                 async for event in opened.events:
                     text = tally.apply(event, url)
                     if text:
@@ -503,6 +502,8 @@ class RemoteVllm:
                 raise LlmError(f"request {request_id} failed mid-stream: {e!r}") from e
         finally:
             self._calls.pop(request_id, None)
+            if busy is not None:
+                self._replicas.ended(busy)  # the whole reply counted in flight
             if opened is not None:
                 opened.response.close()  # vLLM aborts a request whose client has gone
                 await opened.events.aclose()
@@ -553,8 +554,8 @@ class RemoteVllm:
                 async for event in events:
                     text = tally.apply(event, endpoint)
                     if text:
-                        return _Opened(response, events, text, ended=False)
-                return _Opened(response, events, None, ended=True)
+                        return _Opened(response, events, text)
+                return _Opened(response, events, None)
         except LlmStreamError as e:
             await _discard(response, events)
             raise _RetryOnAnother(f"{endpoint}: {e}") from e  # broke off before any text

@@ -1,12 +1,26 @@
-"""Replica choice for the remote LLM: prefix affinity, load, and replicas that just failed."""
+"""Replica choice for the remote LLM: prefix affinity, load, and replicas that just failed.
+
+The last tests run RemoteVllm against small local SSE servers that stand in for replicas (they
+send one token, then hold the stream open): what is under test is the load RemoteVllm reports.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
 import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from models.llm import Message, RemoteOptions, RemoteVllm
 from models.replicas import AFFINITY_SLACK, ReplicaSet, common_prefix_len, prompt_key
+from tests.support.server_process import free_port
 
 PERSONA = {"role": "system", "content": "You are a helpful assistant."}
 WARM = "Tell me a story about a cat who lived by the sea"
@@ -127,3 +141,94 @@ def test_affinity_does_not_beat_a_replica_that_is_down() -> None:
 def test_a_replica_set_needs_a_replica() -> None:
     with pytest.raises(ValueError):
         ReplicaSet([], down_s=5)
+
+
+# --------------------------------------------------------------------------- RemoteVllm's load
+
+
+def sse(event: dict[str, object]) -> bytes:
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+@dataclass
+class HeldReplica:
+    """A stand-in replica: one token at once, the rest of the reply once ``release`` is set."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(sse({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}))
+        await self.release.wait()
+        await response.write(sse({"choices": [{"index": 0, "delta": {"content": " there"}}]}))
+        await response.write(sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+@pytest_asyncio.fixture
+async def held() -> AsyncIterator[list[tuple[HeldReplica, str]]]:
+    """Two held replicas and their URLs."""
+    replicas: list[tuple[HeldReplica, TestServer]] = []
+    for _ in range(2):
+        replica = HeldReplica()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", replica.handle)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        replicas.append((replica, server))
+    yield [(r, str(s.make_url("")).rstrip("/")) for r, s in replicas]
+    for replica, server in replicas:
+        replica.release.set()  # no handler left waiting
+        await server.close()
+
+
+QUESTION: list[Message] = [{"role": "user", "content": "Hello?"}]
+
+
+def in_flight(llm: RemoteVllm) -> list[int]:
+    return [s.in_flight for s in llm.replica_status()]
+
+
+async def test_a_reply_is_in_flight_until_its_stream_ends(
+    held: list[tuple[HeldReplica, str]],
+) -> None:
+    (replica, url), _ = held
+    refused = f"http://127.0.0.1:{free_port()}"  # tried first (ties take turns), then down
+    llm = RemoteVllm(RemoteOptions(base_url=refused, model="m", more_urls=(url,)))
+    try:
+        stream = llm.stream(QUESTION, "whole-1", max_tokens=8)
+        assert await anext(stream) == "Hi"
+        assert [s.failures for s in llm.replica_status()] == [1, 0]
+        assert in_flight(llm) == [0, 1]  # the failed attempt ended at once; the reply streams
+        replica.release.set()
+        assert [text async for text in stream] == [" there"]
+        assert in_flight(llm) == [0, 0]
+        replica.release.clear()
+        stream = llm.stream(QUESTION, "closed-1", max_tokens=8)
+        assert await anext(stream) == "Hi"
+        assert in_flight(llm) == [0, 1]
+        await stream.aclose()  # the consumer hangs up mid-reply
+        assert in_flight(llm) == [0, 0]
+    finally:
+        await llm.close()
+
+
+async def test_the_least_loaded_choice_sees_replies_still_streaming(
+    held: list[tuple[HeldReplica, str]],
+) -> None:
+    (_, url_a), (b, url_b) = held
+    b.release.set()  # b answers in full, a holds its reply open
+    llm = RemoteVllm(RemoteOptions(base_url=url_a, model="m", more_urls=(url_b,)))
+    try:
+        streaming = llm.stream(QUESTION, "long-1", max_tokens=8)
+        assert await anext(streaming) == "Hi"  # ties take turns: a first
+        for n in range(2):  # the second one's turn is a's, but a is still busy
+            deltas = [text async for text in llm.stream(QUESTION, f"short-{n}", max_tokens=8)]
+            assert deltas == ["Hi", " there"]
+        assert [s.served for s in llm.replica_status()] == [1, 2]
+        assert in_flight(llm) == [1, 0]
+        await streaming.aclose()
+    finally:
+        await llm.close()
