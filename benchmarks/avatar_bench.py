@@ -33,10 +33,12 @@ from benchmarks import pct
 from models.avatar import ProceduralAvatar
 from server.avatar import Expression, FaceState, Viseme
 from server.face import FaceAnimator
+from server.lipsync import ATTACK_SAMPLES
+from server.media import samples_to_ms
 
 FPS = 25
 FRAME_MS = 1000 / FPS
-ATTACK_MS = 30.0  # as server.lipsync: a cue's weight ramps in over this long
+ATTACK_MS = samples_to_ms(ATTACK_SAMPLES)  # a cue's weight ramps in over this long
 SPEECH_VISEMES = [v for v in Viseme if v is not Viseme.SIL]
 VOWELS = [Viseme.AA, Viseme.E, Viseme.I, Viseme.O, Viseme.U]
 # (until ms, expression): one turn

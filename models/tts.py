@@ -66,10 +66,6 @@ class Speech:
     words: tuple[WordTime, ...]
     phonemes: tuple[tuple[str, int, int], ...]
 
-    @property
-    def duration_ms(self) -> float:
-        return len(self.pcm) * 1000 / RATE_HZ
-
     @staticmethod
     def empty() -> Speech:
         return Speech(np.zeros(0, np.int16), (), ())
