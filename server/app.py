@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -77,8 +78,18 @@ async def debug_sessions(request: web.Request) -> web.Response:
             "peer_objects": registry.live_peer_objects(),  # after gc: 0 when idle, or a leak
             "closed_total": registry.closed_total,
             "reaped_total": registry.reaped_total,
+            "tasks": task_census(),  # what the loop runs: a leaked task names itself here
         }
     )
+
+
+def task_census() -> dict[str, int]:
+    """How many asyncio tasks run each coroutine (by qualified name), most common first."""
+    names = Counter(
+        getattr(task.get_coro(), "__qualname__", type(task.get_coro()).__name__)
+        for task in asyncio.all_tasks()
+    )
+    return dict(names.most_common())
 
 
 async def index(request: web.Request) -> web.FileResponse:

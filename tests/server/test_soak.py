@@ -72,6 +72,7 @@ class Figures:
     open_fds: int
     rss_bytes: int
     peer_objects: int
+    census: dict[str, int]  # asyncio tasks by coroutine
 
 
 async def settled(server: ServerProcess, sessions: int) -> Figures:
@@ -88,12 +89,14 @@ async def settled(server: ServerProcess, sessions: int) -> Figures:
     )
     await asyncio.sleep(1.5)  # one reaper tick: the heap is trimmed after closes
     health = server.health()
+    debug = server.debug_sessions()
     return Figures(
         health["sessions"],
         health["tasks"],
         health["open_fds"],
         health["rss_bytes"],
-        server.debug_sessions()["peer_objects"],
+        debug["peer_objects"],
+        debug["tasks"],
     )
 
 
@@ -249,7 +252,7 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
     assert len(vanished) >= SOAK_CYCLES
     assert reaped == len(vanished)  # every vanished peer was closed by the reaper
     assert after.sessions == 1 and after.peer_objects == 1  # only the bystander
-    assert after.tasks <= before.tasks
+    assert after.tasks <= before.tasks, (before.census, after.census)
     assert after.open_fds <= before.open_fds
     assert after.rss_bytes - before.rss_bytes <= RSS_GROWTH_LIMIT
     # the session that stayed never noticed

@@ -95,6 +95,22 @@ class ServerProcess:
             lambda h: h["sessions"] == count, timeout, f"{count} sessions"
         )
 
+    async def wait_settled(self, tasks: int, timeout: float) -> dict[str, Any]:
+        """/healthz once no session is left and at most ``tasks`` asyncio tasks run. Closing
+        peers and connections end their last tasks a little after the session count drops; a
+        leaked task never ends, so after ``timeout`` s this fails naming what still runs (the
+        census needs ``server.debug_endpoints``)."""
+        try:
+            return await self.wait_health(
+                lambda h: h["sessions"] == 0 and h["tasks"] <= tasks, timeout, f"<= {tasks} tasks"
+            )
+        except TimeoutError as exc:
+            try:
+                census = self.debug_sessions()["tasks"]
+            except OSError:
+                raise exc from None
+            raise TimeoutError(f"{exc}; tasks running: {census}") from None
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as resp:
             return str(resp.read().decode())
