@@ -125,15 +125,18 @@ class ClientPeer:
         *,
         whip: bool = False,
         video: bool = True,
+        audio: bool = True,
         mic: ScriptedMic | None = None,
         camera: MediaStreamTrack | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         configuration: RTCConfiguration | None = None,
     ) -> None:
-        """``configuration``: ICE servers and policy (default: none, so no public STUN)."""
+        """``audio``: False offers no audio m-line at all (events only, typed messages);
+        ``configuration``: ICE servers and policy (default: none, so no public STUN)."""
         self.base_url = base_url.rstrip("/")
         self.whip = whip
         self.want_video = video
+        self.want_audio = audio
         self.mic = mic or ScriptedMic()
         self.camera = camera  # sent as our video (sendrecv), else video is receive-only
         self.pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
@@ -155,7 +158,8 @@ class ClientPeer:
         self.pc.on("track", self._on_track)
 
     async def connect(self, timeout: float = 15.0) -> None:
-        self.pc.addTrack(self.mic)
+        if self.want_audio:
+            self.pc.addTrack(self.mic)
         if self.camera is not None:
             self.pc.addTrack(self.camera)
         elif self.want_video:
@@ -278,6 +282,7 @@ async def run(args: argparse.Namespace) -> int:
         args.url,
         whip=args.whip,
         video=not args.no_video,
+        audio=not args.no_audio,
         mic=mic,
         on_event=lambda e: print(json.dumps(e), flush=True),
         configuration=ice_configuration(
@@ -331,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text", help="send this typed message after connecting")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds to stay connected")
     parser.add_argument("--no-video", action="store_true", help="do not ask for the video track")
+    parser.add_argument(
+        "--no-audio", action="store_true", help="offer no audio at all: events and typed text only"
+    )
     parser.add_argument("--record-audio", type=Path, help="write received audio to this WAV")
     parser.add_argument("--record-video", type=Path, help="write received video to this MP4")
     parser.add_argument(
@@ -355,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.relay_only and not any(u.startswith(("turn:", "turns:")) for u in args.ice_server):
         parser.error("--relay-only needs a TURN server (--ice-server turn:HOST:PORT)")
+    if args.no_audio and (args.wav or args.record_audio):
+        parser.error("--no-audio sends and receives no audio: drop --wav and --record-audio")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
     return asyncio.run(run(args))
 

@@ -23,7 +23,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.avatar import AvatarRenderer
 from server.avatar_video import AvatarVideo
@@ -167,6 +167,7 @@ class PeerSession:
         self.lipsync = LipSync()
         self.animator = FaceAnimator(seed=int.from_bytes(session_id.encode()[:8], "big"))
         self._renderer = renderer
+        self.sends_audio = False  # the client offered to receive audio
         self.sends_video = False  # the client offered video and we have a renderer
         self.camera = CameraStage(
             session_id, config.vision, vision, self.clock, self._presence_changed
@@ -211,7 +212,7 @@ class PeerSession:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         tune_audio_jitter(self.pc, self.config.transport.jitter_prefetch_packets)
         # on the m-lines the client wants to receive on (none for a pure publisher)
-        add_outbound_track(self.pc, self.audio_track)
+        self.sends_audio = add_outbound_track(self.pc, self.audio_track)
         if self.video_track is not None:
             self.sends_video = add_outbound_track(self.pc, self.video_track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
@@ -232,8 +233,18 @@ class PeerSession:
         state = self.pc.connectionState
         if state == "connected" and self.state is PeerState.NEW:
             self._set_state(PeerState.CONNECTED)
+            if not self.sends_audio:
+                self._spawn(self._play_unsent_audio(), "playout")
         elif state in ("failed", "closed") and self.state in (PeerState.NEW, PeerState.CONNECTED):
             self._on_gone(self.session_id)
+
+    async def _play_unsent_audio(self) -> None:
+        """A client that receives no audio (events only) still has the reply played out: the
+        outbound track is pulled on its own media clock, 20 ms a frame, as aiortc would pull it,
+        so visemes, transcripts, the playback cursor and ``response.done`` keep real time."""
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                await self.audio_track.recv()
 
     async def close(self) -> None:
         """Stop everything this peer runs; idempotent."""
@@ -575,6 +586,7 @@ class PeerSession:
                     "voice": self.session.conditions.voice,
                     "appearance": self.session.conditions.appearance,
                     "appearances": list(self._appearances()),
+                    "audio": self.sends_audio,
                     "video": self.sends_video,
                 },
             }

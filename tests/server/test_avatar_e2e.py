@@ -90,6 +90,38 @@ async def test_event_only_client_gets_visemes_without_video(
     assert peer.video_count == 0
 
 
+async def test_data_channel_only_client_gets_the_reply_played_out(
+    server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    """An offer with no audio and no video m-line: the reply is still played out on the
+    session's clock, so its events keep time and it ends with response.done."""
+    peer = ClientPeer(server.url, video=False, audio=False)
+    peers.append(peer)
+    await peer.connect()
+    created = await peer.wait_event("session.created")
+    assert created["session"]["audio"] is False and created["session"]["video"] is False
+    peer.send({"type": "conversation.item.create", "text": "Only the data channel"})
+    first = await peer.wait_event("response.audio_transcript.delta", timeout=15)
+    done = await peer.wait_event("response.done", timeout=20)
+    assert done["status"] == "completed"
+    stamps = {id(e): t for t, e in peer.events}
+    # paced like audio, not dumped: the events of 2 x 1.2 s of speech span about that long
+    assert stamps[id(done)] - stamps[id(first)] >= 2 * 1.2 - 0.2
+    pts = [e["pts_ms"] for _, e in peer.events if e["type"] == "avatar.viseme"]
+    assert pts == sorted(pts) and pts[-1] - pts[0] >= 2 * 1.2 * 1000 - 300
+    # an interruption knows how far the unsent audio had been played
+    n = len(peer.events)
+    peer.send({"type": "conversation.item.create", "text": "Say it again"})
+    await peer.wait_event("response.audio_transcript.delta", timeout=15, after=n)
+    await asyncio.sleep(0.6)
+    peer.send({"type": "response.cancel"})
+    truncated = await peer.wait_event("conversation.item.truncated", timeout=10, after=n)
+    assert 0 < truncated["audio_end_ms"] <= 1200  # within the sentence that was playing
+    done = await peer.wait_event("response.done", timeout=10, after=n)
+    assert done["status"] == "cancelled"
+    assert not peer.audio and peer.video_count == 0
+
+
 async def test_appearance_update_is_validated_and_applied(
     server: ServerProcess, peers: list[ClientPeer]
 ) -> None:
