@@ -50,7 +50,7 @@ from server.protocol import (
 )
 from server.rtc import add_outbound_track, rtc_configuration, tune_audio_jitter
 from server.scheduler import SessionView
-from server.session import ChunkAudio, Session
+from server.session import BargeIn, ChunkAudio, Session
 from server.tracks import (
     MediaClock,
     PacedAudioTrack,
@@ -310,12 +310,9 @@ class PeerSession:
             self.speech_starts += 1
             barge = self.session.speech_started(event.at_ms)
             if barge is not None:
-                self._metrics.barge_ins.inc()
-                self._metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
                 self._barge_onset_ms = event.onset_arrival_ms
                 self._barge_confirmed_ms = event.confirmed_arrival_ms
-                self.lipsync.drop_older(self.session.epoch)
-                await self._cancel_response()
+                await self._interrupted(barge)
             if self.session.state is TurnState.USER_SPEAKING and self._partials is None:
                 self._utterance = list(self._preroll)
                 self._utterance_samples = sum(len(p) for p in self._utterance)
@@ -416,6 +413,16 @@ class PeerSession:
         self._response = self._spawn(
             self._respond(self._pipeline, epoch, trace, utterance, speech_end, text), "reply"
         )
+
+    async def _interrupted(self, barge: BargeIn | None) -> None:
+        """After the session bumped its epoch (speech, typed text or ``response.cancel``), or
+        found nothing to interrupt (``barge`` None): count it, drop the old epoch's mouth cues,
+        and stop the reply task."""
+        if barge is not None:
+            self._metrics.barge_ins.inc()
+            self._metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
+            self.lipsync.drop_older(self.session.epoch)
+        await self._cancel_response()
 
     async def _cancel_response(self) -> None:
         self._trace = None
@@ -657,16 +664,15 @@ class PeerSession:
             if isinstance(event, SessionUpdate):
                 session.request_update(event.changes)
             elif isinstance(event, ResponseCancel):
-                if session.cancel_response() is None:
+                barge = session.cancel_response()
+                if barge is None:
                     self._send_error(
                         "no_active_response", "there is no reply to cancel", event.event_id
                     )
-                await self._cancel_response()
+                await self._interrupted(barge)
             elif isinstance(event, TextInput):
                 _, barge = session.submit_text(event.text)
-                if barge is not None:
-                    self._metrics.barge_ins.inc()
-                await self._cancel_response()
+                await self._interrupted(barge)
                 trace = TurnTrace(endpoint_ms=self.clock.now_ms())
                 self._start_response(session.epoch, trace, text=event.text)
             else:

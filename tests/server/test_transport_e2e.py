@@ -136,9 +136,14 @@ async def test_data_channel_protocol(server: ServerProcess, peers: list[ClientPe
     peer.send({"type": "conversation.item.create", "text": "Hello by keyboard"})
     created = await peer.wait_event("response.created")
     assert created["epoch"] == 0
+    before = server.metrics()
     peer.send({"type": "response.cancel"})
     done = await peer.wait_event("response.done")
     assert done["status"] == "cancelled"
+    # a cancel is an interruption like speech: counted, with what it threw away
+    after = server.metrics()
+    for name in ("avatar_barge_ins_total", "avatar_discarded_output_seconds_count"):
+        assert metric_value(after, name) == metric_value(before, name) + 1, name
 
 
 async def test_bad_requests_leave_nothing_behind(server: ServerProcess) -> None:
