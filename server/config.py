@@ -48,8 +48,8 @@ class ServerConfig:
     auth_tokens: tuple[str, ...] = _setting(
         (),
         f"Bearer tokens (>= {MIN_TOKEN_CHARS} characters, comma-separated in env) accepted for "
-        "POST /offer, /whip and its resources, /debug; empty: no authentication (keep the server "
-        "on localhost).",
+        "POST /offer, /whip and its resources, GET /ice-servers, /debug; empty: no "
+        "authentication (keep the server on localhost).",
         secret=True,
         min_chars=MIN_TOKEN_CHARS,
     )
@@ -157,8 +157,20 @@ class TransportConfig:
         "STUN/TURN server URLs (comma-separated in env); none by default.",
         prefix=("stun:", "turn:", "turns:"),
     )
-    ice_username: str = _setting("", "TURN username.")
-    ice_credential: str = _setting("", "TURN credential.")
+    ice_username: str = _setting("", "TURN username (static credentials).")
+    ice_credential: str = _setting("", "TURN credential (static credentials).", secret=True)
+    ice_auth_secret: str = _setting(
+        "",
+        "Shared secret of the TURN server's REST API (coturn --static-auth-secret): TURN "
+        "credentials are then issued per client and expire; instead of ice_username/credential.",
+        secret=True,
+    )
+    ice_credential_ttl_s: int = _setting(
+        86_400,
+        "Lifetime (s) of issued TURN credentials; a session must end within it.",
+        min=60,
+        max=7 * 86_400,
+    )
     ice_host_addresses: tuple[str, ...] = _setting(
         (), "Host addresses offered as ICE candidates (empty: every interface but 127.0.0.1)."
     )
@@ -172,6 +184,13 @@ class TransportConfig:
     video_width: int = _setting(512, "Outbound avatar video width (px).", min=128, max=4096)
     video_height: int = _setting(512, "Outbound avatar video height (px).", min=128, max=4096)
     video_fps: int = _setting(25, "Outbound video frame rate.", min=1, max=60)
+
+    def __post_init__(self) -> None:
+        if self.ice_auth_secret and (self.ice_username or self.ice_credential):
+            raise ConfigError(
+                "transport.ice_auth_secret: issued TURN credentials replace the static ones; "
+                "set ice_auth_secret or ice_username/ice_credential, not both"
+            )
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from server.engine_queue import JobTag, StaleWork
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ResponseDone
 from server.face import FaceAnimator
+from server.ice import ice_servers
 from server.lipsync import LipSync, cues_for
 from server.media import MEDIA_RATE_HZ, samples_to_ms
 from server.metrics import Metrics, quantile
@@ -134,7 +135,9 @@ class PeerSession:
         looks = () if renderer is None else renderer.appearances
         choices = {"appearance": (*looks, "default")} if looks else {}
         self.session = Session(session_id, config.runtime, self.clock, choices=choices)
-        self.pc = RTCPeerConnection(rtc_configuration(config.transport))
+        # the TURN server sees the server's own relay allocations under the session's name
+        ice = ice_servers(config.transport, time.time(), f"server-{session_id[:8]}")
+        self.pc = RTCPeerConnection(rtc_configuration(ice))
         self.media_clock = MediaClock(time.monotonic)
         self._detector = detector
         self._pipeline = pipeline

@@ -17,7 +17,7 @@ from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.sdp import candidate_from_sdp
 from OpenSSL import SSL
 
-from server.config import TransportConfig
+from server.ice import IceServer
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +69,14 @@ def dtls_cipher_names(certificate: RTCCertificate) -> list[str]:
     return [str(name) for name in SSL.Connection(ctx, None).get_cipher_list()]
 
 
-def rtc_configuration(config: TransportConfig) -> RTCConfiguration:
-    """ICE servers from configuration; an explicit empty list so no public STUN is contacted."""
-    if not config.ice_urls:
-        return RTCConfiguration(iceServers=[])
-    server = RTCIceServer(
-        urls=list(config.ice_urls),
-        username=config.ice_username or None,
-        credential=config.ice_credential or None,
+def rtc_configuration(servers: Sequence[IceServer]) -> RTCConfiguration:
+    """ICE servers for a peer; an explicit empty list so no public STUN is contacted."""
+    return RTCConfiguration(
+        iceServers=[
+            RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
+            for s in servers
+        ]
     )
-    return RTCConfiguration(iceServers=[server])
 
 
 def pin_host_addresses(addresses: Sequence[str]) -> None:

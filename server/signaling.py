@@ -1,4 +1,5 @@
-"""HTTP signaling: ``POST /offer`` (JSON) and WHIP (RFC 9725) on ``/whip``.
+"""HTTP signaling: ``POST /offer`` (JSON) and WHIP (RFC 9725) on ``/whip``; ``GET
+/ice-servers`` gives a browser its STUN/TURN servers before it makes the offer.
 
 WHIP: ``POST /whip`` (SDP offer) -> ``201`` with the answer, ``Location``, ``ETag`` and ICE
 servers as ``Link`` headers; ``PATCH /whip/<id>`` with ``application/trickle-ice-sdpfrag``
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -34,6 +36,7 @@ from server.errors import (
     UnprocessableContent,
     UnsupportedMediaType,
 )
+from server.ice import IceServer, ice_servers
 from server.ratelimit import RateLimiter
 from server.registry import SessionRegistry
 from server.rtc import add_remote_candidates, remote_candidates_complete
@@ -203,8 +206,25 @@ async def post_offer(request: web.Request) -> web.Response:
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id})
 
 
+def _client_ice_servers(request: web.Request) -> tuple[IceServer, ...]:
+    """The ICE servers for a client (issued TURN credentials are fresh for each request)."""
+    return ice_servers(request.app[TRANSPORT_KEY], time.time(), "client")
+
+
 def _ice_links(request: web.Request) -> list[tuple[str, str]]:
-    return [("Link", link) for link in ice_server_links(request.app[TRANSPORT_KEY])]
+    return [("Link", link) for link in ice_server_links(_client_ice_servers(request))]
+
+
+async def get_ice_servers(request: web.Request) -> web.Response:
+    """``{"iceServers": [...]}`` for a browser's ``RTCPeerConnection``, asked before its offer
+    (WHIP clients get the same in ``Link`` headers); needs the token when tokens are set."""
+    authenticate(request)
+    servers = [server.to_json() for server in _client_ice_servers(request)]
+    return web.json_response({"iceServers": servers}, headers={"Cache-Control": "no-store"})
+
+
+async def options_ice_servers(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Allow": "OPTIONS, GET"})
 
 
 async def post_whip(request: web.Request) -> web.Response:
@@ -319,6 +339,8 @@ def add_routes(app: web.Application, config: Config) -> None:
     app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
     app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
     add_session_limit(app, config)
+    app.router.add_get("/ice-servers", get_ice_servers)
+    app.router.add_route("OPTIONS", "/ice-servers", options_ice_servers)
     app.router.add_post("/offer", post_offer)
     app.router.add_route("OPTIONS", "/offer", options_offer)
     app.router.add_post("/whip", post_whip)

@@ -9,10 +9,11 @@ section 4.3.1: a session supporting trickle but not restarts answers restarts so
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from server.config import TransportConfig
 from server.errors import BadRequest, PayloadTooLarge
+from server.ice import IceServer
 
 SDP_TYPE = "application/sdp"
 SDPFRAG_TYPE = "application/trickle-ice-sdpfrag"
@@ -158,14 +159,15 @@ def _quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def ice_server_links(config: TransportConfig) -> list[str]:
-    """The configured STUN/TURN servers as ``Link`` header values (RFC 9725 section 4.6)."""
+def ice_server_links(servers: Sequence[IceServer]) -> list[str]:
+    """STUN/TURN servers as ``Link`` header values (RFC 9725 section 4.6)."""
     links = []
-    for url in config.ice_urls:
-        link = f'<{url}>; rel="ice-server"'
-        if url.startswith(("turn:", "turns:")) and config.ice_username:
-            link += f"; username={_quoted(config.ice_username)}"
-            link += f"; credential={_quoted(config.ice_credential)}"
-            link += '; credential-type="password"'
-        links.append(link)
+    for server in servers:
+        for url in server.urls:
+            link = f'<{url}>; rel="ice-server"'
+            if server.username is not None:
+                link += f"; username={_quoted(server.username)}"
+                link += f"; credential={_quoted(server.credential or '')}"
+                link += '; credential-type="password"'
+            links.append(link)
     return links

@@ -3,6 +3,7 @@
 
 const GATHER_TIMEOUT_MS = 3000;
 const OFFER_TIMEOUT_MS = 15000;
+const ICE_SERVERS_TIMEOUT_MS = 3000;
 const CONNECT_TIMEOUT_MS = 15000;
 
 /** A failure to start or keep a session; `kind` says which, `detail` carries figures. */
@@ -109,6 +110,26 @@ function waitForGathering(pc, timeoutMs) {
   });
 }
 
+/**
+ * The server's STUN/TURN servers for our RTCPeerConnection (TURN credentials may be issued
+ * per call and expire). None on any failure: the offer that follows reports what is wrong.
+ */
+async function fetchIceServers(baseUrl) {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), ICE_SERVERS_TIMEOUT_MS);
+  try {
+    const response = await fetch(`${baseUrl}/ice-servers`, { signal: abort.signal, cache: 'no-store' });
+    if (!response.ok) return [];
+    const body = await response.json();
+    return Array.isArray(body.iceServers) ? body.iceServers : [];
+  } catch (err) {
+    console.warn('no ICE servers from the server:', err);
+    return [];
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 async function postOffer(baseUrl, offer) {
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), OFFER_TIMEOUT_MS);
@@ -168,7 +189,9 @@ export class AvatarConnection extends EventTarget {
 
   /** Connect with the microphone track `mic` and an optional camera track. */
   async start(mic, camera = null) {
-    const pc = new RTCPeerConnection({ iceServers: [] });
+    const iceServers = await fetchIceServers(this.baseUrl);
+    if (this._stopped) return;
+    const pc = new RTCPeerConnection({ iceServers });
     this.pc = pc;
     const channel = pc.createDataChannel('events', { ordered: true });
     this.channel = channel;

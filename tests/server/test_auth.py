@@ -127,9 +127,21 @@ def bearer(token: str) -> dict[str, str]:
 
 
 async def test_tokens_guard_creation_and_only_the_creator_may_end_a_resource(offer: str) -> None:
-    settings = {"server.auth_tokens": f"{TOKEN_A},{TOKEN_B}"}
+    settings = {
+        "server.auth_tokens": f"{TOKEN_A},{TOKEN_B}",
+        "transport.ice_urls": "turn:turn.example.net:3478",
+        "transport.ice_auth_secret": "north-wind",
+    }
     async with running(settings) as (url, app), aiohttp.ClientSession() as http:
         sdp = {"Content-Type": SDP}
+        # TURN credentials only for token holders
+        async with http.get(url + "/ice-servers") as resp:
+            assert resp.status == 401
+        async with http.get(url + "/ice-servers", headers=bearer(TOKEN_B)) as resp:
+            assert resp.status == 200 and resp.headers["Cache-Control"] == "no-store"
+            (turn,) = (await resp.json())["iceServers"]
+            assert turn["urls"] == ["turn:turn.example.net:3478"]
+            assert turn["username"].endswith(":client") and turn["credential"]
         for headers in (sdp, {**sdp, **bearer("not-a-configured-token")}):
             async with http.post(url + "/whip", data=offer, headers=headers) as resp:
                 assert resp.status == 401

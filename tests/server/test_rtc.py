@@ -7,6 +7,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from models.vad import SileroVad, WebRtcGate
 from server.config import Config, TransportConfig, VadConfig
+from server.ice import ice_servers
 from server.metrics import Metrics
 from server.peer import PeerSession
 from server.rtc import audio_jitter_prefetch, pin_host_addresses, rtc_configuration
@@ -32,10 +33,11 @@ async def test_server_peer_releases_inbound_audio_after_one_packet() -> None:
 
 
 def test_no_public_stun_by_default_and_configured_servers_otherwise() -> None:
-    assert rtc_configuration(TransportConfig()).iceServers == []
-    configured = rtc_configuration(
-        TransportConfig(ice_urls=("turn:127.0.0.1:3478",), ice_username="u", ice_credential="p")
+    assert rtc_configuration(ice_servers(TransportConfig(), 0, "server")).iceServers == []
+    config = TransportConfig(
+        ice_urls=("turn:127.0.0.1:3478",), ice_username="u", ice_credential="p"
     )
+    configured = rtc_configuration(ice_servers(config, 0, "server"))
     (server,) = configured.iceServers or []
     assert server.urls == ["turn:127.0.0.1:3478"]
     assert server.username == "u" and server.credential == "p"

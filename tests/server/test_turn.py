@@ -4,19 +4,27 @@ The client uses the ICE transport policy "relay" (aiortc/aioice gather no host o
 candidate then), as a browser behind a firewall that only lets TURN out would. The server gets
 the same TURN server from its configuration (``transport.ice_*``). Audio must flow both ways
 through coturn, and the pair ICE nominated must start at the client's relay candidate.
+
+Twice: with one static TURN user, and with credentials the server issues per client from a
+secret it shares with coturn (``transport.ice_auth_secret``, coturn ``--use-auth-secret``),
+which the client fetches from ``GET /ice-servers`` as the web page does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 
+import aiohttp
 import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
 
 from server.client import ClientPeer, ice_configuration
+from server.config import TransportConfig
+from server.ice import IceServer, ice_servers, rest_credential
 from tests.support.coturn import Coturn, stun_answers
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 from tests.support.speech import loud_seconds, silence, speak
@@ -129,3 +137,81 @@ async def test_wrong_turn_password_gets_no_relay_and_no_call(
         await peer.connect(timeout=5)
     assert candidate_types(peer.pc.localDescription.sdp) == []
     assert peer.pc.iceConnectionState in ("new", "checking", "failed")
+
+
+# --- issued, short-lived credentials (TURN REST API) --------------------------------------------
+TURN_SECRET = "shared-with-coturn-only"
+
+
+@pytest.fixture(scope="module")
+def rest_coturn() -> Iterator[Coturn]:
+    turn = Coturn(auth_secret=TURN_SECRET, relay_ports=(49210, 49250)).start()
+    yield turn
+    turn.stop()
+
+
+@pytest.fixture(scope="module")
+def rest_server(rest_coturn: Coturn) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        {
+            "pipeline.factory": TONE_PIPELINE,
+            "transport.video": "false",
+            "transport.ice_urls": rest_coturn.url,
+            "transport.ice_auth_secret": TURN_SECRET,
+        },
+        env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "1"},
+    ).start()
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def relay_through(servers: list[IceServer]) -> RTCConfiguration:
+    return RTCConfiguration(
+        iceServers=[RTCIceServer(list(s.urls), s.username, s.credential) for s in servers],
+        iceTransportPolicy=RTCIceTransportPolicy.RELAY,
+    )
+
+
+async def test_issued_turn_credentials_carry_a_relay_only_call(
+    rest_coturn: Coturn, rest_server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    async with aiohttp.ClientSession() as http, http.get(rest_server.url + "/ice-servers") as resp:
+        assert resp.status == 200
+        (given,) = (await resp.json())["iceServers"]
+    turn = IceServer(tuple(given["urls"]), given["username"], given["credential"])
+    expiry, label = str(turn.username).split(":")
+    assert turn.urls == (rest_coturn.url,) and label == "client"
+    assert int(expiry) > time.time() + 23 * 3600  # the default lifetime is a day
+    peer = ClientPeer(rest_server.url, video=False, configuration=relay_through([turn]))
+    peers.append(peer)
+    await peer.connect(timeout=20)
+    assert set(candidate_types(peer.pc.localDescription.sdp)) == {"relay"}
+    assert nominated_pair_types(peer)[0] == "relay"
+    peer.send({"type": "conversation.item.create", "text": "Are you there?"})
+    done = await peer.wait_event("response.done", timeout=20)
+    assert done["status"] == "completed"
+    await asyncio.sleep(0.5)
+    assert 1.0 <= loud_seconds(peer.received_audio()) <= 1.6
+    # coturn took both issued credentials: the client's, and the server's own for its relay
+    log = rest_coturn.log()
+    assert f"user <{turn.username}>: incoming packet ALLOCATE processed, success" in log
+    label = re.escape(f"server-{str(peer.session_id)[:8]}")
+    own = rf"user <\d+:{label}>: incoming packet ALLOCATE processed, success"
+    assert re.search(own, log), "the server allocated no relay under its issued name"
+
+
+async def test_expired_or_forged_turn_credentials_get_no_relay(
+    rest_coturn: Coturn, rest_server: ServerProcess, peers: list[ClientPeer]
+) -> None:
+    config = TransportConfig(
+        ice_urls=(rest_coturn.url,), ice_auth_secret=TURN_SECRET, ice_credential_ttl_s=60
+    )
+    (expired,) = ice_servers(config, time.time() - 3600, "client")
+    username = f"{int(time.time()) + 3600}:client"
+    forged = IceServer(expired.urls, username, rest_credential("a-guessed-secret", username))
+    for turn in (expired, forged):
+        peer = ClientPeer(rest_server.url, video=False, configuration=relay_through([turn]))
+        peers.append(peer)
+        with pytest.raises(TimeoutError):
+            await peer.connect(timeout=5)
+        assert candidate_types(peer.pc.localDescription.sdp) == [], turn

@@ -21,6 +21,7 @@ from server.app import create_app
 from server.client import ClientPeer, ScriptedMic
 from server.config import TransportConfig, load_config
 from server.errors import BadRequest, PayloadTooLarge
+from server.ice import ice_servers
 from server.peer import PeerSession, PeerState
 from server.registry import SessionRegistry
 from server.rtc import DTLS_CIPHERS, add_outbound_track, dtls_cipher_names
@@ -89,12 +90,12 @@ def test_ice_servers_become_link_headers() -> None:
         ice_username="user",
         ice_credential='pa"ss',
     )
-    assert ice_server_links(config) == [
+    assert ice_server_links(ice_servers(config, 0, "client")) == [
         '<stun:stun.example.net>; rel="ice-server"',
         '<turn:turn.example.net?transport=udp>; rel="ice-server"; username="user"; '
         'credential="pa\\"ss"; credential-type="password"',
     ]
-    assert ice_server_links(TransportConfig()) == []
+    assert ice_server_links(ice_servers(TransportConfig(), 0, "client")) == []
 
 
 # --- a real server in this process ------------------------------------------------------------

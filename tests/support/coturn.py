@@ -1,7 +1,8 @@
 """Start coturn (Debian's ``turnserver``) on loopback as a subprocess, for TURN relay tests.
 
-Long-term credentials (one static user), UDP only (no TLS/DTLS listeners), relay ports in a
-small range, loopback peers allowed (by default coturn refuses to relay to 127.x), no CLI.
+Long-term credentials (one static user, or with ``auth_secret`` the TURN REST API's issued
+ones), UDP only (no TLS/DTLS listeners), relay ports in a small range, loopback peers allowed
+(by default coturn refuses to relay to 127.x), no CLI.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def stun_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 class Coturn:
-    """``turnserver`` on ``host`` with user ``username``/``password`` and realm ``realm``."""
+    """``turnserver`` on ``host`` with user ``username``/``password`` and realm ``realm``, or
+    (``auth_secret``) accepting any credential issued with that shared secret."""
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class Coturn:
         password: str = "relay-secret",
         realm: str = "test",
         relay_ports: tuple[int, int] = (49160, 49200),
+        auth_secret: str | None = None,
     ) -> None:
         self.host = host
         self.port = free_port()
@@ -47,6 +50,7 @@ class Coturn:
         self.password = password
         self.realm = realm
         self.relay_ports = relay_ports
+        self.auth_secret = auth_secret
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"coturn-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -67,8 +71,11 @@ class Coturn:
             "--listening-port", str(self.port),
             "--min-port", str(low),
             "--max-port", str(high),
-            "--lt-cred-mech",
-            "--user", f"{self.username}:{self.password}",
+            *(
+                ["--use-auth-secret", "--static-auth-secret", self.auth_secret]
+                if self.auth_secret
+                else ["--lt-cred-mech", "--user", f"{self.username}:{self.password}"]
+            ),
             "--realm", self.realm,
             "--fingerprint",
             "--no-tls",

@@ -28,6 +28,7 @@ from tests.support.browser import (
     open_page,
     wait_for,
 )
+from tests.support.coturn import Coturn
 from tests.support.server_process import ServerProcess
 from tests.support.speech import silence, speak
 
@@ -292,6 +293,38 @@ def test_typed_message_and_camera_on_a_phone_sized_screen(
         done = wait_for(lambda: events(page, "response.done"), 5, "the reply to end")[0]
         assert done["status"] == "cancelled"
         stop(page, server)
+
+
+def test_the_page_uses_the_servers_turn_relay(quiet: Browser) -> None:
+    """The page asks ``GET /ice-servers`` before its offer and gives Chromium the TURN server
+    with the credential the server issued it (TURN REST API, coturn ``--use-auth-secret``)."""
+    secret = "page-test-secret"
+    turn = Coturn(auth_secret=secret, relay_ports=(49260, 49300)).start()
+    server = ServerProcess(
+        {
+            "pipeline.factory": "",
+            "transport.video": "false",
+            "transport.ice_urls": turn.url,
+            "transport.ice_auth_secret": secret,
+        }
+    ).start()
+    try:
+        with open_page(quiet, server.url) as page:
+            start(page)
+            (given,) = page.evaluate("() => window.avatarDemo.pc.getConfiguration().iceServers")
+            assert given["urls"] == [turn.url] and given["username"].endswith(":client")
+            username = given["username"]
+            wait_for(
+                lambda: (
+                    f"user <{username}>: incoming packet ALLOCATE processed, success" in turn.log()
+                ),
+                10,
+                "Chromium's relay allocation",
+            )
+            stop(page, server)
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+        turn.stop()
 
 
 def test_server_full_is_explained(server: ServerProcess, quiet: Browser) -> None:
