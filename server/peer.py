@@ -425,6 +425,7 @@ class PeerSession:
             self._metrics.barge_ins.inc()
             self._metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
             self.lipsync.drop_older(self.session.epoch)
+        self._flush_events()  # response.done (cancelled), with the timings of what was heard
         await self._cancel_response()
 
     async def _cancel_response(self) -> None:
@@ -622,7 +623,7 @@ class PeerSession:
         for event in self.session.drain_events():
             self._send(event.to_dict())
             if isinstance(event, ResponseDone):
-                self._report_timings(event.epoch)
+                self._report_timings(event)
 
     def _observe(self, timings: dict[str, Any]) -> None:
         metrics = self._metrics
@@ -635,12 +636,13 @@ class PeerSession:
         metrics.cached_tokens.inc(timings.get("cached_tokens") or 0)
         metrics.prompt_tokens.inc(timings.get("prompt_tokens") or 0)
 
-    def _report_timings(self, epoch: int) -> None:
-        """When a reply that was heard ends: its stage timings, as an event and for /debug."""
+    def _report_timings(self, done: ResponseDone) -> None:
+        """When a reply that was heard ends (completed, or cancelled after it started to
+        play): its stage timings, as an event and for /debug."""
         trace, self._trace = self._trace, None
         if trace is None or trace.first_audio_ms is None:
             return
-        timings = {"epoch": epoch, **trace.as_dict()}
+        timings = {"epoch": done.epoch, "status": done.status, **trace.as_dict()}
         self.traces.append(timings)
         self._observe(timings)
         self._send({"type": "response.timings", **timings})

@@ -199,6 +199,7 @@ class Supervisor:
         self.workers: list[Worker] = []
         self._lifecycles: list[asyncio.Task[None]] = []
         self._poller: asyncio.Task[None] | None = None
+        self._polling: asyncio.Task[None] | None = None  # the poll under way, shared by callers
         self._http: aiohttp.ClientSession | None = None
         self._stopping = False
 
@@ -316,7 +317,14 @@ class Supervisor:
             worker.set_state(WorkerState.READY)
 
     async def poll(self) -> None:
-        """Ask every running worker for /healthz now (load, liveness)."""
+        """Ask every running worker for /healthz now (load, liveness). A call while a poll is
+        under way waits for that one: a worker gets one question at a time, and a slow one
+        counts one failed poll per question, not one per caller."""
+        if self._polling is None or self._polling.done():
+            self._polling = asyncio.get_running_loop().create_task(self._poll_once())
+        await asyncio.shield(self._polling)
+
+    async def _poll_once(self) -> None:
         live = [w for w in self.workers if w.state in (WorkerState.READY, WorkerState.UNHEALTHY)]
         placements = [w.placements for w in live]
         results = await asyncio.gather(*(self._health(w) for w in live))
@@ -341,7 +349,7 @@ class Supervisor:
         Returns whether every worker that was running exited with code 0.
         """
         self._stopping = True
-        tasks = [*self._lifecycles, *([self._poller] if self._poller else [])]
+        tasks = [*self._lifecycles, *(t for t in (self._poller, self._polling) if t is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

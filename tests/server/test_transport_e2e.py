@@ -64,6 +64,8 @@ async def test_spoken_question_gets_events_and_a_paced_reply(
     assert delta["epoch"] == 0 and delta["delta"].startswith("Tone number 1")
     done = await peer.wait_event("response.done", timeout=15)
     assert done == {"type": "response.done", "epoch": 0, "status": "completed"}
+    timings = await peer.wait_event("response.timings")
+    assert timings["status"] == "completed" and timings["voice_to_voice_ms"] > 0
     await asyncio.sleep(0.5)
     # we heard the 2 x 2.5 s reply
     audio = peer.received_audio()
@@ -96,6 +98,10 @@ async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
     assert truncated["heard_text"] and "Tone number 1" in "Tone number 1 for epoch 0."
     done = await peer.wait_event("response.done", after=n)
     assert done["status"] == "cancelled" and done["epoch"] == 0
+    # the interrupted reply was heard: its latencies still count
+    timings = await peer.wait_event("response.timings", after=n)
+    assert timings["epoch"] == 0 and timings["status"] == "cancelled"
+    assert timings["voice_to_voice_ms"] > 0
     # output is silent from shortly after the decision (network + client jitter buffer)
     await asyncio.sleep(0.8)
     after = [p for t, p in peer.audio if t > t_truncated + 0.25]

@@ -39,20 +39,30 @@ def coturn() -> Iterator[Coturn]:
     turn.stop()
 
 
-@pytest.fixture(scope="module")
-def server(coturn: Coturn) -> Iterator[ServerProcess]:
+def serve_with(ice: dict[str, str]) -> Iterator[ServerProcess]:
+    """A server with the ICE settings ``ice`` replying with one 1.5 s tone, for the length of
+    a module fixture."""
     proc = ServerProcess(
         {
             "pipeline.factory": TONE_PIPELINE,
             "transport.video": "false",  # audio is enough to show the relay carries media
-            "transport.ice_urls": coturn.url,
-            "transport.ice_username": coturn.username,
-            "transport.ice_credential": coturn.password,
+            **ice,
         },
         env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "1"},
     ).start()
     yield proc
     assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def server(coturn: Coturn) -> Iterator[ServerProcess]:
+    yield from serve_with(
+        {
+            "transport.ice_urls": coturn.url,
+            "transport.ice_username": coturn.username,
+            "transport.ice_credential": coturn.password,
+        }
+    )
 
 
 def relay_only(coturn: Coturn, password: str | None = None) -> RTCConfiguration:
@@ -145,24 +155,16 @@ TURN_SECRET = "shared-with-coturn-only"
 
 @pytest.fixture(scope="module")
 def rest_coturn() -> Iterator[Coturn]:
-    turn = Coturn(auth_secret=TURN_SECRET, relay_ports=(49210, 49250)).start()
+    turn = Coturn(auth_secret=TURN_SECRET, relay_ports=(49210, 49250)).start()  # its own range
     yield turn
     turn.stop()
 
 
 @pytest.fixture(scope="module")
 def rest_server(rest_coturn: Coturn) -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "pipeline.factory": TONE_PIPELINE,
-            "transport.video": "false",
-            "transport.ice_urls": rest_coturn.url,
-            "transport.ice_auth_secret": TURN_SECRET,
-        },
-        env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "1"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+    yield from serve_with(
+        {"transport.ice_urls": rest_coturn.url, "transport.ice_auth_secret": TURN_SECRET}
+    )
 
 
 def relay_through(servers: list[IceServer]) -> RTCConfiguration:

@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
 from server.metrics import Metrics
 from server.router import create_router, merge_expositions, worker_of
-from server.workers import Worker, WorkerState
+from server.workers import Supervisor, Worker, WorkerState
 from tests.support.server_process import (
     ROOT,
     TONE_PIPELINE,
@@ -432,8 +433,6 @@ def test_metrics_of_two_workers_merge_into_one_exposition() -> None:
 
 
 def test_worker_state_changes_only_along_its_table() -> None:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         worker = Worker(1, sock, FakeClock())
@@ -446,6 +445,42 @@ def test_worker_state_changes_only_along_its_table() -> None:
         worker.set_state(WorkerState.DOWN)
         with pytest.raises(InvalidTransition):
             worker.set_state(WorkerState.READY)  # a restart starts again
+
+
+async def test_concurrent_polls_ask_each_worker_once() -> None:
+    """The poll loop and the router's /healthz may poll at once: they share one question to
+    each worker, so a slow worker is not counted failed once per caller."""
+    asked = 0
+
+    async def slow_health(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        await asyncio.sleep(0.3)
+        return web.json_response({"status": "starting"}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/healthz", slow_health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    await web.SockSite(runner, sock).start()
+    supervisor = Supervisor(load_config(), [])
+    worker = Worker(1, sock, FakeClock())
+    worker.set_state(WorkerState.STARTING)
+    worker.set_state(WorkerState.READY)
+    supervisor.workers.append(worker)
+    supervisor._http = aiohttp.ClientSession()
+    try:
+        await asyncio.gather(supervisor.poll(), supervisor.poll(), supervisor.poll())
+        assert (asked, worker.failed_polls) == (1, 1)
+        await supervisor.poll()  # the next poll asks again
+        assert (asked, worker.failed_polls) == (2, 2)
+    finally:
+        await supervisor._http.close()
+        await runner.cleanup()
+        sock.close()
 
 
 def test_session_id_prefix_setting() -> None:
