@@ -29,15 +29,14 @@ import numpy as np
 import numpy.typing as npt
 from aiortc import (
     RTCConfiguration,
-    RTCIceServer,
-    RTCIceTransportPolicy,
     RTCPeerConnection,
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from server.ice import TURN_SCHEMES, IceServer
 from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, resample
-from server.rtc import pin_host_addresses
+from server.rtc import pin_host_addresses, rtc_configuration
 from server.tracks import frames
 
 log = logging.getLogger("client")
@@ -267,11 +266,10 @@ def ice_configuration(
 ) -> RTCConfiguration:
     """STUN/TURN servers for the client; ``relay_only``: gather and use TURN relay candidates
     only (the ICE transport policy "relay"), as a client behind a strict firewall would."""
-    if relay_only and not any(url.startswith(("turn:", "turns:")) for url in urls):
+    if relay_only and not any(url.startswith(TURN_SCHEMES) for url in urls):
         raise ValueError("--relay-only needs a TURN server (--ice-server turn:HOST:PORT)")
-    servers = [RTCIceServer(urls=urls, username=username, credential=credential)] if urls else []
-    policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
-    return RTCConfiguration(iceServers=servers, iceTransportPolicy=policy)
+    servers = [IceServer(tuple(urls), username, credential)] if urls else []
+    return rtc_configuration(servers, relay_only)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -361,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "--relay-only", action="store_true", help="use TURN relay candidates only (needs TURN)"
     )
     args = parser.parse_args(argv)
-    if args.relay_only and not any(u.startswith(("turn:", "turns:")) for u in args.ice_server):
+    if args.relay_only and not any(u.startswith(TURN_SCHEMES) for u in args.ice_server):
         parser.error("--relay-only needs a TURN server (--ice-server turn:HOST:PORT)")
     if args.no_audio and (args.wav or args.record_audio):
         parser.error("--no-audio sends and receives no audio: drop --wav and --record-audio")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
+from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy, RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdtlstransport import SRTP_AES128_CM_SHA1_80, RTCCertificate
@@ -69,13 +69,15 @@ def dtls_cipher_names(certificate: RTCCertificate) -> list[str]:
     return [str(name) for name in SSL.Connection(ctx, None).get_cipher_list()]
 
 
-def rtc_configuration(servers: Sequence[IceServer]) -> RTCConfiguration:
-    """ICE servers for a peer; an explicit empty list so no public STUN is contacted."""
+def rtc_configuration(servers: Sequence[IceServer], relay_only: bool = False) -> RTCConfiguration:
+    """ICE servers for a peer; an explicit empty list so no public STUN is contacted.
+    ``relay_only``: gather and use TURN relay candidates only (ICE transport policy "relay")."""
     return RTCConfiguration(
         iceServers=[
             RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
             for s in servers
-        ]
+        ],
+        iceTransportPolicy=RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL,
     )
 
 

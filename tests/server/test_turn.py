@@ -25,6 +25,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
 from server.client import ClientPeer, ice_configuration
 from server.config import TransportConfig
 from server.ice import IceServer, ice_servers, rest_credential
+from server.rtc import rtc_configuration
 from tests.support.coturn import Coturn, stun_answers
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 from tests.support.speech import loud_seconds, silence, speak
@@ -167,13 +168,6 @@ def rest_server(rest_coturn: Coturn) -> Iterator[ServerProcess]:
     )
 
 
-def relay_through(servers: list[IceServer]) -> RTCConfiguration:
-    return RTCConfiguration(
-        iceServers=[RTCIceServer(list(s.urls), s.username, s.credential) for s in servers],
-        iceTransportPolicy=RTCIceTransportPolicy.RELAY,
-    )
-
-
 async def test_issued_turn_credentials_carry_a_relay_only_call(
     rest_coturn: Coturn, rest_server: ServerProcess, peers: list[ClientPeer]
 ) -> None:
@@ -184,7 +178,9 @@ async def test_issued_turn_credentials_carry_a_relay_only_call(
     expiry, label = str(turn.username).split(":")
     assert turn.urls == (rest_coturn.url,) and label == "client"
     assert int(expiry) > time.time() + 23 * 3600  # the default lifetime is a day
-    peer = ClientPeer(rest_server.url, video=False, configuration=relay_through([turn]))
+    peer = ClientPeer(
+        rest_server.url, video=False, configuration=rtc_configuration([turn], relay_only=True)
+    )
     peers.append(peer)
     started = time.monotonic()
     await peer.connect(timeout=20)
@@ -216,7 +212,9 @@ async def test_expired_or_forged_turn_credentials_get_no_relay(
     username = f"{int(time.time()) + 3600}:client"
     forged = IceServer(expired.urls, username, rest_credential("a-guessed-secret", username))
     for turn in (expired, forged):
-        peer = ClientPeer(rest_server.url, video=False, configuration=relay_through([turn]))
+        peer = ClientPeer(
+            rest_server.url, video=False, configuration=rtc_configuration([turn], relay_only=True)
+        )
         peers.append(peer)
         with pytest.raises(TimeoutError):
             await peer.connect(timeout=5)
