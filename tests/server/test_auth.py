@@ -4,22 +4,18 @@ limits on session creation, SDP size limits; on the real app with real aiortc of
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from server.app import create_app
 from server.auth import BearerAuth, CorsPolicy, exposure_warning, token_digest
 from server.clock import FakeClock
 from server.config import load_config
 from server.errors import ConfigError, Unauthorized
 from server.ratelimit import RateLimiter
-from server.signaling import LIMITER_KEY, REGISTRY_KEY
-from server.wiring import detector_factory
+from server.signaling import REGISTRY_KEY
+from tests.support.in_process import running
 
 TOKEN_A = "token-a-0123456789abcdef"
 TOKEN_B = "token-b-0123456789abcdef"
@@ -87,30 +83,6 @@ def test_cors_policy_and_exposure_warning() -> None:
 
 
 # --- the real app -----------------------------------------------------------------------------
-@asynccontextmanager
-async def running(
-    settings: dict[str, str] | None = None, limiter: RateLimiter | None = None
-) -> AsyncIterator[tuple[str, web.Application]]:
-    config = load_config(
-        overrides={
-            "pipeline.factory": "",
-            "transport.video": "false",
-            "transport.ice_host_addresses": "127.0.0.1",
-            "server.debug_endpoints": "true",
-            **(settings or {}),
-        }
-    )
-    app = create_app(config, detector_factory(config))
-    if limiter is not None:
-        app[LIMITER_KEY] = limiter  # the same limiter on a clock the test moves
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}", app
-    finally:
-        await server.close()
-
-
 @pytest.fixture
 async def offer() -> AsyncIterator[str]:
     """A real aiortc offer (audio + events channel)."""
@@ -128,6 +100,7 @@ def bearer(token: str) -> dict[str, str]:
 
 async def test_tokens_guard_creation_and_only_the_creator_may_end_a_resource(offer: str) -> None:
     settings = {
+        "server.debug_endpoints": "true",  # transcripts are there: behind the token too
         "server.auth_tokens": f"{TOKEN_A},{TOKEN_B}",
         "transport.ice_urls": "turn:turn.example.net:3478",
         "transport.ice_auth_secret": "north-wind",

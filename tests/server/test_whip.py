@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
 from aiortc.rtcdtlstransport import RTCCertificate
 
@@ -35,6 +32,7 @@ from server.whip import (
     parse_sdpfrag,
 )
 from server.wiring import detector_factory
+from tests.support.in_process import running
 
 CANDIDATE = "candidate:1 1 udp 2130706431 127.0.0.1 50000 typ host"
 
@@ -99,27 +97,6 @@ def test_ice_servers_become_link_headers() -> None:
 
 
 # --- a real server in this process ------------------------------------------------------------
-@asynccontextmanager
-async def running(
-    settings: dict[str, str] | None = None,
-) -> AsyncIterator[tuple[str, web.Application]]:
-    config = load_config(
-        overrides={
-            "pipeline.factory": "",
-            "transport.video": "false",
-            "transport.ice_host_addresses": "127.0.0.1",
-            **(settings or {}),
-        }
-    )
-    app = create_app(config, detector_factory(config))
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}", app
-    finally:
-        await server.close()
-
-
 def registry(app: web.Application) -> SessionRegistry:
     return app[REGISTRY_KEY]
 
