@@ -147,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     log.info("avatar-server %s starting (config: %s)", __version__, args.config or "defaults")
     log.info("runtime: lookahead budget %d ms", config.runtime.lookahead_budget_ms)
     log.info("scheduler: policy %s", config.scheduler.policy)
-    exposed = exposure_warning(config.server.host, config.server.auth_tokens)
+    # a worker serves on the supervisor's loopback socket: the public bind is not its own
+    exposed = (
+        exposure_warning(config.server.host, config.server.auth_tokens)
+        if args.listen_fd is None
+        else None
+    )
     if exposed:
         log.warning(exposed)
     if config.server.workers > 1:

@@ -119,7 +119,8 @@ class Pool(Protocol):
     def workers(self) -> Sequence[Upstream]: ...
 
     async def poll(self) -> None:
-        """Refresh every worker's load and liveness now."""
+        """Refresh every worker's load and liveness now. Concurrent calls share one poll, and
+        a caller that is cancelled (timed out) leaves it running for the others."""
         ...
 
 
@@ -197,7 +198,6 @@ class Router:
         self._http: aiohttp.ClientSession | None = None
         self._turn = 0  # rotates ties between equally loaded workers
         self._pending: dict[int, int] = {}  # offers on their way to a worker, by index
-        self._refresh: asyncio.Future[None] | None = None
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         # no keep-alive: a restarted worker never meets a connection of its predecessor
@@ -205,9 +205,6 @@ class Router:
             connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False
         )
         yield
-        if self._refresh is not None:
-            self._refresh.cancel()
-            await asyncio.gather(self._refresh, return_exceptions=True)
         await self._http.close()
 
     # ----- helpers
@@ -277,11 +274,9 @@ class Router:
 
     async def _fresh(self) -> None:
         """Refresh the workers' figures, waiting at most HEALTHZ_WAIT_S: a hung worker must
-        not hang /healthz (the refresh goes on and its figures serve the next call)."""
-        if self._refresh is None or self._refresh.done():
-            self._refresh = asyncio.ensure_future(self.pool.poll())
+        not hang /healthz (the pool's poll goes on and its figures serve the next call)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._refresh), HEALTHZ_WAIT_S)
+            await asyncio.wait_for(self.pool.poll(), HEALTHZ_WAIT_S)
 
     async def _scrape(
         self, worker: Upstream, path: str, request: web.Request
