@@ -66,8 +66,13 @@ class UnsupportedMediaType(RequestError):
 
 
 class ServerFull(RequestError):
+    """No room for a session now; ``retry_after_s`` (whole seconds) goes out as ``Retry-After``."""
+
     status = 503
     code = "server_full"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
 class Unauthorized(RequestError):
@@ -107,4 +112,3 @@ class TooManyRequests(RequestError):
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message, {"Retry-After": str(retry_after_s)})
-        self.retry_after_s = retry_after_s

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from server.auth import NO_OWNER
 from server.avatar import AvatarRenderer
 from server.avatar_video import AvatarVideo
 from server.camera import CameraStage
@@ -125,14 +126,18 @@ class PeerSession:
         on_gone: Callable[[str], None],
         renderer: AvatarRenderer | None = None,
         vision: VisionModel | None = None,
+        owner: str = NO_OWNER,
     ) -> None:
         self.session_id = session_id
+        self.owner = owner  # digest of the token that created the session (NO_OWNER: no auth)
         self.config = config
         self.state = PeerState.NEW
         self.clock = MonotonicClock()
-        self.last_media_ms = self.clock.now_ms()  # last inbound audio frame (the reaper's)
+        # the last inbound audio frame, or the moment ICE connected (the dead-peer reaper's)
+        self.last_media_ms = self.clock.now_ms()
         # an appearance the renderer does not have is refused like any invalid update
-        looks = () if renderer is None else renderer.appearances
+        self.appearances = () if renderer is None else renderer.appearances
+        looks = self.appearances
         choices = {"appearance": (*looks, "default")} if looks else {}
         self.session = Session(session_id, config.runtime, self.clock, choices=choices)
         # the TURN server sees the server's own relay allocations under the session's name
@@ -169,7 +174,6 @@ class PeerSession:
         self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, self._on_sent)
         self.lipsync = LipSync()
         self.animator = FaceAnimator(seed=int.from_bytes(session_id.encode()[:8], "big"))
-        self._renderer = renderer
         self.sends_audio = False  # the client offered to receive audio
         self.sends_video = False  # the client offered video and we have a renderer
         self.camera = CameraStage(
@@ -236,6 +240,7 @@ class PeerSession:
         state = self.pc.connectionState
         if state == "connected" and self.state is PeerState.NEW:
             self._set_state(PeerState.CONNECTED)
+            self.last_media_ms = self.clock.now_ms()  # a slow connect is not silence
             if not self.sends_audio:
                 self._spawn(self._play_unsent_audio(), "playout")
         elif state in ("failed", "closed") and self.state in (PeerState.NEW, PeerState.CONNECTED):
@@ -596,7 +601,7 @@ class PeerSession:
                     "persona": self.session.conditions.persona,
                     "voice": self.session.conditions.voice,
                     "appearance": self.session.conditions.appearance,
-                    "appearances": list(self._appearances()),
+                    "appearances": list(self.appearances),
                     "audio": self.sends_audio,
                     "video": self.sends_video,
                 },
@@ -687,9 +692,6 @@ class PeerSession:
         except InvalidTransition as exc:
             self._send_error("conversation_busy", f"not now: {exc}", event.event_id)
         self._flush_events()
-
-    def _appearances(self) -> tuple[str, ...]:
-        return () if self._renderer is None else self._renderer.appearances
 
     # --- diagnostics ----------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

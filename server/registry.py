@@ -61,9 +61,7 @@ class SessionRegistry:
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
         self.finished: deque[dict[str, Any]] = deque(maxlen=256)  # describe() of closed ones
-        self._owners: dict[str, str] = {}  # session id -> digest of the token that created it
         self._reaper: asyncio.Task[None] | None = None
-        self._live_since_ms: dict[str, float] = {}  # first seen connected (peer clock, ms)
         self._peer_objects: weakref.WeakSet[PeerSession] = weakref.WeakSet()
         self.closed_total = 0
         self.reaped_total = 0
@@ -78,8 +76,7 @@ class SessionRegistry:
         created it); raises ServerFull or BadRequest, leaving nothing."""
         if not self._accepting or len(self.sessions) >= self.config.transport.max_sessions:
             self._metrics.sessions_rejected.inc()
-            retry = str(self.config.transport.retry_after_s)
-            raise ServerFull("server is at its session limit", {"Retry-After": retry})
+            raise ServerFull("server is at its session limit", self.config.transport.retry_after_s)
         session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
         peer = PeerSession(
             session_id,
@@ -90,15 +87,14 @@ class SessionRegistry:
             self.request_close,
             self._renderer,
             self._vision,
+            owner,
         )
         self.sessions[session_id] = peer  # counts against capacity while we negotiate
-        self._owners[session_id] = owner
         self._peer_objects.add(peer)
         try:
             answer = await peer.answer(offer_sdp)
         except Exception as exc:
             self.sessions.pop(session_id, None)
-            self._owners.pop(session_id, None)
             try:
                 await peer.close()
             except Exception:  # aiortc cannot always close after a refused offer
@@ -108,10 +104,6 @@ class SessionRegistry:
         self._metrics.sessions_active.set(len(self.sessions))
         log.info("session %s created (%d active)", session_id[:8], len(self.sessions))
         return session_id, answer
-
-    def owner(self, session_id: str) -> str:
-        """Digest of the token that created the session (``NO_OWNER`` without auth)."""
-        return self._owners.get(session_id, NO_OWNER)
 
     def get(self, session_id: str) -> PeerSession:
         try:
@@ -124,7 +116,6 @@ class SessionRegistry:
         peer = self.sessions.pop(session_id, None)
         if peer is None:
             raise NotFound("no such session")
-        self._owners.pop(session_id, None)
         await peer.close()
         self.closed_total += 1
         self.finished.append(peer.describe())
@@ -179,12 +170,8 @@ class SessionRegistry:
         for session_id, peer in self.sessions.items():
             if peer.state is not PeerState.CONNECTED or not receives_audio(peer.pc):
                 continue
-            now = peer.clock.now_ms()
-            since = self._live_since_ms.setdefault(session_id, now)
-            if now - max(since, peer.last_media_ms) > timeout_ms:
+            if peer.clock.now_ms() - peer.last_media_ms > timeout_ms:
                 dead.append(session_id)
-        for gone in self._live_since_ms.keys() - self.sessions.keys():
-            del self._live_since_ms[gone]
         return dead
 
     async def _reap_loop(self) -> None:

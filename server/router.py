@@ -300,9 +300,8 @@ class Router:
         limit_session_rate(request)
         body = await self._body(request)
         candidates = self._by_load()
-        retry = {"Retry-After": str(self.config.transport.retry_after_s)}
         if not candidates:
-            raise ServerFull("no worker is ready", retry)
+            raise ServerFull("no worker is ready", self.config.transport.retry_after_s)
         full: Answer | None = None
         for worker in candidates:
             self._pending[worker.index] = self._pending.get(worker.index, 0) + 1
@@ -334,8 +333,7 @@ class Router:
         """Anything else (the page, static files, preflights) to a ready worker."""
         candidates = self._by_load() or [w for w in self.pool.workers if w.alive]
         if not candidates:
-            retry = {"Retry-After": str(self.config.transport.retry_after_s)}
-            raise ServerFull("no worker is ready", retry)
+            raise ServerFull("no worker is ready", self.config.transport.retry_after_s)
         return (await self._forward(request, candidates[0], await self._body(request))).response()
 
     async def healthz(self, request: web.Request) -> web.Response:

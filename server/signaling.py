@@ -252,7 +252,7 @@ async def patch_whip(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY_KEY]
     session_id = request.match_info["session_id"]
     peer = registry.get(session_id)
-    check_owner(registry.owner(session_id), caller)
+    check_owner(peer.owner, caller)
     text = await read_body(request, SDPFRAG_TYPE)
     remote = peer.pc.remoteDescription
     ufrag, _ = ice_credentials(remote.sdp if remote is not None else "")
@@ -294,8 +294,7 @@ async def delete_whip(request: web.Request) -> web.Response:
     caller = authenticate(request)
     registry = request.app[REGISTRY_KEY]
     session_id = request.match_info["session_id"]
-    registry.get(session_id)
-    check_owner(registry.owner(session_id), caller)
+    check_owner(registry.get(session_id).owner, caller)
     await registry.close(session_id)
     return web.Response(status=200)
 
