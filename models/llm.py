@@ -504,9 +504,8 @@ class RemoteVllm:
             self._calls.pop(request_id, None)
             if busy is not None:
                 self._replicas.ended(busy)  # the whole reply counted in flight
-            if opened is not None:
-                opened.response.close()  # vLLM aborts a request whose client has gone
-                await opened.events.aclose()
+            if opened is not None:  # vLLM aborts a request whose client has gone
+                await _discard(opened.response, opened.events)
             finish = "abort" if call.aborted else tally.finish
             outputs = tally.usage_tokens if tally.usage_tokens is not None else tally.deltas
             stats = GenerationStats(tally.prompt_tokens, tally.cached_tokens, outputs, ttft, finish)
@@ -556,23 +555,25 @@ class RemoteVllm:
                     if text:
                         return _Opened(response, events, text)
                 return _Opened(response, events, None)
-        except LlmStreamError as e:
+        except BaseException as e:
             await _discard(response, events)
-            raise _RetryOnAnother(f"{endpoint}: {e}") from e  # broke off before any text
-        except aiohttp.ClientError as e:  # refused, reset, or silent past read_timeout_s
-            await _discard(response, events)
-            raise _RetryOnAnother(f"{endpoint} failed: {type(e).__name__}: {e}") from e
-        except TimeoutError as e:  # asyncio.timeout: no token within first_token_timeout_s
-            await _discard(response, events)
-            raise _RetryOnAnother(
-                f"{endpoint} gave no token within {self.options.first_token_timeout_s} s"
-            ) from e
-        except (OSError, ValueError) as e:
-            await _discard(response, events)
-            raise _RetryOnAnother(f"{endpoint} failed: {type(e).__name__}: {e}") from e
-        except BaseException:
-            await _discard(response, events)
-            raise
+            reason = self._retry_reason(e, endpoint)
+            if reason is None:
+                raise
+            raise _RetryOnAnother(reason) from e
+
+    def _retry_reason(self, e: BaseException, endpoint: str) -> str | None:
+        """Why another replica may answer where ``endpoint`` failed with ``e`` before its first
+        text; None when it may not (an LlmError of the request itself, a cancellation)."""
+        if isinstance(e, LlmStreamError):
+            return f"{endpoint}: {e}"  # broke off before any text
+        if isinstance(e, aiohttp.ClientError):  # refused, reset, or silent past read_timeout_s
+            return f"{endpoint} failed: {type(e).__name__}: {e}"
+        if isinstance(e, TimeoutError):  # asyncio.timeout: no token within first_token_timeout_s
+            return f"{endpoint} gave no token within {self.options.first_token_timeout_s} s"
+        if isinstance(e, (OSError, ValueError)):
+            return f"{endpoint} failed: {type(e).__name__}: {e}"
+        return None
 
     async def abort(self, request_id: str) -> None:
         call = self._calls.get(request_id)
