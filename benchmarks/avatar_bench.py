@@ -33,12 +33,11 @@ from benchmarks import pct
 from models.avatar import ProceduralAvatar
 from server.avatar import Expression, FaceState, Viseme
 from server.face import FaceAnimator
-from server.lipsync import ATTACK_SAMPLES
-from server.media import samples_to_ms
+from server.lipsync import LipSync, VisemeCue
+from server.media import ms_to_samples
 
 FPS = 25
 FRAME_MS = 1000 / FPS
-ATTACK_MS = samples_to_ms(ATTACK_SAMPLES)  # a cue's weight ramps in over this long
 SPEECH_VISEMES = [v for v in Viseme if v is not Viseme.SIL]
 VOWELS = [Viseme.AA, Viseme.E, Viseme.I, Viseme.O, Viseme.U]
 # (until ms, expression): one turn
@@ -50,20 +49,20 @@ TIMELINE = (
 )
 
 
-def viseme_track(
-    rng: random.Random, start_ms: float, end_ms: float
-) -> list[tuple[float, float, Viseme, float]]:
-    """Cues (start ms, end ms, viseme, weight): consonant/vowel runs of ~80 ms, word pauses."""
+def viseme_track(rng: random.Random, start_ms: float, end_ms: float) -> tuple[VisemeCue, ...]:
+    """Cues of one reply (samples from the turn's start): consonant/vowel runs of ~80 ms, word
+    pauses."""
     cues = []
     t = start_ms
     while t < end_ms:
         for i in range(rng.randint(2, 6)):  # one word
             viseme = rng.choice(VOWELS) if i % 2 else rng.choice(SPEECH_VISEMES)
             length = rng.uniform(50.0, 120.0)
-            cues.append((t, t + length, viseme, round(rng.uniform(0.35, 1.0), 2)))
+            weight = round(rng.uniform(0.35, 1.0), 2)
+            cues.append(VisemeCue(ms_to_samples(t), ms_to_samples(t + length), viseme, weight))
             t += length
         t += rng.uniform(60.0, 220.0) if rng.random() < 0.6 else 0.0
-    return cues
+    return tuple(cues)
 
 
 def sequence(appearance: str, seconds: float, seed: int = 1) -> list[FaceState]:
@@ -71,18 +70,15 @@ def sequence(appearance: str, seconds: float, seed: int = 1) -> list[FaceState]:
     rng = random.Random(seed)
     animator = FaceAnimator(seed)
     timeline = [(until * seconds / 10, e) for until, e in TIMELINE]
-    cues = viseme_track(rng, timeline[1][0], timeline[2][0])
+    lipsync = LipSync()  # the server's own cue lookup and attack ramp
+    lipsync.add_chunk(0, 0, appearance, viseme_track(rng, timeline[1][0], timeline[2][0]))
     states = []
     for n in range(round(seconds * FPS)):
         t = n * FRAME_MS
         expression = next(e for until, e in timeline if t < until)
         if expression is Expression.LISTENING:
             animator.hear_user(t, 0.1 if t < timeline[0][0] - 400 else 0.0)
-        viseme, weight = Viseme.SIL, 0.0
-        for start, end, v, w in cues:
-            if start <= t < end:
-                viseme, weight = v, w * min(1.0, (t - start + 1) / ATTACK_MS)
-                break
+        viseme, weight = lipsync.at(0, ms_to_samples(t))
         states.append(animator.face(t, appearance, expression, viseme, weight))
     return states
 

@@ -28,12 +28,13 @@ import numpy.typing as npt
 
 from benchmarks import pct
 from benchmarks.netns import isolate
-from benchmarks.transport_bench import cpu_seconds, rms
+from benchmarks.transport_bench import cpu_seconds, keep_talking
 from models.avatar import ProceduralAvatar
 from server.avatar import FaceState, Viseme
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.speech import rms
 
 GRID_MS = 5.0
 MAX_LAG_MS = 300.0
@@ -142,12 +143,7 @@ async def speaking_cpu(server: ServerProcess, video: bool, seconds: float) -> di
         await peer.wait_event("session.created")
         await asyncio.sleep(1.0)
         cpu0, t0 = cpu_seconds(server.proc.pid), time.monotonic()
-        spoken = 0.0
-        while time.monotonic() - t0 < seconds:
-            n = len(peer.events)
-            peer.send({"type": "conversation.item.create", "text": "Keep talking"})
-            await peer.wait_event("response.done", timeout=30, after=n)
-            spoken += 1
+        spoken = await keep_talking(peer, seconds)
         cpu1, t1 = cpu_seconds(server.proc.pid), time.monotonic()
         return {
             "video": video,

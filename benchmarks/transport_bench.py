@@ -33,8 +33,7 @@ from benchmarks.netns import isolate
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
-from tests.support.speech import rms as rms  # re-exported: benchmarks.avatar_sync
-from tests.support.speech import silence, speak, voiced_span_ms
+from tests.support.speech import rms, silence, speak, voiced_span_ms
 
 QUESTION = "Hello there. Can you tell me something about the weather today?"
 INTERRUPT = "Sorry, wait a moment, I have another question."

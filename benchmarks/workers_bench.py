@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -52,13 +53,6 @@ def server_pids(server: ServerProcess) -> list[int]:
     assert server.proc is not None
     workers = server.health().get("workers", [])
     return [server.proc.pid, *(int(w["pid"]) for w in workers if w.get("pid"))]
-
-
-async def drained(server: ServerProcess, timeout: float = 30.0) -> None:
-    """Wait until the server holds no session (peers of the last step are gone)."""
-    deadline = time.monotonic() + timeout
-    while server.health()["sessions"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
 
 
 async def settled(server: ServerProcess, timeout: float = 60.0) -> float:
@@ -153,7 +147,8 @@ async def measure(workers: int, steps: tuple[int, ...], seconds: float) -> dict[
                 + (f", errors {len(result['errors'])}" if result["errors"] else ""),
                 flush=True,
             )
-            await drained(server)
+            with contextlib.suppress(TimeoutError):  # the next step then starts beside them
+                await server.wait_sessions(0, 30)  # the peers of this step are gone
             if not passes(result, STOP_P99_MS):
                 break
     finally:
