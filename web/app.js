@@ -161,6 +161,7 @@ function explain(err) {
 }
 
 // --- devices ----------------------------------------------------------------------------------
+/** `select`'s options: `firstLabel` (value ''), then each `{label, deviceId}`; keeps the choice. */
 function fillSelect(select, devices, firstLabel) {
   const chosen = select.value;
   select.replaceChildren(new Option(firstLabel, ''));
@@ -486,12 +487,8 @@ function showConditions(values, version) {
 
 function offerAppearances(names) {
   if (!Array.isArray(names) || !names.length) return; // the server does not say: keep the list
-  const chosen = ui.appearance.value;
-  ui.appearance.replaceChildren(new Option('Server default', ''));
-  for (const name of names) {
-    ui.appearance.append(new Option(name.charAt(0).toUpperCase() + name.slice(1), name));
-  }
-  if ([...ui.appearance.options].some((o) => o.value === chosen)) ui.appearance.value = chosen;
+  const looks = names.map((name) => ({ deviceId: name, label: name.charAt(0).toUpperCase() + name.slice(1) }));
+  fillSelect(ui.appearance, looks, 'Server default');
 }
 
 function wanted(select, field) {
