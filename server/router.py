@@ -384,7 +384,8 @@ class Router:
 
 
 def join_objects(objects: Sequence[Any]) -> dict[str, Any]:
-    """JSON objects of several workers as one: lists concatenated, numbers summed."""
+    """JSON objects of several workers as one: lists concatenated, numbers summed, objects
+    joined the same way (e.g. the task census); anything else as the first worker has it."""
     out: dict[str, Any] = {}
     for obj in objects:
         if not isinstance(obj, dict):
@@ -394,6 +395,8 @@ def join_objects(objects: Sequence[Any]) -> dict[str, Any]:
                 out[key] = [*out.get(key, []), *value]
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 out[key] = out.get(key, 0) + value
+            elif isinstance(value, dict):
+                out[key] = join_objects([out.get(key, {}), value])
             else:
                 out.setdefault(key, value)
     return out

@@ -31,7 +31,7 @@ from server.clock import FakeClock
 from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
 from server.metrics import Metrics
-from server.router import create_router, merge_expositions, worker_of
+from server.router import create_router, join_objects, merge_expositions, worker_of
 from server.workers import Supervisor, Worker, WorkerState
 from tests.support.server_process import (
     ROOT,
@@ -190,6 +190,7 @@ async def test_metrics_and_debug_cover_every_worker(server: ServerProcess) -> No
         data = await resp.json()
     ids = {entry["session_id"][:3] for entry in data["closed"]}
     assert ids == {"w1-", "w2-"}
+    assert data["tasks"]["SessionRegistry._reap_loop"] == 2  # each worker's census, summed
 
 
 async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> None:
@@ -430,6 +431,17 @@ def test_metrics_of_two_workers_merge_into_one_exposition() -> None:
     lines = text.splitlines()
     family = [i for i, line in enumerate(lines) if line.startswith("avatar_sessions_total")]
     assert family == list(range(family[0], family[0] + 2))  # a family's samples stay together
+
+
+def test_debug_objects_of_two_workers_join_into_one() -> None:
+    first = {"live": [1], "closed_total": 2, "tasks": {"a": 1, "b": 2}, "version": "x"}
+    second = {"live": [2], "closed_total": 3, "tasks": {"a": 4}, "version": "y"}
+    assert join_objects([first, second]) == {
+        "live": [1, 2],
+        "closed_total": 5,
+        "tasks": {"a": 5, "b": 2},
+        "version": "x",
+    }
 
 
 def test_worker_state_changes_only_along_its_table() -> None:
