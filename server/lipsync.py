@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from server.avatar import Viseme, viseme_of
 from server.chunk import PhonemeTiming
-from server.media import samples_to_ms
+from server.media import pcm_level, samples_to_ms
 
 MIN_WEIGHT = 0.35  # a sounding phoneme never shows less than this much of its shape
 ATTACK_SAMPLES = 1440  # 30 ms: a cue's weight ramps in over this long (no snapping mouth)
@@ -72,11 +72,7 @@ def cues_for(
             spans.append((ph.start, ph.end, viseme))
     if not spans:
         return ()
-    audio = pcm.astype(np.float32)
-    rms = [
-        float(np.sqrt(np.mean(audio[s:e] ** 2))) if e > s and s < len(audio) else 0.0
-        for s, e, _ in spans
-    ]
+    rms = [pcm_level(pcm[s:e]) for s, e, _ in spans]
     sounding = [r for r, (_, _, v) in zip(rms, spans, strict=True) if v is not Viseme.SIL]
     loud = float(np.percentile(sounding, 90)) if sounding else 0.0
     cues = []

@@ -49,3 +49,10 @@ def resample(pcm: npt.NDArray[np.int16], rate_hz: int, to_hz: int) -> npt.NDArra
         f.to_ndarray().reshape(-1) for f in [*resampler.resample(frame), *resampler.resample(None)]
     ]
     return np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
+
+
+def pcm_level(pcm: npt.NDArray[np.int16]) -> float:
+    """RMS level of int16 samples, 0..1 (a full-scale sine ~0.7; no samples: 0)."""
+    if len(pcm) == 0:
+        return 0.0
+    return float(np.sqrt(np.mean(pcm.astype(np.float32) ** 2)) / 32768.0)

@@ -38,7 +38,7 @@ from server.events import ResponseDone
 from server.face import FaceAnimator
 from server.ice import ice_servers
 from server.lipsync import LipSync, cues_for
-from server.media import MEDIA_RATE_HZ, samples_to_ms
+from server.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.metrics import Metrics, quantile
 from server.pipeline import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace
 from server.protocol import (
@@ -58,7 +58,6 @@ from server.tracks import (
     PacedAudioTrack,
     PacedVideoTrack,
     frames,
-    pcm_level,
 )
 from server.turn import TurnState
 from server.vad import TurnDetector, VadEvent, VadEventKind

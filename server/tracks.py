@@ -126,10 +126,3 @@ class PacedVideoTrack(MediaStreamTrack):
         frame.time_base = VIDEO_TIME_BASE
         self._pts += self._ticks
         return frame
-
-
-def pcm_level(pcm: PCM) -> float:
-    """RMS level of a frame, 0..1 (full scale sine ~0.7)."""
-    if len(pcm) == 0:
-        return 0.0
-    return float(np.sqrt(np.mean(pcm.astype(np.float32) ** 2)) / 32768.0)
