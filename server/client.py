@@ -272,7 +272,7 @@ def ice_configuration(
     return rtc_configuration(servers, relay_only)
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
     if args.pin_host:
         pin_host_addresses(args.pin_host)
     mic = ScriptedMic()
@@ -283,9 +283,7 @@ async def run(args: argparse.Namespace) -> int:
         audio=not args.no_audio,
         mic=mic,
         on_event=lambda e: print(json.dumps(e), flush=True),
-        configuration=ice_configuration(
-            args.ice_server, args.ice_username, args.ice_credential, args.relay_only
-        ),
+        configuration=configuration,
     )
     peer.keep_video_frames = 10_000 if args.record_video else 0
     started = time.monotonic()
@@ -359,12 +357,16 @@ def main(argv: list[str] | None = None) -> int:
         "--relay-only", action="store_true", help="use TURN relay candidates only (needs TURN)"
     )
     args = parser.parse_args(argv)
-    if args.relay_only and not any(u.startswith(TURN_SCHEMES) for u in args.ice_server):
-        parser.error("--relay-only needs a TURN server (--ice-server turn:HOST:PORT)")
+    try:
+        configuration = ice_configuration(
+            args.ice_server, args.ice_username, args.ice_credential, args.relay_only
+        )
+    except ValueError as exc:  # --relay-only without a TURN server
+        parser.error(str(exc))
     if args.no_audio and (args.wav or args.record_audio):
         parser.error("--no-audio sends and receives no audio: drop --wav and --record-audio")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s: %(message)s")
-    return asyncio.run(run(args))
+    return asyncio.run(run(args, configuration))
 
 
 if __name__ == "__main__":
