@@ -44,8 +44,8 @@ from server.whip import (
     SDP_TYPE,
     SDPFRAG_TYPE,
     entity_tag,
-    ice_credentials,
     ice_server_links,
+    ice_ufrag,
     if_match_allows,
     is_ice_restart,
     parse_sdpfrag,
@@ -232,7 +232,7 @@ async def post_whip(request: web.Request) -> web.Response:
     owner = admit_session(request)
     sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
     session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner)
-    ufrag, _ = ice_credentials(sdp)
+    ufrag = ice_ufrag(sdp)
     headers = CIMultiDict(
         [
             ("Location", f"/whip/{session_id}"),
@@ -255,7 +255,7 @@ async def patch_whip(request: web.Request) -> web.Response:
     check_owner(peer.owner, caller)
     text = await read_body(request, SDPFRAG_TYPE)
     remote = peer.pc.remoteDescription
-    ufrag, _ = ice_credentials(remote.sdp if remote is not None else "")
+    ufrag = ice_ufrag(remote.sdp if remote is not None else "")
     etag = entity_tag(session_id, ufrag or "")
     if not if_match_allows(request.headers.get("If-Match"), etag):
         raise PreconditionFailed(f"If-Match does not match the resource's ETag {etag}")

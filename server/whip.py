@@ -124,15 +124,13 @@ def parse_sdpfrag(text: str, max_lines: int) -> SdpFragment:
     )
 
 
-def ice_credentials(sdp: str) -> tuple[str | None, str | None]:
-    """The first ``a=ice-ufrag`` and ``a=ice-pwd`` of an SDP (bundle: the transport's)."""
-    ufrag = pwd = None
+def ice_ufrag(sdp: str) -> str | None:
+    """The first ``a=ice-ufrag`` of an SDP (bundle: the transport's), which names its ICE
+    session."""
     for line in sdp.splitlines():
-        if ufrag is None and line.startswith("a=ice-ufrag:"):
-            ufrag = line.split(":", 1)[1].strip()
-        elif pwd is None and line.startswith("a=ice-pwd:"):
-            pwd = line.split(":", 1)[1].strip()
-    return ufrag, pwd
+        if line.startswith("a=ice-ufrag:"):
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 def entity_tag(session_id: str, ufrag: str) -> str:
