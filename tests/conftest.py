@@ -1,5 +1,9 @@
 """Shared test helpers: a fake clock, small runtime configs, tones of known length, and the
-client side of loopback calls (ICE pinned to 127.0.0.1, client peers closed after the test)."""
+client side of loopback calls (ICE pinned to 127.0.0.1, client peers closed after the test).
+
+Every test's time limit (pytest-timeout: its marker, else the ini default) is stretched by the
+slowness the suite measures at start (tests/support/pace.py), and the header says how slow this
+machine is and which CPU it has."""
 
 from __future__ import annotations
 
@@ -8,13 +12,35 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from server.client import ClientPeer
 from server.clock import FakeClock
 from server.config import RuntimeConfig
+from server.machine import this_machine
 from server.media import ms_to_samples
 from server.playback import PCM
 from server.rtc import pin_host_addresses
 from server.session import Session
+from tests.support import pace
+from tests.support.peers import Peer
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"machine: {this_machine().describe()}"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Stretch every test's time limit by the measured pace (waits on work grow with it)."""
+    if not items:
+        return
+    factor = pace.factor()
+    print(f"\npace: x{factor:.2f} (Whisper tiny.en {pace.describe()} on the reference clip)")
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        base = default
+        if marker is not None:
+            base = float(marker.args[0] if marker.args else marker.kwargs.get("timeout", default))
+        if base > 0:
+            item.add_marker(pytest.mark.timeout(base * factor), append=False)
 
 
 def tone(ms: float, amplitude: int = 8000, hz: float = 220.0) -> PCM:
@@ -48,9 +74,9 @@ def client_ice() -> None:
 
 
 @pytest.fixture
-async def peers(client_ice: None) -> AsyncIterator[list[ClientPeer]]:
+async def peers(client_ice: None) -> AsyncIterator[list[Peer]]:
     """Client peers a test opens; closed when it ends."""
-    opened: list[ClientPeer] = []
+    opened: list[Peer] = []
     yield opened
     for peer in opened:
         await peer.close()

@@ -27,8 +27,8 @@ from models.llm import (
     RemoteOptions,
     RemoteVllm,
 )
-from server.client import ClientPeer
 from tests.support.llm_helpers import chat, collect, stats_of
+from tests.support.peers import Peer
 from tests.support.server_process import ServerProcess, free_port
 from tests.support.tiny_llama import TEXT, build_tiny_llama
 from tests.support.vllm_server import VllmServer
@@ -369,7 +369,7 @@ async def test_server_answers_through_remote_vllm_with_failover(
     down, and is spoken (Piper) to an aiortc peer."""
     before = await asyncio.to_thread(vllm.metric, "vllm:request_success_total")
     server = await asyncio.to_thread(voice_server, [refused_url, vllm.url], vllm.served_name)
-    peer = ClientPeer(server.url, video=False)
+    peer = Peer(server.url, video=False)
     try:
         await peer.connect()
         await peer.wait_event("session.created")
@@ -401,7 +401,7 @@ async def test_server_answers_through_remote_vllm_with_failover(
 
 async def test_server_reports_an_unreachable_llm_as_an_error_event(refused_url: str) -> None:
     server = await asyncio.to_thread(voice_server, [refused_url], "tiny")
-    peer = ClientPeer(server.url, video=False)
+    peer = Peer(server.url, video=False)
     try:
         await peer.connect()
         await peer.wait_event("session.created")

@@ -14,6 +14,8 @@ from models.asr import WhisperAsr
 from models.tts import PiperTts
 from server.client import ClientPeer
 from server.media import resample
+from tests.support.pace import within
+from tests.support.peers import Peer
 from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
 from tests.support.text import edit_distance
@@ -51,7 +53,7 @@ def asr() -> WhisperAsr:
 
 @pytest.fixture
 async def peer(server: ServerProcess, client_ice: None) -> AsyncIterator[ClientPeer]:
-    client = ClientPeer(server.url, video=False)
+    client = Peer(server.url, video=False)
     await client.connect(timeout=30)
     yield client
     await client.close()
@@ -101,17 +103,27 @@ async def test_barge_in_keeps_only_what_was_played(
     server: ServerProcess, peer: ClientPeer, tts: PiperTts
 ) -> None:
     question = tts.synthesize("Tell me a long story about a brave little dragon.").pcm
+    stop = tts.synthesize("Stop, please.").pcm  # made now: synthesis would hold up the peer
     peer.mic.play(np.concatenate([silence(300), question]))
-    await peer.wait_event("response.audio_transcript.delta", timeout=60)
-    deadline = time.monotonic() + 30
+    # The barge-in must land while a chunk is playing: then that chunk is cut at what was heard.
+    # So wait (on events, not time) until a second chunk is queued behind the first, which on a
+    # slow machine may come only after the first has played out, and until the reply is audible
+    # now; then speak over it. Only the bounds of these waits follow the measured pace.
+    first = await peer.wait_event("response.audio_transcript.delta", timeout=60)
+    await peer.wait_event(
+        "response.audio_transcript.delta",
+        timeout=60,
+        where=lambda e: e["epoch"] == 0 and e["chunk_id"] != first["chunk_id"],
+    )
+    deadline = time.monotonic() + within(30)
     while time.monotonic() < deadline:
         recent = [p for _, p in peer.audio[-10:]]
         if recent and max(float(np.abs(p).max()) for p in recent) > 3000:
             break
         await asyncio.sleep(0.05)
-    await asyncio.sleep(1.2)
+    await asyncio.sleep(0.6)  # a few words of the playing chunk are heard before the user speaks
     n = len(peer.events)
-    peer.mic.play(tts.synthesize("Stop, please.").pcm)
+    peer.mic.play(stop)
     truncated = await peer.wait_event("conversation.item.truncated", timeout=10, after=n)
     assert truncated["epoch"] == 0
     await peer.wait_event("response.done", timeout=10, after=n, where=lambda e: e["epoch"] == 0)

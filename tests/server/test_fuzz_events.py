@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
 from tests.support.loop_thread import LoopThread
+from tests.support.pace import within
+from tests.support.peers import Peer
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 
 EVENTS = 400  # one at a time, each waits for its error
@@ -162,7 +164,7 @@ def peer(server: ServerProcess) -> Iterator[tuple[LoopThread, ClientPeer]]:
     with LoopThread() as loop:
 
         async def connect() -> ClientPeer:
-            client = ClientPeer(server.url, video=False)
+            client = Peer(server.url, video=False)
             await client.connect()
             await client.wait_event("session.created")
             return client
@@ -183,7 +185,7 @@ def assert_error_event(event: dict[str, Any]) -> str:
 
 async def wait_errors(client: ClientPeer, count: int, after: int) -> list[dict[str, Any]]:
     """The events from index ``after`` on, once ``count`` of them are errors (or time is up)."""
-    deadline = time.monotonic() + BURST_WAIT_S
+    deadline = time.monotonic() + within(BURST_WAIT_S)
     while True:
         events = [e for _, e in client.events[after:]]
         errors = sum(e.get("type") == "error" for e in events)

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
 from tests.support.loop_thread import LoopThread
+from tests.support.peers import Peer
 from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
 
 REQUESTS = 1200  # examples; each sends one request (>= 1000 of them bad ones)
@@ -348,7 +349,7 @@ def victim(server: ServerProcess) -> Iterator[tuple[LoopThread, ClientPeer]]:
     with LoopThread() as loop:
 
         async def connect() -> ClientPeer:
-            peer = ClientPeer(server.url, video=False)
+            peer = Peer(server.url, video=False)
             await peer.connect()
             return peer
 

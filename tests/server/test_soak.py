@@ -4,8 +4,9 @@ Vanishing clients run in a subprocess (tests/support/vanishing_clients.py) that 
 its peers are connected and hear the server: no DELETE, no DTLS/SCTP goodbye, the ICE sockets
 are simply gone. aiortc alone would notice after ~30 s of failed consent checks; the server's
 reaper closes a connected peer whose audio stopped for ``transport.dead_peer_timeout_s`` (2 s
-here). The server reports its own RSS, open descriptors, asyncio tasks, sessions and live
-PeerSession objects (/healthz, /debug/sessions); the soak compares them before and after.
+here, stretched by the measured pace). The server reports its own RSS, open descriptors,
+asyncio tasks, sessions and live PeerSession objects (/healthz, /debug/sessions); the soak
+compares them before and after.
 """
 
 from __future__ import annotations
@@ -21,16 +22,22 @@ from typing import Any
 
 import pytest
 
-from server.client import ClientPeer
-from tests.support.peers import keep_talking
+from tests.support import pace
+from tests.support.pace import within
+from tests.support.peers import Peer, keep_talking
 from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
-DEAD_PEER_TIMEOUT_S = 2.0
+# Paced (tests/support/pace.py): on a slow machine a loaded loop may hold a live peer's audio
+# up for longer, and fewer peers at once are the same soak (the cycles stay 200): each peer
+# costs ``factor`` times the CPU of the reference machine, and the bystander must keep its share.
+DEAD_PEER_TIMEOUT_S = within(2.0)
 SOAK_CYCLES = 200  # connect / vanish cycles
-BATCH = 10  # peers per vanishing subprocess (connected at once)
-WARMUP_BATCHES = 3  # before the "before" figures: RSS grows ~40 MB over these, then stays
+BATCH = max(2, round(10 / pace.factor() ** 1.5))  # peers per vanishing subprocess (at once)
+WARMUP_BATCHES = -(
+    -30 // BATCH
+)  # 30 peers before the "before" figures: RSS grows ~40 MB over these, then stays
 MAX_SESSIONS = 40  # room for the batches still waiting to be reaped
 RSS_GROWTH_LIMIT = 50 * 1024 * 1024
 READY_TIMEOUT_S = 60.0
@@ -59,8 +66,12 @@ def server() -> Iterator[ServerProcess]:
     assert proc.stop() == 0, proc.log()
 
 
-def live_ids(server: ServerProcess) -> set[str]:
-    return {s["session_id"] for s in server.debug_sessions()["live"]}
+async def live_ids(server: ServerProcess) -> set[str]:
+    """Ids of the live sessions. Every query of the server runs off the event loop: a busy
+    server may take seconds to answer, and meanwhile this loop's peers must keep sending audio
+    (a peer silent for ``DEAD_PEER_TIMEOUT_S`` is reaped)."""
+    debug = await asyncio.to_thread(server.debug_sessions)
+    return {s["session_id"] for s in debug["live"]}
 
 
 @dataclass(frozen=True)
@@ -88,8 +99,8 @@ async def settled(server: ServerProcess, sessions: int) -> Figures:
         steady, SETTLE_TIMEOUT_S, f"{sessions} sessions, steady tasks", DEAD_PEER_TIMEOUT_S / 2
     )
     await asyncio.sleep(1.5)  # one reaper tick: the heap is trimmed after closes
-    health = server.health()
-    debug = server.debug_sessions()
+    health = await asyncio.to_thread(server.health)
+    debug = await asyncio.to_thread(server.debug_sessions)
     return Figures(
         health["sessions"],
         health["tasks"],
@@ -130,7 +141,7 @@ class VanishingClients:
         )
         clients = cls(proc)
         try:
-            await asyncio.wait_for(clients._ready(), READY_TIMEOUT_S)
+            await asyncio.wait_for(clients._ready(), within(READY_TIMEOUT_S))
         except BaseException:
             await clients.kill()
             raise
@@ -158,7 +169,8 @@ class VanishingClients:
 async def wait_gone(server: ServerProcess, ids: set[str], timeout_s: float) -> float:
     """Seconds until none of ``ids`` is a live session (TimeoutError after ``timeout_s``)."""
     started = time.monotonic()
-    while ids & live_ids(server):
+    timeout_s = within(timeout_s)
+    while ids & await live_ids(server):
         if time.monotonic() - started > timeout_s:
             raise TimeoutError(f"sessions still live after {timeout_s} s")
         await asyncio.sleep(0.1)
@@ -168,34 +180,34 @@ async def wait_gone(server: ServerProcess, ids: set[str], timeout_s: float) -> f
 async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess) -> None:
     clients = await VanishingClients.start(server, 1, video_every=0)
     (session_id,) = clients.session_ids
-    assert session_id in live_ids(server)
+    assert session_id in await live_ids(server)
     await clients.kill()
     # aiortc's own consent checks would take ~30 s; the reaper acts after the timeout
     reaped_after_s = await wait_gone(server, {session_id}, timeout_s=15)
     print(f"vanished client reaped {reaped_after_s:.2f} s after SIGKILL")
-    closed = server.session(session_id, ("closed",))
+    closed = await asyncio.to_thread(server.session, session_id, ("closed",))
     assert closed is not None and closed["state"] == "closed"
-    assert server.debug_sessions()["reaped_total"] >= 1
+    assert (await asyncio.to_thread(server.debug_sessions))["reaped_total"] >= 1
 
 
 async def test_idle_peer_is_reaped_and_a_talking_one_is_not(
-    server: ServerProcess, peers: list[ClientPeer]
+    server: ServerProcess, peers: list[Peer]
 ) -> None:
-    live = ClientPeer(server.url, video=False)
-    idle = ClientPeer(server.url, video=False)
+    live = Peer(server.url, video=False)
+    idle = Peer(server.url, video=False)
     peers += [live, idle]
     await live.connect()
     await idle.connect()
-    assert {live.session_id, idle.session_id} <= live_ids(server)
+    assert {live.session_id, idle.session_id} <= await live_ids(server)
     idle.mic.stop()  # ICE and DTLS stay up, but no more audio: a zombie holding a slot
     await wait_gone(server, {str(idle.session_id)}, timeout_s=15)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + within(10)
     while idle.pc.connectionState not in ("closed", "failed") and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert idle.pc.connectionState in ("closed", "failed")  # the client is told: DTLS close
     # the peer that keeps sending audio outlives several timeouts and still gets replies
     await asyncio.sleep(2 * DEAD_PEER_TIMEOUT_S)
-    assert live.session_id in live_ids(server)
+    assert live.session_id in await live_ids(server)
     n = len(live.events)
     live.send({"type": "conversation.item.create", "text": "still here?"})
     assert (await live.wait_event("response.done", timeout=15, after=n))["status"] == "completed"
@@ -203,10 +215,10 @@ async def test_idle_peer_is_reaped_and_a_talking_one_is_not(
 
 @pytest.mark.timeout(300)
 async def test_soak_vanishing_clients_leave_nothing_behind(
-    server: ServerProcess, peers: list[ClientPeer]
+    server: ServerProcess, peers: list[Peer]
 ) -> None:
     started = time.monotonic()
-    bystander = ClientPeer(server.url, video=False)
+    bystander = Peer(server.url, video=False)
     peers.append(bystander)
     await bystander.connect()
     await settled(server, 1)
@@ -214,7 +226,7 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
         warm = await VanishingClients.start(server, BATCH, video_every=2)
         await warm.kill()
     before = await settled(server, 1)
-    reaped_before = server.debug_sessions()["reaped_total"]
+    reaped_before = (await asyncio.to_thread(server.debug_sessions))["reaped_total"]
 
     replies: list[str] = []
     stop = asyncio.Event()
@@ -225,18 +237,18 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
             clients = await VanishingClients.start(server, BATCH, video_every=2)
             assert len(clients.session_ids) == BATCH
             if not vanished:  # the figures do see live sessions
-                during = server.health()
+                during = await asyncio.to_thread(server.health)
                 assert during["sessions"] > BATCH and during["open_fds"] > before.open_fds
             vanished.update(clients.session_ids)
             await clients.kill()
         await wait_gone(server, vanished, timeout_s=SETTLE_TIMEOUT_S)
-        bystander_view = server.session(bystander.session_id, ("live",))
+        bystander_view = await asyncio.to_thread(server.session, bystander.session_id, ("live",))
         assert bystander_view is not None
     finally:
         stop.set()
-        await asyncio.wait_for(talker, 30)
+        await asyncio.wait_for(talker, within(30))
     after = await settled(server, 1)
-    reaped = server.debug_sessions()["reaped_total"] - reaped_before
+    reaped = (await asyncio.to_thread(server.debug_sessions))["reaped_total"] - reaped_before
     figures = {
         "cycles": len(vanished),
         "reaped": reaped,
@@ -256,6 +268,6 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
     assert after.open_fds <= before.open_fds
     assert after.rss_bytes - before.rss_bytes <= RSS_GROWTH_LIMIT
     # the session that stayed never noticed
-    assert bystander.session_id in live_ids(server)
+    assert bystander.session_id in await live_ids(server)
     assert replies and set(replies) == {"completed"}
     assert bystander_view["underruns"] == 0

@@ -17,7 +17,9 @@ import av
 import numpy as np
 import pytest
 
-from server.client import ClientPeer, load_wav, save_wav
+from server.client import load_wav, save_wav
+from tests.support.pace import within
+from tests.support.peers import Peer
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
 from tests.support.speech import loud_seconds, rms, silence, speak, voiced_span_ms
 
@@ -40,11 +42,11 @@ def server() -> Iterator[ServerProcess]:
 
 @pytest.mark.parametrize("whip", [False, True], ids=["offer", "whip"])
 async def test_spoken_question_gets_events_and_a_paced_reply(
-    server: ServerProcess, peers: list[ClientPeer], whip: bool
+    server: ServerProcess, peers: list[Peer], whip: bool
 ) -> None:
     question = speak(QUESTION)
     onset_ms, end_ms = voiced_span_ms(question)
-    peer = ClientPeer(server.url, whip=whip)
+    peer = Peer(server.url, whip=whip)
     peers.append(peer)
     await peer.connect()
     created = await peer.wait_event("session.created")
@@ -77,15 +79,15 @@ async def test_spoken_question_gets_events_and_a_paced_reply(
 
 
 async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
-    server: ServerProcess, peers: list[ClientPeer]
+    server: ServerProcess, peers: list[Peer]
 ) -> None:
-    peer = ClientPeer(server.url, video=False)
+    peer = Peer(server.url, video=False)
     peers.append(peer)
     await peer.connect()
     peer.mic.play(np.concatenate([silence(300), speak(QUESTION)]))
     await peer.wait_event("response.audio_transcript.delta", timeout=15)
     # wait until the reply is audible at the client, then talk over it
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + within(5)
     while time.monotonic() < deadline and not any(rms(p) > 1000 for _, p in peer.audio[-5:]):
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.5)
@@ -114,8 +116,8 @@ async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
     assert metric_value(metrics, "avatar_barge_in_reaction_seconds_count") >= 1
 
 
-async def test_data_channel_protocol(server: ServerProcess, peers: list[ClientPeer]) -> None:
-    peer = ClientPeer(server.url, video=False)
+async def test_data_channel_protocol(server: ServerProcess, peers: list[Peer]) -> None:
+    peer = Peer(server.url, video=False)
     peers.append(peer)
     await peer.connect()
     await peer.wait_event("session.created")
@@ -193,14 +195,14 @@ async def test_bad_requests_leave_nothing_behind(server: ServerProcess) -> None:
 
 
 async def test_full_server_answers_503_and_others_keep_going(
-    server: ServerProcess, peers: list[ClientPeer]
+    server: ServerProcess, peers: list[Peer]
 ) -> None:
     await server.wait_sessions(0, 10)
     for _ in range(3):
-        peer = ClientPeer(server.url, video=False)
+        peer = Peer(server.url, video=False)
         peers.append(peer)
         await peer.connect()
-    extra = ClientPeer(server.url, video=False)
+    extra = Peer(server.url, video=False)
     with pytest.raises(RuntimeError, match="offer 503"):
         await extra.connect()
     await extra.close()
@@ -223,7 +225,7 @@ async def test_full_server_answers_503_and_others_keep_going(
 
 async def test_vanished_client_is_cleaned_up(server: ServerProcess) -> None:
     await server.wait_sessions(0, 10)
-    peer = ClientPeer(server.url, video=False)
+    peer = Peer(server.url, video=False)
     await peer.connect()
     assert (await server.wait_sessions(1, 10))["sessions"] == 1
     await peer.close()  # /offer clients have no DELETE: the peer connection just goes away
@@ -232,7 +234,7 @@ async def test_vanished_client_is_cleaned_up(server: ServerProcess) -> None:
 
 async def test_whip_resource_lifecycle(server: ServerProcess) -> None:
     await server.wait_sessions(0, 10)
-    peer = ClientPeer(server.url, whip=True, video=False)
+    peer = Peer(server.url, whip=True, video=False)
     await peer.connect()
     assert peer.location is not None and peer.location.startswith("/whip/")
     async with aiohttp.ClientSession() as http:
@@ -299,8 +301,8 @@ def test_command_line_peer_records_a_reply(server: ServerProcess, tmp_path: Path
 async def test_engine_failure_ends_only_that_reply() -> None:
     server = ServerProcess({"pipeline.factory": "tests.support.tone_pipeline:create_flaky"}).start()
     try:
-        a = ClientPeer(server.url, video=False)
-        b = ClientPeer(server.url, video=False)
+        a = Peer(server.url, video=False)
+        b = Peer(server.url, video=False)
         await a.connect()
         await b.connect()
         a.send({"type": "conversation.item.create", "text": "first"})  # reply 1: engine raises

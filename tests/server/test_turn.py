@@ -27,6 +27,7 @@ from server.config import TransportConfig
 from server.ice import IceServer, ice_servers, rest_credential
 from server.rtc import rtc_configuration
 from tests.support.coturn import Coturn, stun_answers
+from tests.support.peers import Peer
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 from tests.support.speech import loud_seconds, silence, speak
 
@@ -109,9 +110,9 @@ def test_relay_only_needs_a_turn_server() -> None:
 
 
 async def test_relay_only_call_carries_audio_both_ways(
-    coturn: Coturn, server: ServerProcess, peers: list[ClientPeer]
+    coturn: Coturn, server: ServerProcess, peers: list[Peer]
 ) -> None:
-    peer = ClientPeer(server.url, video=False, configuration=relay_only(coturn))
+    peer = Peer(server.url, video=False, configuration=relay_only(coturn))
     peers.append(peer)
     started = time.monotonic()
     await peer.connect(timeout=20)
@@ -139,10 +140,10 @@ async def test_relay_only_call_carries_audio_both_ways(
 
 
 async def test_wrong_turn_password_gets_no_relay_and_no_call(
-    coturn: Coturn, server: ServerProcess, peers: list[ClientPeer]
+    coturn: Coturn, server: ServerProcess, peers: list[Peer]
 ) -> None:
     """The negative control: without a relay the relay-only client has no path at all."""
-    peer = ClientPeer(server.url, video=False, configuration=relay_only(coturn, password="wrong"))
+    peer = Peer(server.url, video=False, configuration=relay_only(coturn, password="wrong"))
     peers.append(peer)
     with pytest.raises(TimeoutError):
         await peer.connect(timeout=5)
@@ -169,7 +170,7 @@ def rest_server(rest_coturn: Coturn) -> Iterator[ServerProcess]:
 
 
 async def test_issued_turn_credentials_carry_a_relay_only_call(
-    rest_coturn: Coturn, rest_server: ServerProcess, peers: list[ClientPeer]
+    rest_coturn: Coturn, rest_server: ServerProcess, peers: list[Peer]
 ) -> None:
     async with aiohttp.ClientSession() as http, http.get(rest_server.url + "/ice-servers") as resp:
         assert resp.status == 200
@@ -178,7 +179,7 @@ async def test_issued_turn_credentials_carry_a_relay_only_call(
     expiry, label = str(turn.username).split(":")
     assert turn.urls == (rest_coturn.url,) and label == "client"
     assert int(expiry) > time.time() + 23 * 3600  # the default lifetime is a day
-    peer = ClientPeer(
+    peer = Peer(
         rest_server.url, video=False, configuration=rtc_configuration([turn], relay_only=True)
     )
     peers.append(peer)
@@ -203,7 +204,7 @@ async def test_issued_turn_credentials_carry_a_relay_only_call(
 
 
 async def test_expired_or_forged_turn_credentials_get_no_relay(
-    rest_coturn: Coturn, rest_server: ServerProcess, peers: list[ClientPeer]
+    rest_coturn: Coturn, rest_server: ServerProcess, peers: list[Peer]
 ) -> None:
     config = TransportConfig(
         ice_urls=(rest_coturn.url,), ice_auth_secret=TURN_SECRET, ice_credential_ttl_s=60
@@ -212,7 +213,7 @@ async def test_expired_or_forged_turn_credentials_get_no_relay(
     username = f"{int(time.time()) + 3600}:client"
     forged = IceServer(expired.urls, username, rest_credential("a-guessed-secret", username))
     for turn in (expired, forged):
-        peer = ClientPeer(
+        peer = Peer(
             rest_server.url, video=False, configuration=rtc_configuration([turn], relay_only=True)
         )
         peers.append(peer)

@@ -15,7 +15,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, V
 from aiortc.rtcdtlstransport import RTCCertificate
 
 from server.app import create_app
-from server.client import ClientPeer, ScriptedMic
+from server.client import ScriptedMic
 from server.config import TransportConfig, load_config
 from server.errors import BadRequest, PayloadTooLarge
 from server.ice import ice_servers
@@ -33,6 +33,8 @@ from server.whip import (
 )
 from server.wiring import detector_factory
 from tests.support.in_process import running
+from tests.support.pace import within
+from tests.support.peers import Peer
 
 CANDIDATE = "candidate:1 1 udp 2130706431 127.0.0.1 50000 typ host"
 
@@ -175,7 +177,7 @@ async def patch(
 
 async def test_whip_post_answers_201_with_location_etag_and_sdp() -> None:
     async with running() as (url, app):
-        peer = ClientPeer(url, whip=True, video=False)
+        peer = Peer(url, whip=True, video=False)
         started = time.monotonic()
         try:
             await peer.connect()
@@ -248,9 +250,9 @@ async def test_trickle_candidates_after_the_answer_connect_the_session() -> None
                 assert (bits[4], int(bits[5])) in remote
             status, _ = await patch(http, url + location, client.fragment(["a=end-of-candidates"]))
             assert status == 204
-            await asyncio.wait_for(client.connected.wait(), 10)
+            await asyncio.wait_for(client.connected.wait(), within(10))
             print(f"aiortc trickle client: connected {(time.monotonic() - started) * 1000:.0f} ms")
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + within(10)
             while not any("session.created" in e for e in client.events):
                 assert time.monotonic() < deadline, "no session.created on the events channel"
                 await asyncio.sleep(0.05)
@@ -296,7 +298,7 @@ async def test_patch_errors_change_nothing() -> None:
 
 async def test_delete_ends_the_session_and_frees_everything() -> None:
     async with running() as (url, app):
-        peer = ClientPeer(url, whip=True, video=False)
+        peer = Peer(url, whip=True, video=False)
         try:
             await peer.connect()
             assert peer.location is not None

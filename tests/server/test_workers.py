@@ -26,13 +26,14 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from benchmarks.workers_bench import capacity
-from server.client import ClientPeer
 from server.clock import FakeClock
 from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
 from server.metrics import Metrics
 from server.router import create_router, join_objects, merge_expositions, worker_of
 from server.workers import Supervisor, Worker, WorkerState
+from tests.support.pace import within
+from tests.support.peers import Peer
 from tests.support.server_process import (
     ROOT,
     TONE_PIPELINE,
@@ -75,11 +76,11 @@ async def sessions_are(server: ServerProcess, counts: dict[int, int]) -> dict[st
 
 
 async def test_sessions_spread_over_workers_each_with_audio_and_events(
-    server: ServerProcess, peers: list[ClientPeer]
+    server: ServerProcess, peers: list[Peer]
 ) -> None:
     await sessions_are(server, {1: 0, 2: 0})
     for whip in (False, True, False, True):
-        peer = ClientPeer(server.url, whip=whip, video=False)
+        peer = Peer(server.url, whip=whip, video=False)
         peers.append(peer)
         await peer.connect()
     health = await sessions_are(server, {1: 2, 2: 2})
@@ -112,7 +113,7 @@ async def test_sessions_spread_over_workers_each_with_audio_and_events(
 
 async def test_whip_delete_goes_to_the_owning_worker(server: ServerProcess) -> None:
     await sessions_are(server, {1: 0, 2: 0})
-    first, second = (ClientPeer(server.url, whip=True, video=False) for _ in range(2))
+    first, second = (Peer(server.url, whip=True, video=False) for _ in range(2))
     for peer in (first, second):
         await peer.connect()
     await sessions_are(server, {1: 1, 2: 1})
@@ -169,7 +170,7 @@ async def test_router_answers_errors_as_json(server: ServerProcess) -> None:
 
 async def test_metrics_and_debug_cover_every_worker(server: ServerProcess) -> None:
     await sessions_are(server, {1: 0, 2: 0})
-    peers = [ClientPeer(server.url, whip=True, video=False) for _ in range(2)]
+    peers = [Peer(server.url, whip=True, video=False) for _ in range(2)]
     for peer in peers:  # one session on each worker, then gone
         await peer.connect()
     await sessions_are(server, {1: 1, 2: 1})
@@ -195,7 +196,7 @@ async def test_metrics_and_debug_cover_every_worker(server: ServerProcess) -> No
 
 async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> None:
     await sessions_are(server, {1: 0, 2: 0})
-    peers = [ClientPeer(server.url, whip=True, video=False) for _ in range(2)]
+    peers = [Peer(server.url, whip=True, video=False) for _ in range(2)]
     for peer in peers:
         await peer.connect()
     before = by_worker(await sessions_are(server, {1: 1, 2: 1}))
@@ -223,7 +224,7 @@ async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> N
     on_1.send({"type": "conversation.item.create", "text": "are you still there?"})
     await on_1.wait_event("response.done", timeout=15)
     # the restarted worker takes new sessions
-    fresh = ClientPeer(server.url, whip=True, video=False)
+    fresh = Peer(server.url, whip=True, video=False)
     await fresh.connect()
     assert (fresh.location or "").startswith("/whip/w2-")
     fresh.send({"type": "conversation.item.create", "text": "hello new worker"})
@@ -243,7 +244,7 @@ async def test_a_hung_worker_is_reported_and_gets_no_new_sessions(server: Server
         )
         assert health["status"] == "degraded"
         assert 'avatar_worker_up{worker="1"} 0' in server.metrics()
-        peer = ClientPeer(server.url, whip=True, video=False)
+        peer = Peer(server.url, whip=True, video=False)
         await peer.connect()
         assert (peer.location or "").startswith("/whip/w2-")  # the answering worker took it
     finally:
@@ -598,7 +599,7 @@ async def test_workers_stop_when_the_supervisor_is_killed() -> None:
     assert server.proc is not None
     server.proc.kill()  # no chance to stop them: each worker asked for SIGTERM on its own
     server.proc.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + within(20)
     while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert all(gone(pid) for pid in pids)

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_playwright
 
+from tests.support.pace import within
+
 CHROMIUM = Path("/usr/bin/chromium")
 PHONE: ViewportSize = {"width": 390, "height": 844}
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
@@ -152,7 +154,9 @@ def wait_for(
     check: Callable[[], T | None], timeout: float, what: str, page: Page | None = None
 ) -> T:
     """Poll ``check`` every 0.1 s until it returns something truthy; fail naming ``what`` (and
-    the events ``page`` received)."""
+    the events ``page`` received). ``timeout`` is in seconds on the reference machine,
+    stretched by the measured pace (tests/support/pace.py)."""
+    timeout = within(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = check()

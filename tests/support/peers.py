@@ -3,8 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from server.client import ClientPeer
+from tests.support.pace import within
+
+
+class Peer(ClientPeer):
+    """``ClientPeer`` whose waits are bounds on the reference machine, stretched by the pace
+    the suite measured (tests/support/pace.py): what is awaited is unchanged."""
+
+    async def connect(self, timeout: float = 15.0) -> None:
+        await super().connect(within(timeout))
+
+    async def wait_event(
+        self,
+        kind: str,
+        timeout: float = 10.0,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+        after: int = 0,
+    ) -> dict[str, Any]:
+        return await super().wait_event(kind, within(timeout), where, after)
 
 
 async def keep_talking(peer: ClientPeer, replies: list[str], stop: asyncio.Event) -> None:

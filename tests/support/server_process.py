@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.support.pace import within
+
 ROOT = Path(__file__).resolve().parents[2]
 TONE_PIPELINE = "tests.support.tone_pipeline:create"
 
@@ -49,6 +51,8 @@ class ServerProcess:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"avatar-server-{self.port}.log"
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
+        """Start and wait until /healthz answers (``timeout`` s on the reference machine,
+        stretched by the measured pace)."""
         args = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port)]
         for key, value in self.settings.items():
             args += ["--set", f"{key}={value}"]
@@ -56,6 +60,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, text=True
         )
+        timeout = within(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -76,11 +81,14 @@ class ServerProcess:
     ) -> dict[str, Any]:
         """Poll /healthz every ``interval`` s until ``ok(health)``; returns that health. No
         answer or an error status (a supervisor without a ready worker: 503) counts as not
-        yet; TimeoutError naming ``what`` after ``timeout`` s."""
+        yet; TimeoutError naming ``what`` after ``timeout`` s (on the reference machine,
+        stretched by the measured pace). Each poll runs off the event loop, so the test's own
+        peers keep sending while a busy server is slow to answer."""
+        timeout = within(timeout)
         deadline = time.monotonic() + timeout
         while True:
             try:
-                health: dict[str, Any] | OSError = self.health()
+                health: dict[str, Any] | OSError = await asyncio.to_thread(self.health)
             except OSError as exc:
                 health = exc
             if isinstance(health, dict) and ok(health):

@@ -18,6 +18,7 @@ import time
 
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
+from tests.support.peers import Peer
 
 HEARD_TIMEOUT_S = 15.0
 
@@ -32,7 +33,7 @@ async def heard(peer: ClientPeer) -> None:
 
 
 async def connect_one(url: str, video: bool) -> ClientPeer:
-    peer = ClientPeer(url, video=video)
+    peer = Peer(url, video=video)
     await peer.connect()
     await heard(peer)
     print(f"connected {peer.session_id}", flush=True)

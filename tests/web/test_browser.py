@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
 from server.client import save_wav
+from tests.support import pace
 from tests.support.browser import (
     PHONE,
     camera_frames_sent,
@@ -35,13 +37,48 @@ from tests.support.speech import silence, speak
 pytestmark = pytest.mark.timeout(90)
 
 QUESTION = "What is the capital of France, and how many people live there?"
+MORE = " And what is the city famous for?"  # lengthens the question on a slow machine
+PARTIAL_START_S = 0.3  # the server decodes a partial once 0.3 s of the utterance are heard
 LEAD_MS = 1000  # silence before the question: the call is up before the user speaks
-TAIL_MS = 5000  # silence after it: the turn ends, the reply plays, then the loop repeats
+# Silence after it: the turn ends (0.6 s), the final transcript comes (up to ~3 Whisper calls
+# when it waits behind a partial) and the reply starts; then the loop repeats the question
+# while the reply still plays: a barge-in. The reply (SENTENCES of SENTENCE_MS) outlasts the
+# tail. Both follow this machine's measured Whisper speed (tests/support/pace.py).
+TAIL_MS = max(5000, round(1000 * (1.6 + 3 * pace.whisper_call_s())))
 PIPELINE = "tests.web.whisper_tone:create"
 SENTENCE_MS = 1500
-SENTENCES = 4  # a 6 s reply: the looped question comes back while it plays (a barge-in)
+SENTENCES = max(4, -(-TAIL_MS // SENTENCE_MS) + 1)
 NO_FIGURE = "\u2013"  # what the latency panel shows before a figure is known
 QUIET = 0.001  # inbound-rtp audioLevel below this: silence
+
+
+# Records every partial transcript the page shows. On a slow machine the last partial may be
+# shown for only a moment before the final replaces it, too short for polling to see.
+WATCH_PARTIALS_JS = """() => {
+  window.partialsShown = [];
+  const list = document.getElementById('conversation');
+  new MutationObserver(() => {
+    for (const text of list.querySelectorAll('.msg.user[data-state="partial"] .text')) {
+      const shown = text.textContent.trim();
+      if (shown && window.partialsShown.at(-1) !== shown) window.partialsShown.push(shown);
+    }
+  }).observe(list, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def spoken_question() -> npt.NDArray[np.int16]:
+    """The question as the fake microphone says it: long enough that, at this machine's
+    measured Whisper speed, a partial decode started once the user has spoken for
+    ``PARTIAL_START_S`` ends while they still speak. A decode here runs beside Chromium's
+    own media work, so it is given 3.5 times the time of one measured alone."""
+    text = QUESTION
+    needed_s = PARTIAL_START_S + 3.5 * pace.whisper_call_s()
+    for _ in range(6):
+        speech = speak(text)
+        if len(speech) / 48_000 >= needed_s:
+            return speech
+        text += MORE
+    raise AssertionError(f"no question long enough for a partial at {pace.whisper_call_s()} s")
 
 
 def sent(page: Page, kind: str) -> list[dict[str, Any]]:
@@ -118,7 +155,7 @@ def pw() -> Iterator[Playwright]:
 def talking(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
     """A browser whose microphone asks the question, again and again."""
     wav = tmp_path_factory.mktemp("mic") / "question.wav"
-    save_wav(wav, np.concatenate([silence(LEAD_MS), speak(QUESTION), silence(TAIL_MS)]))
+    save_wav(wav, np.concatenate([silence(LEAD_MS), spoken_question(), silence(TAIL_MS)]))
     browser = launch(pw, wav)
     yield browser
     browser.close()
@@ -139,6 +176,7 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
     requests: list[str] = []
     with open_page(talking, server.url, errors=errors, requests=requests) as page:
         assert page.title().startswith("Avatar")
+        page.evaluate(WATCH_PARTIALS_JS)
         # the fake microphone has no echo path, as with headphones: echo cancellation off (on,
         # Chromium damps the voice for seconds while the avatar talks)
         page.check("#headphones")
@@ -169,13 +207,10 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
 
         # the server hears the question; the page shows partial, then final transcripts
         wait_for(lambda: events(page, "input_audio_buffer.speech_started"), 15, "speech", page)
-        partial = wait_for(
-            lambda: page.query_selector('.msg.user[data-state="partial"] .text'),
-            15,
-            "a partial transcript",
-            page,
+        partials = wait_for(
+            lambda: page.evaluate("() => window.partialsShown"), 15, "a partial transcript", page
         )
-        assert partial.inner_text().strip()
+        assert partials[0].strip()
         final = wait_for(
             lambda: page.query_selector('.msg.user[data-state="final"] .text'),
             20,

@@ -1,0 +1,76 @@
+"""What machine this is: CPU model, usable cores, vector ISA. Benchmarks print it with their
+figures and the tests print it in their header, because a figure from a fast machine says
+little about a user's (a 2-core AVX2-only laptop is the machine we design for)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+CPUINFO = "/proc/cpuinfo"
+# environment variables that cap the vector ISA of the libraries we use (the "slow profile")
+ISA_CAPS = (
+    "CT2_FORCE_CPU_ISA",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The CPU as this process sees it."""
+
+    model: str
+    cores: int  # that this process may run on (its affinity mask)
+    avx2: bool
+    avx512: bool
+    isa_caps: tuple[str, ...]  # "NAME=value" of the ISA caps set in the environment
+
+    def describe(self) -> str:
+        """One line, e.g. ``AMD EPYC, 2 cores, AVX2 yes, AVX-512 no``."""
+        yes = {True: "yes", False: "no"}
+        line = f"{self.model}, {self.cores} cores, AVX2 {yes[self.avx2]}"
+        line += f", AVX-512 {yes[self.avx512]}"
+        if self.isa_caps:
+            line += f" (capped: {' '.join(self.isa_caps)})"
+        return line
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "cpu_model": self.model,
+            "cores": self.cores,
+            "avx2": self.avx2,
+            "avx512": self.avx512,
+            "isa_caps": list(self.isa_caps),
+        }
+
+
+def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
+    """The first processor's model name and flags in ``/proc/cpuinfo`` text."""
+    model, flags = "unknown CPU", set[str]()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+@functools.cache
+def this_machine() -> Machine:
+    try:
+        with open(CPUINFO) as fh:
+            model, flags = parse_cpuinfo(fh.read())
+    except OSError:
+        model, flags = "unknown CPU", set()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    caps = tuple(f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name))
+    return Machine(model, cores, "avx2" in flags, "avx512f" in flags, caps)
