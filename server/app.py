@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
@@ -96,14 +98,33 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(web_root(request.app[CONFIG_KEY]) / "index.html")
 
 
+LOWEST_PRIORITY = 19  # nice value of background warm-ups: live sessions always go first
+
+
+def lowest_priority() -> bool:
+    """Make the calling thread the last to get a core (Linux: threads have their own nice
+    value). Returns False where that cannot be done."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 def warm_avatar(renderer: AvatarRenderer, stop: threading.Event) -> None:
-    """Draw every look's sprites in the background; early frames only render slower meanwhile."""
+    """Draw every look's sprites in the background, at the lowest CPU priority, so that the
+    warm-up yields to live sessions (a frame that needs a sprite not yet drawn draws it)."""
     started = time.monotonic()
+    niced = lowest_priority()
     for name in renderer.appearances:
         renderer.warm(name, stop)
         if stop.is_set():
             return
-    log.info("avatar warmed up in %.1f s", time.monotonic() - started)
+    log.info(
+        "avatar warmed up in %.1f s (%s)",
+        time.monotonic() - started,
+        "lowest priority" if niced else "normal priority",
+    )
 
 
 def create_app(
@@ -134,15 +155,22 @@ def create_app(
         log.info("accepting sessions (max %d)", config.transport.max_sessions)
         app[REGISTRY_KEY].start_reaper()
         stop_warming = threading.Event()
-        warming = (
-            asyncio.get_running_loop().run_in_executor(None, warm_avatar, renderer, stop_warming)
-            if renderer is not None
-            else None
-        )
+        # a thread of its own: its lowered priority must not stay with a shared pool's thread
+        warm_pool = ThreadPoolExecutor(1, thread_name_prefix="avatar-warm")
+        warming = None
+        if renderer is not None:
+            log.info(
+                "warming the avatar's sprites in the background (%s), yielding to sessions",
+                ", ".join(renderer.appearances),
+            )
+            warming = asyncio.get_running_loop().run_in_executor(
+                warm_pool, warm_avatar, renderer, stop_warming
+            )
         yield
         stop_warming.set()
         if warming is not None:
             await warming
+        warm_pool.shutdown()
         # shutdown, in order: peers first (they use the engines), then the engines
         await app[REGISTRY_KEY].close_all()
         if pipeline is not None:

@@ -98,6 +98,26 @@ class RuntimeConfig:
     )
     voice: str = _setting("joe", "Default TTS voice.", nonempty=True)
     appearance: str = _setting("default", "Default avatar appearance.", nonempty=True)
+    user_speaking_timeout_ms: int = _setting(
+        30_000,
+        "Longest user turn (ms): then it ends as if the user paused (and the reply starts).",
+        min=1000,
+        max=600_000,
+    )
+    thinking_timeout_ms: int = _setting(
+        20_000,
+        "Longest wait (ms) from the end of the user's turn to the reply's first audio, whatever "
+        "the stage (transcript, first token, speech); then the turn ends with a timeout error.",
+        min=100,
+        max=600_000,
+    )
+    agent_speaking_timeout_ms: int = _setting(
+        180_000,
+        "Longest reply (ms from its first audio), stalls included; then it is stopped with a "
+        "timeout error.",
+        min=1000,
+        max=3_600_000,
+    )
 
 
 @dataclass(frozen=True)

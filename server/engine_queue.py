@@ -75,6 +75,11 @@ class EngineQueue:
         self._worker: asyncio.Task[None] | None = None
         self.dropped_stale = 0
 
+    @property
+    def waiting(self) -> int:
+        """Jobs queued and not yet started."""
+        return len(self._pending)
+
     async def run(self, tag: JobTag, stage: Stage, est_cost_ms: float, fn: Callable[[], T]) -> T:
         """Queue ``fn`` for the worker thread; raises StaleWork if its epoch ends first."""
         if self._worker is None:

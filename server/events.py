@@ -65,3 +65,32 @@ class ConditionsApplied(SessionEvent):
     voice: str
     appearance: str
     presence: str = ""
+
+
+@dataclass(frozen=True)
+class TurnTimedOut(SessionEvent):
+    """A turn state passed its deadline (server/turn.py): an ``error`` the client can act on,
+    with what was late (``stage``: asr, llm, tts, playback). The message is for people."""
+
+    type: ClassVar[str] = "error"
+    epoch: int
+    state: str
+    stage: str
+
+    def to_dict(self) -> dict[str, Any]:
+        message = {
+            "asr": "Sorry, I could not make out what you said in time. Please say it again.",
+            "llm": "Sorry, I took too long to think of an answer. Please ask again.",
+            "tts": "Sorry, my voice got stuck. Please ask again.",
+        }.get(self.stage, "Sorry, that answer took too long and was stopped.")
+        return {
+            "type": self.type,
+            "epoch": self.epoch,
+            "error": {
+                "type": "server_error",
+                "code": "timeout",
+                "stage": self.stage,
+                "state": self.state,
+                "message": message,
+            },
+        }

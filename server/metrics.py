@@ -37,6 +37,13 @@ class Metrics:
             registry=r,
         )
         self.barge_ins = Counter("avatar_barge_ins", "Barge-ins (epoch bumps).", registry=r)
+        self.turn_timeouts = Counter(
+            "avatar_turn_timeouts",
+            "Turns that passed their deadline, by the stage that was late (speech: the user's "
+            "turn was ended for them).",
+            ["stage"],
+            registry=r,
+        )
         self.underruns = Counter(
             "avatar_playback_underruns", "Replies that ran dry while playing.", registry=r
         )

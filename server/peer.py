@@ -30,7 +30,7 @@ from server.avatar import AvatarRenderer
 from server.avatar_video import AvatarVideo
 from server.camera import CameraStage
 from server.chunk import Stage
-from server.clock import MonotonicClock
+from server.clock import Clock, MonotonicClock
 from server.config import Config
 from server.engine_queue import JobTag, StaleWork
 from server.errors import InvalidConditionUpdate, InvalidTransition
@@ -71,6 +71,8 @@ MAX_OUTBOX = 256
 MAX_INBOX = 64
 LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
+TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
+BUSY_MESSAGE = "Still answering your last message, one moment."
 
 
 class PeerState(Enum):
@@ -126,12 +128,15 @@ class PeerSession:
         renderer: AvatarRenderer | None = None,
         vision: VisionModel | None = None,
         owner: str = NO_OWNER,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock``: the session runtime's time (turn deadlines, traces); the media tracks
+        keep real time whatever it is."""
         self.session_id = session_id
         self.owner = owner  # digest of the token that created the session (NO_OWNER: no auth)
         self.config = config
         self.state = PeerState.NEW
-        self.clock = MonotonicClock()
+        self.clock = clock or MonotonicClock()
         # the last inbound audio frame, or the moment ICE connected (the dead-peer reaper's)
         self.last_media_ms = self.clock.now_ms()
         # an appearance the renderer does not have is refused like any invalid update
@@ -223,6 +228,7 @@ class PeerSession:
             self.sends_video = add_outbound_track(self.pc, self.video_track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         self._spawn(self._connect_watchdog(), "watchdog")
+        self._spawn(self._watch_turn(), "turn-watch")
         return self.pc.localDescription
 
     async def _connect_watchdog(self) -> None:
@@ -329,20 +335,47 @@ class PeerSession:
                 if self._pipeline is not None and self.config.pipeline.incremental:
                     self._partials = self._spawn(self._partial_loop(self._pipeline), "partials")
         elif self.session.state is TurnState.USER_SPEAKING:
-            await self._stop_partials()
-            trace = TurnTrace(endpoint_ms=self.clock.now_ms())
-            self.session.speech_stopped(event.at_ms)
-            utterance = (
-                np.concatenate(self._utterance) if self._utterance else np.zeros(0, np.int16)
-            )
-            self._utterance = []
-            # the audio after this index is the end-of-turn silence
-            silence = int((self._detector.position_ms - event.at_ms) * 16)
-            speech_end = max(0, len(utterance) - silence)
-            self._start_response(
-                self.session.epoch, trace, utterance=utterance, speech_end=speech_end
-            )
+            await self._end_user_turn(event.at_ms)
         self._flush_events()
+
+    async def _end_user_turn(self, at_ms: float) -> None:
+        """The user's turn ends (the VAD heard a pause from ``at_ms`` on the input timeline, or
+        the turn reached its deadline): transcribe it and reply."""
+        await self._stop_partials()
+        trace = TurnTrace(endpoint_ms=self.clock.now_ms())
+        self.session.speech_stopped(at_ms)
+        utterance = np.concatenate(self._utterance) if self._utterance else np.zeros(0, np.int16)
+        self._utterance = []
+        # the audio after this index is the end-of-turn silence
+        silence = int((self._detector.position_ms - at_ms) * 16)
+        speech_end = max(0, len(utterance) - silence)
+        self._start_response(self.session.epoch, trace, utterance=utterance, speech_end=speech_end)
+
+    # --- liveness: no turn state outlives its deadline (server/turn.py) ---------------------
+    async def _watch_turn(self) -> None:
+        while True:
+            await asyncio.sleep(TURN_WATCH_S)
+            await self.enforce_deadline()
+
+    async def enforce_deadline(self) -> None:
+        """End the turn state if it passed its deadline: a user turn ends as at a pause; a
+        reply (thinking or speaking) stops with a ``timeout`` error naming the late stage."""
+        overdue = self.session.overdue()
+        if overdue is None:
+            return
+        self._metrics.turn_timeouts.labels(overdue.stage).inc()
+        log.warning(
+            "session %s: %s for %.0f ms (waiting for %s): past its deadline",
+            self.session_id[:8],
+            overdue.state.value,
+            overdue.waited_ms,
+            overdue.stage,
+        )
+        if overdue.state is TurnState.USER_SPEAKING:
+            await self._end_user_turn(self._detector.position_ms)
+            self._flush_events()
+            return
+        await self._interrupted(self.session.time_out(overdue), barge_in=False)
 
     # --- while the user speaks: partial transcripts and prefill -------------------------------
     async def _partial_loop(self, pipeline: TurnPipeline) -> None:
@@ -421,12 +454,13 @@ class PeerSession:
             self._respond(self._pipeline, epoch, trace, utterance, speech_end, text), "reply"
         )
 
-    async def _interrupted(self, barge: BargeIn | None) -> None:
-        """After the session bumped its epoch (speech, typed text or ``response.cancel``), or
-        found nothing to interrupt (``barge`` None): count it, drop the old epoch's mouth cues,
-        and stop the reply task."""
+    async def _interrupted(self, barge: BargeIn | None, barge_in: bool = True) -> None:
+        """After the session bumped its epoch (speech, typed text, ``response.cancel``, or a
+        missed turn deadline: ``barge_in`` False), or found nothing to interrupt (``barge``
+        None): count it, drop the old epoch's mouth cues, and stop the reply task."""
         if barge is not None:
-            self._metrics.barge_ins.inc()
+            if barge_in:
+                self._metrics.barge_ins.inc()
             self._metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
             self.lipsync.drop_older(self.session.epoch)
         self._flush_events()  # response.done (cancelled), with the timings of what was heard
@@ -680,6 +714,9 @@ class PeerSession:
                     )
                 await self._interrupted(barge)
             elif isinstance(event, TextInput):
+                if session.state is TurnState.USER_SPEAKING:  # typed text supersedes speech
+                    await self._stop_partials()
+                    self._utterance, self._utterance_samples = [], 0
                 _, barge = session.submit_text(event.text)
                 await self._interrupted(barge)
                 trace = TurnTrace(endpoint_ms=self.clock.now_ms())
@@ -688,8 +725,9 @@ class PeerSession:
                 session.ack_playback(event.played_ms)
         except InvalidConditionUpdate as exc:
             self._send_error(exc.code, str(exc), event.event_id)
-        except InvalidTransition as exc:
-            self._send_error("conversation_busy", f"not now: {exc}", event.event_id)
+        except InvalidTransition as exc:  # the turn's state names stay in the log
+            log.info("session %s: %s refused: %s", self.session_id[:8], type(event).__name__, exc)
+            self._send_error("conversation_busy", BUSY_MESSAGE, event.event_id)
         self._flush_events()
 
     # --- diagnostics ----------------------------------------------------------------------

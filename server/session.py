@@ -34,12 +34,13 @@ from server.events import (
     SessionEvent,
     SpeechStarted,
     SpeechStopped,
+    TurnTimedOut,
 )
 from server.history import History, TokenCounter, Turn, approx_tokens
 from server.media import ms_to_samples, samples_to_ms
 from server.playback import PCM, PlaybackBuffer, Pull
 from server.scheduler import SessionView
-from server.turn import TurnMachine, TurnState
+from server.turn import TurnDeadlines, TurnMachine, TurnState
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,16 @@ class ChunkAudio:
     words: tuple[WordTiming, ...] = ()
     phonemes: tuple[PhonemeTiming, ...] = ()
     final: bool = False
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """A turn state past its deadline: ``stage`` is what it was waiting for (``speech``: the
+    user's own turn; ``asr``, ``llm``, ``tts``: an engine; ``playback``: the reply playing)."""
+
+    state: TurnState
+    stage: str
+    waited_ms: float
 
 
 @dataclass(frozen=True)
@@ -123,7 +134,15 @@ class Session:
         self.config = config
         self.clock = clock
         self.epoch = 0
-        self.turn = TurnMachine(session_id)
+        self.turn = TurnMachine(
+            session_id,
+            clock,
+            TurnDeadlines(
+                config.user_speaking_timeout_ms,
+                config.thinking_timeout_ms,
+                config.agent_speaking_timeout_ms,
+            ),
+        )
         self.history = History(config.persona, config.max_history_turns, count_tokens)
         self.playback: PlaybackBuffer[Any] = PlaybackBuffer(
             ms_to_samples(config.lookahead_budget_ms), ms_to_samples(config.fade_ms)
@@ -238,14 +257,17 @@ class Session:
         return turn
 
     def submit_text(self, text: str) -> tuple[Turn | None, BargeIn | None]:
-        """Typed user text (``conversation.item.create``): a whole turn at once."""
+        """Typed user text (``conversation.item.create``): a whole turn at once. It always gets
+        through: over a reply it interrupts like speech; over the user's own spoken turn it
+        takes that turn's place."""
         if not text.strip():
             raise ValueError("typed text is empty")
         barge = None
         if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
             barge = self.bump_epoch("barge-in: typed text", TurnState.THINKING)
         elif self.state is TurnState.USER_SPEAKING:
-            raise InvalidTransition("typed text while the user is speaking")
+            # the typed message supersedes the spoken turn in progress (it is not transcribed)
+            self.turn.to(TurnState.THINKING, "typed text supersedes speech")
         else:
             self.turn.to(TurnState.THINKING, "typed text")
         self._turn_ended_ms = self.clock.now_ms()
@@ -267,11 +289,51 @@ class Session:
         self.acked_playback_ms = max(self.acked_playback_ms, min(played_ms, sent_ms))
         return self.acked_playback_ms
 
+    # --- liveness ---------------------------------------------------------------------------
+    def overdue(self) -> Overdue | None:
+        """The current turn state if it is past its deadline (see server/turn.py), with the
+        stage it is waiting for; None while every deadline holds."""
+        waited = self.turn.overdue()
+        if waited is None:
+            return None
+        return Overdue(self.state, self._waiting_for(), waited)
+
+    def _waiting_for(self) -> str:
+        """What the turn in progress waits for, read from the reply's state."""
+        if self.state is TurnState.USER_SPEAKING:
+            return "speech"
+        if self._response_epoch is None:  # no reply yet: the final transcript
+            return "asr" if self.state is TurnState.THINKING else "playback"
+        chunks = [c for c in self._chunks.values() if c.epoch == self._response_epoch]
+        if self._generation_done:
+            return "playback"
+        if chunks and chunks[-1].state is ChunkState.PENDING and chunks[-1].duration == 0:
+            return "tts"  # the newest chunk's text is there, its speech is not
+        return "llm"
+
+    def time_out(self, overdue: Overdue) -> BargeIn:
+        """End a THINKING or AGENT_SPEAKING turn that passed its deadline: the reply stops as
+        at an interruption (what was heard stays in history; ``response.done`` says failed),
+        the client gets an ``error`` (code ``timeout``) naming the late stage, and the session
+        listens again. A USER_SPEAKING turn ends instead as at a pause (the peer's job)."""
+        if overdue.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            raise InvalidTransition(f"time_out of a {overdue.state.value} turn")
+        self._events.append(TurnTimedOut(self.epoch, overdue.state.value, overdue.stage))
+        if overdue.stage == "asr":
+            self.history.start_user_turn()  # never transcribed: the turn is dropped
+        return self.bump_epoch(f"timeout: {overdue.stage}", TurnState.LISTENING, "failed")
+
     # --- epochs -----------------------------------------------------------------------------
-    def bump_epoch(self, reason: str, next_state: TurnState = TurnState.USER_SPEAKING) -> BargeIn:
-        """Barge-in: start a new epoch. Unplayed chunks are discarded, the chunk being played is
-        committed up to what was heard, queued output is flushed, and older-epoch messages are
-        dropped from now on."""
+    def bump_epoch(
+        self,
+        reason: str,
+        next_state: TurnState = TurnState.USER_SPEAKING,
+        status: str = "cancelled",
+    ) -> BargeIn:
+        """An interruption (speech, typed text, cancel, a missed turn deadline): start a new
+        epoch. Unplayed chunks are discarded, the chunk being played is committed up to what
+        was heard, queued output is flushed, and older-epoch messages are dropped from now on.
+        ``status``: of the ``response.done`` sent for a reply in progress."""
         old = self.epoch
         self.epoch += 1
         flushed = self.playback.flush(self.epoch)
@@ -287,7 +349,7 @@ class Session:
                 self._set_chunk(transition_chunk(chunk, ChunkState.DISCARDED))
                 discarded.append(chunk.chunk_id)
         if self._response_epoch is not None:
-            self._events.append(ResponseDone(self._response_epoch, "cancelled"))
+            self._events.append(ResponseDone(self._response_epoch, status))
         self._response_epoch = None
         self._generation_done = False
         self._forget_settled()

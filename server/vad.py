@@ -6,6 +6,11 @@ with the arrival time of the first frame of the gate's voiced run that led to it
 reaction is measured from there, so the confirming model's delay counts);
 ``end_of_turn_ms`` without speech makes a speech stop. The confirming model only runs while the
 gate has fired recently or speech is on, so silence and steady noise cost almost nothing.
+
+Tones are not speech: a run of voiced frames whose every frame is tonal (nearly all of its
+energy in a few narrow spectral lines: a beep, a ring, a whistle, a pure tone, at any level)
+never makes a speech start, even when both models call it voice. Speech has a few such frames
+at most (a held vowel); the first frame that is not tonal lets its run start as usual.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ RATE_HZ = 16_000
 FRAME = 320  # 20 ms at 16 kHz
 Pcm16k = npt.NDArray[np.int16]
 
+TONAL_SHARE = 0.97  # a frame is tonal when its 3 strongest spectral lines hold this much energy
+TONAL_LINES = 3
+TONAL_FFT = 1024  # 15.6 Hz bins at 16 kHz; a 20 ms Hann window's main lobe is +-6 bins
+TONAL_LOBE_BINS = 6
+_HANN = np.hanning(FRAME)
 STOP_HYSTERESIS = 0.15  # speech goes on while the probability stays above threshold - this
 GATE_HOLD_FRAMES = 10  # keep the confirming model running 200 ms after the gate last fired
 WARMUP_WINDOWS = 2  # windows of history fed to a freshly reset model
@@ -67,6 +77,25 @@ class VadEvent:
     confirmed_arrival_ms: float = 0.0
 
 
+def line_share(frame: Pcm16k, lines: int = TONAL_LINES) -> float:
+    """Share (0-1) of a 20 ms frame's energy within its ``lines`` strongest spectral peaks
+    (each with its window's main lobe): ~1 for tones, rings and beeps, well below for speech
+    and noise; 0 for silence."""
+    samples = frame.astype(np.float64)
+    samples -= samples.mean()  # a DC offset is no sound
+    power = np.abs(np.fft.rfft(samples * _HANN, TONAL_FFT)) ** 2
+    total = float(power.sum())
+    if total <= 0.0:
+        return 0.0
+    held = 0.0
+    for _ in range(lines):
+        peak = int(np.argmax(power))
+        lobe = slice(max(0, peak - TONAL_LOBE_BINS), peak + TONAL_LOBE_BINS + 1)
+        held += float(power[lobe].sum())
+        power[lobe] = 0.0
+    return held / total
+
+
 class TurnDetector:
     """Feeds frames to the gate and the confirming model; emits speech start/stop events."""
 
@@ -84,6 +113,7 @@ class TurnDetector:
         self._since_gate = GATE_HOLD_FRAMES + 1
         self._prob = 0.0
         self._run = 0
+        self._run_tonal = True  # every voiced frame of the current run was tonal
         self._run_arrival = 0.0
         self._gate_arrival = 0.0
         self._confirmed_arrival = 0.0
@@ -129,10 +159,13 @@ class TurnDetector:
                     # the onset is where the gate first heard this voice, even when the
                     # confirming model agreed only a few frames later
                     self._run_arrival = min(arrival_ms, self._gate_arrival)
+                    self._run_tonal = True
                 self._run += 1
+                if self._run_tonal and line_share(frame) < TONAL_SHARE:
+                    self._run_tonal = False
             else:
                 self._run = 0
-            if self._run >= self._start_frames:
+            if self._run >= self._start_frames and not self._run_tonal:
                 return self._to(VadState.SPEECH, VadEventKind.START, self._run * FRAME)
             return None
         speaking = self._prob >= self._threshold - STOP_HYSTERESIS

@@ -437,6 +437,13 @@ function onServerEvent(event) {
     case 'error': {
       const err = event.error || {};
       if (err.code === 'no_active_response') break; // an interrupt that came just too late
+      if (err.code === 'timeout') {
+        // the server gave up on this turn (its message is written for people): listen again
+        conversation.notice(err.message || 'That took too long and was stopped.', 'error');
+        if (err.stage === 'asr') conversation.final(''); // the words were never transcribed
+        if (ui.turn.dataset.turn !== 'user') setTurn('listening');
+        break;
+      }
       conversation.notice(`Server: ${err.message || err.code || 'error'}`, 'error');
       if (call.conditions) showConditions(call.conditions, call.conditions.version ?? null);
       break;

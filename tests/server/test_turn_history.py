@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from server.clock import FakeClock
 from server.errors import InvalidTransition
 from server.history import CacheClass, History, Role
-from server.turn import TRANSITIONS, TurnMachine, TurnState
+from server.turn import TRANSITIONS, TurnDeadlines, TurnMachine, TurnState
 
 
 def test_every_state_has_a_way_back_to_listening() -> None:
@@ -14,7 +15,7 @@ def test_every_state_has_a_way_back_to_listening() -> None:
 
 
 def test_turn_machine_logs_and_rejects(caplog: pytest.LogCaptureFixture) -> None:
-    machine = TurnMachine("abcdef0123")
+    machine = TurnMachine("abcdef0123", FakeClock(), TurnDeadlines(1000, 1000, 1000))
     with caplog.at_level("INFO"):
         machine.to(TurnState.USER_SPEAKING, "speech started")
     assert "listening -> user_speaking (speech started)" in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import wave
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,10 @@ import pytest
 from models.vad import SileroVad, WebRtcGate
 from server.config import VadConfig
 from server.media import resample
-from server.vad import TurnDetector, VadEventKind, VadState
+from server.vad import TONAL_SHARE, TurnDetector, VadEventKind, VadState, line_share
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+RATE = 16_000
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +143,73 @@ def test_onset_is_where_the_gate_first_heard_voice_even_if_confirmed_later() -> 
         events += det.push(np.ones(320, np.int16), arrival_ms=1000.0 + 20 * i)
     assert events[0].kind is VadEventKind.START
     assert events[0].onset_arrival_ms == 1000.0 + 20 * 5  # gate onset, not the confirmation
+
+
+# --- tones, rings and beeps are not speech ---------------------------------------------------
+TONE_S = 60
+
+
+def at_dbfs(signal: np.ndarray, dbfs: float) -> np.ndarray:
+    """``signal`` (float) scaled to an RMS of ``dbfs`` while it sounds, as int16."""
+    loud = signal[np.abs(signal) > 1e-6]
+    scaled = signal / np.sqrt(np.mean(loud**2)) * (10 ** (dbfs / 20)) * 32767
+    pcm: np.ndarray = np.clip(scaled, -32768, 32767).astype(np.int16)
+    return pcm
+
+
+def chromium_fake_microphone() -> np.ndarray:
+    """60 s of what Chromium's fake microphone (``--use-fake-device-for-media-stream`` with no
+    file) sends after its audio processing: a 400 Hz beep every 500 ms with a ringing tail.
+    Recorded from Chromium 156 at 16 kHz by tests/web/record_fake_mic.py; on the detector
+    without the tonal rule it makes one false speech start (at 30 s)."""
+    with np.load(DATA / "chromium_fake_mic.npz") as data:
+        return np.asarray(data["pcm"], np.int16)
+
+
+def tone_1khz(dbfs: float) -> np.ndarray:
+    t = np.arange(RATE * TONE_S) / RATE
+    return at_dbfs(np.sin(2 * np.pi * 1000 * t), dbfs)
+
+
+def ring(dbfs: float) -> np.ndarray:
+    """A telephone ring (North American: 440 + 480 Hz, 2 s on, 4 s off)."""
+    t = np.arange(RATE * TONE_S) / RATE
+    on = (t % 6.0) < 2.0
+    return at_dbfs((np.sin(2 * np.pi * 440 * t) + np.sin(2 * np.pi * 480 * t)) * on, dbfs)
+
+
+SOUNDS: dict[str, Callable[[], np.ndarray]] = {
+    "chromium fake microphone": chromium_fake_microphone,
+    "1 kHz tone, quiet": lambda: tone_1khz(-40.0),
+    "1 kHz tone, loud": lambda: tone_1khz(-3.0),
+    "ring, quiet": lambda: ring(-40.0),
+    "ring, loud": lambda: ring(-3.0),
+}
+
+
+@pytest.mark.parametrize("sound", list(SOUNDS))
+def test_tones_are_not_speech_and_speech_right_after_them_is(
+    sound: str, speech: np.ndarray
+) -> None:
+    noise = SOUNDS[sound]()
+    end_ms = len(noise) * 1000 / RATE
+    assert end_ms >= (TONE_S - 1) * 1000
+    audio = np.concatenate([noise, speech, np.zeros(RATE, np.int16)])
+    events = feed(detector(), audio)
+    starts = [at for kind, at in events if kind is VadEventKind.START]
+    # nothing in the 60 s of tone; the speech that follows at once starts a turn, stamped
+    # within 0.5 s of its onset (a gate run may begin in the last beep's tail)
+    assert len(starts) == 1, (sound, starts)
+    assert end_ms - 100 <= starts[0] <= end_ms + 500, (sound, starts)
+
+
+def test_line_share_tells_tones_from_speech(speech: np.ndarray) -> None:
+    frames = [speech[i : i + 320] for i in range(0, len(speech) - 320, 320)]
+    voiced = [f for f in frames if np.sqrt(np.mean(f.astype(np.float64) ** 2)) > 300]
+    shares = sorted(line_share(f) for f in voiced)
+    assert shares[len(shares) // 2] < 0.9  # speech: energy in many harmonics
+    assert sum(s >= TONAL_SHARE for s in shares) <= len(shares) // 10  # a few held vowels
+    assert line_share(tone_1khz(-20.0)[:320]) >= 0.99
+    assert line_share(ring(-20.0)[:320]) >= 0.99
+    assert line_share(np.zeros(320, np.int16)) == 0.0
+    assert line_share(np.full(320, 1000, np.int16)) == 0.0  # DC is no sound

@@ -2,11 +2,13 @@
 
 Never the server's default; tests select it with ``--set pipeline.factory=
 tests.support.tone_pipeline:create``. ``TONE_PIPELINE_MS`` sets each sentence's length (ms) and
-``TONE_PIPELINE_SENTENCES`` how many sentences a reply has.
+``TONE_PIPELINE_SENTENCES`` how many sentences a reply has, ``TONE_PIPELINE_THINK_MS`` how long
+the first sentence takes to come (a slow first token; default 0).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 
@@ -58,9 +60,10 @@ def tone_phonemes(samples: int) -> tuple[PhonemeTiming, ...]:
 
 
 class TonePipeline:
-    def __init__(self, sentence_ms: float, sentences: int) -> None:
+    def __init__(self, sentence_ms: float, sentences: int, think_ms: float = 0.0) -> None:
         self.sentence_ms = sentence_ms
         self.sentences = sentences
+        self.think_ms = think_ms
 
     async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
         return f"utterance of {len(utterance) * 1000 // 16_000} ms"
@@ -72,6 +75,7 @@ class TonePipeline:
         return 0  # no engine, nothing cached
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        await asyncio.sleep(self.think_ms / 1000)
         for i in range(self.sentences):
             yield f"Tone number {i + 1} for epoch {request.epoch}."
 
@@ -90,6 +94,7 @@ def create(config: Config) -> TonePipeline:
     return TonePipeline(
         float(os.environ.get("TONE_PIPELINE_MS", "1500")),
         int(os.environ.get("TONE_PIPELINE_SENTENCES", "2")),
+        float(os.environ.get("TONE_PIPELINE_THINK_MS", "0")),
     )
 
 

@@ -171,6 +171,45 @@ def quiet(pw: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     browser.close()
 
 
+@pytest.fixture(scope="module")
+def beeping(pw: Playwright) -> Iterator[Browser]:
+    """A browser whose fake microphone has no file: Chromium's own beep, twice a second."""
+    browser = launch(pw, None)
+    yield browser
+    browser.close()
+
+
+def test_ten_starts_in_a_row_never_hang_and_beeps_are_not_speech(
+    server: ServerProcess, beeping: Browser
+) -> None:
+    """Start, a typed question, its answer, Stop: ten times, with Chromium's beeping fake
+    microphone on all along. No call hangs in "Thinking", each question is answered, and the
+    beeps never start a user turn."""
+    with open_page(beeping, server.url) as page:
+        for n in range(10):
+            start(page)
+            page.fill("#message", f"Question number {n + 1}")
+            page.press("#message", "Enter")
+            wait_for(
+                lambda: page.query_selector('.msg.agent .chunk:not([data-state="queued"])'),
+                10,
+                f"the answer to question {n + 1}",
+                page,
+            )
+            wait_for(
+                lambda: page.get_attribute("#turn", "data-turn") == "speaking",
+                5,
+                "the page to show the avatar speaking",
+                page,
+            )
+            assert not page.query_selector('.msg.agent[data-state="thinking"]')
+            assert not events(page, "error"), events(page, "error")
+            assert not events(page, "input_audio_buffer.speech_started")  # beeps: no speech
+            history = live_session(server, str(page.evaluate("() => avatarDemo.sessionId")))
+            assert history["history"][0]["text"] == f"Question number {n + 1}"
+            stop(page, server)
+
+
 def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
     errors: list[str] = []
     requests: list[str] = []
