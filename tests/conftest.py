@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not items:
         return
     factor = pace.factor()
-    print(f"\npace: x{factor:.2f} ({pace.describe()})")
+    print(f"\nmachine: {this_machine().describe()}\npace: x{factor:.2f} ({pace.describe()})")
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")

@@ -97,7 +97,18 @@ async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
     t_truncated = time.monotonic()
     assert truncated["epoch"] == 0
     assert truncated["audio_end_ms"] > 0
-    assert truncated["heard_text"] and "Tone number 1" in "Tone number 1 for epoch 0."
+    # the cut chunk was heard up to audio_end_ms: the tone pipeline times its words evenly
+    # (each 1/5 of the 2.5 s sentence), so exactly the words that ended by then were heard
+    cut = next(
+        e["delta"]
+        for _, e in peer.events
+        if e["type"] == "response.audio_transcript.delta" and e["chunk_id"] == truncated["chunk_id"]
+    )
+    words = cut.split()
+    per_word = 2500 * 48 // len(words)  # samples at 48 kHz
+    heard_words = round(truncated["audio_end_ms"] * 48) // per_word
+    assert heard_words >= 1
+    assert truncated["heard_text"] == " ".join(words[:heard_words])
     done = await peer.wait_event("response.done", after=n)
     assert done["status"] == "cancelled" and done["epoch"] == 0
     # the interrupted reply was heard: its latencies still count
