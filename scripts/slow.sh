@@ -5,15 +5,15 @@
 #   scripts/slow.sh [--cpus N] [--one-core] COMMAND [ARGS...]
 #
 # - The libraries are told to skip AVX-512 (CTranslate2, oneDNN, PyTorch, MKL).
-# - The command and everything it starts get at most N CPUs of time (default 0.5; a CFS quota
-#   in a cgroup of their own, 20 ms period). On the machines we develop on, the ISA caps alone
+# - The command and everything it starts get at most N CPUs of time (a CFS quota in a cgroup of
+#   their own, 20 ms period; default 0.5, or 1 with --one-core alone: the whole of core 0). On the machines we develop on, the ISA caps alone
 #   did not slow Whisper tiny.en down (0.43 s per call against 0.50 s), while 0.5 CPUs gave
 #   1.5-1.9 s per call, the figure measured on a real 2-core AVX2 machine (1.1-1.8 s).
 # - --one-core also pins it to core 0 (taskset -c 0), for the heaviest tests.
 # The cgroup needs root; without it the command runs with the ISA caps only, and says so.
 set -euo pipefail
 
-cpus=0.5
+cpus=""
 one_core=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -24,6 +24,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ $# -gt 0 ] || { echo "usage: scripts/slow.sh [--cpus N] [--one-core] COMMAND..." >&2; exit 2; }
+[ -n "$cpus" ] || { [ "$one_core" = 1 ] && cpus=1 || cpus=0.5; }
 
 export CT2_FORCE_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2
 export ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2

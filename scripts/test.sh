@@ -5,8 +5,9 @@
 #   scripts/test.sh [--slow [--cpus N]] [--one-core] [PYTEST ARGS...]
 #
 # --slow runs pytest in the slow profile of scripts/slow.sh (AVX-512 off, 0.5 CPUs unless --cpus
-# says otherwise); --one-core pins it to core 0. The tests scale their waits by the slowness they
-# measure at start (tests/support/pace.py), so the suite passes there too.
+# says otherwise); --one-core pins it to core 0 (alone: AVX-512 off and the whole of core 0).
+# The tests scale their waits by the slowness they measure at start (tests/support/pace.py),
+# so the suite passes there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
