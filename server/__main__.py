@@ -19,7 +19,7 @@ from server.app import create_app
 from server.auth import exposure_warning
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
-from server.pipeline import load_pipeline
+from server.pipeline import WarmsUp, load_pipeline
 from server.wiring import avatar_renderer, detector_factory, vision_model
 from server.workers import become_worker, run_supervisor
 
@@ -98,6 +98,15 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     pipeline = await load_pipeline(config)
     log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
+    if isinstance(pipeline, WarmsUp):
+        log.info(
+            "warming up the engines (one short call each), so the first conversation is not slower"
+        )
+        times = await pipeline.warm_up()
+        log.info(
+            "engines warm: %s",
+            ", ".join(f"{k} {'failed' if v is None else f'{v:.0f} ms'}" for k, v in times.items()),
+        )
     renderer = avatar_renderer(config) if config.transport.video else None
     vision = vision_model(config) if config.vision.enabled else None
     app = create_app(config, detector_factory(config), pipeline, renderer, vision)

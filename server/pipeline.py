@@ -124,6 +124,15 @@ class SessionScoped(Protocol):
     def forget(self, session_id: str) -> None: ...
 
 
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A pipeline whose engines are slow on their first calls (allocations, kernel choices,
+    caches): ``warm_up`` runs each once on a short input before the server says ready, and
+    returns each stage's time (ms; None for a stage that failed, which is only logged)."""
+
+    async def warm_up(self) -> dict[str, float | None]: ...
+
+
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]
 
 

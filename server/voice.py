@@ -22,8 +22,9 @@ from server.conditions import Conditions
 from server.config import SchedulerConfig
 from server.engine_queue import EngineQueue, JobTag
 from server.history import ContextEntry
+from server.media import MEDIA_RATE_HZ, resample
 from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
-from server.scheduler import make_scheduler
+from server.scheduler import SessionView, make_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,12 @@ Message = dict[str, str]
 ASR_COST_MS = 250.0  # a Whisper tiny.en decode on 2 cores (it always encodes a 30 s window)
 TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
 TTS_COST_MS_FIXED = 20.0
+WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
+WARM_UP_SPEECH = "Hello there, how are you today?"
+WARM_UP_MESSAGES: list[dict[str, str]] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello."},
+]
 Splitter = Callable[[str], tuple[list[str], str]]
 
 
@@ -203,6 +210,53 @@ class VoicePipeline:
             PhonemeTiming(p, start, max(start, end)) for p, start, end in speech.phonemes
         )
         return SpeechAudio(np.asarray(speech.pcm, np.int16), words, phonemes)
+
+    async def warm_up(self) -> dict[str, float | None]:
+        """The engines' first calls, through their queues, before the server says ready: the
+        TTS says a short sentence, the ASR transcribes it (three times), the LLM writes a few
+        tokens. Times in ms; a stage that fails is logged and reported as None (the server
+        still starts)."""
+        tag = JobTag(WARM_UP_SESSION, 0, lambda: SessionView(WARM_UP_SESSION, 0, 0.0, 1.0))
+        times: dict[str, float | None] = {}
+        pcm = np.zeros(16_000, np.int16)  # 1 s at 16 kHz, should the speech fail
+        started = self._clock.now_ms()
+        try:
+            speech = await self.tts_queue.run(
+                tag,
+                Stage.TTS,
+                TTS_COST_MS_FIXED,
+                functools.partial(self._tts.synthesize, WARM_UP_SPEECH),
+            )
+            said = resample(np.asarray(speech.pcm, np.int16), MEDIA_RATE_HZ, 16_000)
+            pcm = np.concatenate([said, pcm[len(said) :]])  # at least 1 s: the ASR runs
+            times["tts_ms"] = self._clock.now_ms() - started
+        except Exception as exc:
+            log.warning("warm-up: speech failed: %s: %s", type(exc).__name__, exc)
+            times["tts_ms"] = None
+        try:
+            # CTranslate2 settles only after a few calls of different lengths (measured: the
+            # first conversation's final transcript took 444 ms against 130-230 ms later)
+            for key, clip in (
+                ("asr_ms", pcm),
+                ("asr_half_ms", pcm[: max(1600, len(pcm) // 2)]),
+                ("asr_again_ms", pcm),
+            ):
+                started = self._clock.now_ms()
+                await self.transcribe(clip, tag)
+                times[key] = self._clock.now_ms() - started
+        except Exception as exc:
+            log.warning("warm-up: transcription failed: %s: %s", type(exc).__name__, exc)
+            times["asr_ms"] = None
+        started = self._clock.now_ms()
+        try:
+            async for _ in self._llm.stream(WARM_UP_MESSAGES, WARM_UP_SESSION, 4):
+                pass
+            times["llm_ms"] = self._clock.now_ms() - started
+        except Exception as exc:
+            log.warning("warm-up: language model failed: %s: %s", type(exc).__name__, exc)
+            times["llm_ms"] = None
+        self.forget(WARM_UP_SESSION)
+        return times
 
     async def close(self) -> None:
         await self._llm.close()

@@ -15,7 +15,7 @@ from server.engine_queue import JobTag
 from server.history import CacheClass, ContextEntry, Role
 from server.metrics import Metrics
 from server.peer import PeerSession, stable_words
-from server.pipeline import SessionScoped
+from server.pipeline import SessionScoped, WarmsUp
 from server.scheduler import DeadlineScheduler, SessionView
 from server.voice import FirstChunkCutter, VoicePipeline, to_messages
 
@@ -153,3 +153,49 @@ async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
     finally:
         await peer.close()
         await pipeline.close()
+
+
+class _WarmEngines(_Engines):
+    """Records the start-up calls; its LLM writes two tokens, or fails when told to."""
+
+    def __init__(self, llm_fails: bool = False) -> None:
+        self.calls: list[str] = []
+        self.llm_fails = llm_fails
+
+    def transcribe(self, pcm: object) -> str:
+        self.calls.append("asr")
+        return super().transcribe(pcm)
+
+    def synthesize(self, text: str) -> _Speech:
+        self.calls.append("tts")
+        return super().synthesize(text)
+
+    async def stream(self, messages: Any, request_id: str, max_tokens: int) -> Any:
+        self.calls.append("llm")
+        if self.llm_fails:
+            raise ConnectionError("no replica answered")
+        for token in ("Hi", "!"):
+            yield token
+
+
+@pytest.mark.parametrize("llm_fails", [False, True])
+async def test_warm_up_calls_each_engine_once_and_survives_a_failure(llm_fails: bool) -> None:
+    engines = _WarmEngines(llm_fails)
+    pipeline = VoicePipeline(
+        engines,
+        engines,  # type: ignore[arg-type]
+        engines,
+        split_sentences,
+        max_tokens=10,
+        first_chunk_words=6,
+    )
+    try:
+        assert isinstance(pipeline, WarmsUp)
+        times = await pipeline.warm_up()
+    finally:
+        await pipeline.close()
+    # speech first, then its transcript (padded to 1 s: the stub's speech is 10 ms)
+    assert engines.calls == ["tts", "asr", "asr", "asr", "llm"]
+    assert times["tts_ms"] is not None and times["asr_ms"] is not None
+    assert (times["llm_ms"] is None) == llm_fails
+    assert _served(pipeline) == [set(), set()]  # the warm-up leaves no session record behind
