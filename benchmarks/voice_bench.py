@@ -104,18 +104,25 @@ async def conversation(url: str, questions: list[npt.NDArray[np.int16]]) -> list
         await peer.close()
 
 
+async def one_at_a_time(
+    peer: ClientPeer, questions: list[npt.NDArray[np.int16]]
+) -> list[dict[str, Any]]:
+    """A peer asks its questions one after another, each once the previous reply has ended
+    (two questions on one microphone at once would be heard as one utterance)."""
+    return [await ask(peer, q, timeout=120) for q in questions]
+
+
 async def concurrent(
     server: ServerProcess, sessions: int, questions: list[npt.NDArray[np.int16]]
 ) -> dict[str, Any]:
+    """``sessions`` peers (audio and video) asking at the same instant: each asks two
+    questions, one at a time; the sessions run simultaneously."""
     peers = [ClientPeer(server.url, video=True) for _ in range(sessions)]
     for peer in peers:
         await peer.connect(timeout=30)
     try:
         results = await asyncio.gather(
-            *(
-                asyncio.gather(*(ask(p, q, timeout=120) for q in questions[i::sessions][:2]))
-                for i, p in enumerate(peers)
-            )
+            *(one_at_a_time(p, questions[i::sessions][:2]) for i, p in enumerate(peers))
         )
         await asyncio.sleep(1)
         stats = [session_stats(server, p.session_id) for p in peers]
@@ -123,8 +130,13 @@ async def concurrent(
         for peer in peers:
             await peer.close()
     v2v = [t["voice_to_voice_ms"] for r in results for t in r]
+    # each question was heard as an utterance of its own, and answered once
+    heard = [(p.session_id, t["heard"]) for p, r in zip(peers, results, strict=True) for t in r]
+    assert len(set(heard)) == len(heard), f"two questions heard as one: {heard}"
     return {
         "sessions": sessions,
+        "simultaneous": True,
+        "questions_per_session": [len(r) for r in results],
         "replies": len(v2v),
         "underruns": sum(s["underruns"] for s in stats),
         "voice_to_voice_p50_ms": round(statistics.median(v2v), 1),
