@@ -128,9 +128,9 @@ def _served(pipeline: VoicePipeline) -> list[set[str]]:
     return out
 
 
-async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
-    engines = _Engines()
-    pipeline = VoicePipeline(
+def _pipeline(engines: _Engines) -> VoicePipeline:
+    """The real pipeline on stand-in engines (``engines`` is also the LLM)."""
+    return VoicePipeline(
         engines,
         engines,  # type: ignore[arg-type]
         engines,
@@ -138,6 +138,11 @@ async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
         max_tokens=10,
         first_chunk_words=6,
     )
+
+
+async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
+    engines = _Engines()
+    pipeline = _pipeline(engines)
     assert isinstance(pipeline, SessionScoped)
     sid = "p" * 32
     no_detector: Any = None  # a peer that never connects hears nothing
@@ -179,16 +184,9 @@ class _WarmEngines(_Engines):
 
 
 @pytest.mark.parametrize("llm_fails", [False, True])
-async def test_warm_up_calls_each_engine_once_and_survives_a_failure(llm_fails: bool) -> None:
+async def test_warm_up_calls_every_engine_and_survives_a_failure(llm_fails: bool) -> None:
     engines = _WarmEngines(llm_fails)
-    pipeline = VoicePipeline(
-        engines,
-        engines,  # type: ignore[arg-type]
-        engines,
-        split_sentences,
-        max_tokens=10,
-        first_chunk_words=6,
-    )
+    pipeline = _pipeline(engines)
     try:
         assert isinstance(pipeline, WarmsUp)
         times = await pipeline.warm_up()
