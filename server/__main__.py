@@ -99,9 +99,7 @@ async def serve(
     pipeline = await load_pipeline(config)
     log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
     if isinstance(pipeline, WarmsUp):
-        log.info(
-            "warming up the engines (one short call each), so the first conversation is not slower"
-        )
+        log.info("warming up the engines: their first calls, before the first conversation")
         times = await pipeline.warm_up()
         log.info(
             "engines warm: %s",

@@ -156,21 +156,22 @@ def create_app(
         app[REGISTRY_KEY].start_reaper()
         stop_warming = threading.Event()
         # a thread of its own: its lowered priority must not stay with a shared pool's thread
-        warm_pool = ThreadPoolExecutor(1, thread_name_prefix="avatar-warm")
-        warming = None
+        warm_pool: ThreadPoolExecutor | None = None
+        warming: asyncio.Future[None] | None = None
         if renderer is not None:
             log.info(
                 "warming the avatar's sprites in the background (%s), yielding to sessions",
                 ", ".join(renderer.appearances),
             )
+            warm_pool = ThreadPoolExecutor(1, thread_name_prefix="avatar-warm")
             warming = asyncio.get_running_loop().run_in_executor(
                 warm_pool, warm_avatar, renderer, stop_warming
             )
         yield
         stop_warming.set()
-        if warming is not None:
+        if warm_pool is not None and warming is not None:
             await warming
-        warm_pool.shutdown()
+            warm_pool.shutdown()
         # shutdown, in order: peers first (they use the engines), then the engines
         await app[REGISTRY_KEY].close_all()
         if pipeline is not None:

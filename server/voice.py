@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,11 +34,12 @@ TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a 
 TTS_COST_MS_FIXED = 20.0
 WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
 WARM_UP_SPEECH = "Hello there, how are you today?"
-WARM_UP_MESSAGES: list[dict[str, str]] = [
+WARM_UP_MESSAGES: list[Message] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Hello."},
 ]
 Splitter = Callable[[str], tuple[list[str], str]]
+T = TypeVar("T")
 
 
 class Asr(Protocol):
@@ -218,45 +219,41 @@ class VoicePipeline:
         still starts)."""
         tag = JobTag(WARM_UP_SESSION, 0, lambda: SessionView(WARM_UP_SESSION, 0, 0.0, 1.0))
         times: dict[str, float | None] = {}
-        pcm = np.zeros(16_000, np.int16)  # 1 s at 16 kHz, should the speech fail
-        started = self._clock.now_ms()
-        try:
-            speech = await self.tts_queue.run(
-                tag,
-                Stage.TTS,
-                TTS_COST_MS_FIXED,
-                functools.partial(self._tts.synthesize, WARM_UP_SPEECH),
-            )
+        say = functools.partial(self._tts.synthesize, WARM_UP_SPEECH)
+        speech = await self._timed(
+            times, "tts_ms", self.tts_queue.run(tag, Stage.TTS, TTS_COST_MS_FIXED, say)
+        )
+        pcm = np.zeros(16_000, np.int16)  # at least 1 s at 16 kHz, so that the ASR runs
+        if speech is not None:
             said = resample(np.asarray(speech.pcm, np.int16), MEDIA_RATE_HZ, 16_000)
-            pcm = np.concatenate([said, pcm[len(said) :]])  # at least 1 s: the ASR runs
-            times["tts_ms"] = self._clock.now_ms() - started
-        except Exception as exc:
-            log.warning("warm-up: speech failed: %s: %s", type(exc).__name__, exc)
-            times["tts_ms"] = None
-        try:
-            # CTranslate2 settles only after a few calls of different lengths (measured: the
-            # first conversation's final transcript took 444 ms against 130-230 ms later)
-            for key, clip in (
-                ("asr_ms", pcm),
-                ("asr_half_ms", pcm[: max(1600, len(pcm) // 2)]),
-                ("asr_again_ms", pcm),
-            ):
-                started = self._clock.now_ms()
-                await self.transcribe(clip, tag)
-                times[key] = self._clock.now_ms() - started
-        except Exception as exc:
-            log.warning("warm-up: transcription failed: %s: %s", type(exc).__name__, exc)
-            times["asr_ms"] = None
-        started = self._clock.now_ms()
-        try:
-            async for _ in self._llm.stream(WARM_UP_MESSAGES, WARM_UP_SESSION, 4):
-                pass
-            times["llm_ms"] = self._clock.now_ms() - started
-        except Exception as exc:
-            log.warning("warm-up: language model failed: %s: %s", type(exc).__name__, exc)
-            times["llm_ms"] = None
+            pcm = np.concatenate([said, pcm[len(said) :]])
+        # CTranslate2 settles only after a few calls of different lengths (measured: the first
+        # conversation's final transcript took 444 ms against 130-230 ms later)
+        half = pcm[: max(1600, len(pcm) // 2)]
+        for key, clip in (("asr_ms", pcm), ("asr_half_ms", half), ("asr_again_ms", pcm)):
+            await self._timed(times, key, self.transcribe(clip, tag))
+        await self._timed(times, "llm_ms", self._drain(WARM_UP_MESSAGES, 4))
         self.forget(WARM_UP_SESSION)
         return times
+
+    async def _timed(
+        self, times: dict[str, float | None], key: str, call: Awaitable[T]
+    ) -> T | None:
+        """Await a warm-up call; its time (ms) goes to ``times[key]``, or None if it failed."""
+        started = self._clock.now_ms()
+        try:
+            result = await call
+        except Exception as exc:
+            log.warning("warm-up %s failed: %s: %s", key, type(exc).__name__, exc)
+            times[key] = None
+            return None
+        times[key] = self._clock.now_ms() - started
+        return result
+
+    async def _drain(self, messages: Sequence[Message], max_tokens: int) -> None:
+        """One LLM request of the warm-up, its tokens read and dropped."""
+        async for _ in self._llm.stream(messages, WARM_UP_SESSION, max_tokens):
+            pass
 
     async def close(self) -> None:
         await self._llm.close()

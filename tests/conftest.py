@@ -2,8 +2,8 @@
 client side of loopback calls (ICE pinned to 127.0.0.1, client peers closed after the test).
 
 Every test's time limit (pytest-timeout: its marker, else the ini default) is stretched by the
-slowness the suite measures at start (tests/support/pace.py), and the header says how slow this
-machine is and which CPU it has."""
+slowness the suite measures at start (tests/support/pace.py); the run's output starts with
+which CPU this is and how slow."""
 
 from __future__ import annotations
 
@@ -21,10 +21,6 @@ from server.rtc import pin_host_addresses
 from server.session import Session
 from tests.support import pace
 from tests.support.peers import Peer
-
-
-def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [f"machine: {this_machine().describe()}"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

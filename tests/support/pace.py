@@ -26,7 +26,6 @@ REFERENCE_WHISPER_S = 0.5  # median Whisper call on the clip below, where the bo
 CLIP = "What is the capital of France, and how many people live there?"  # ~3.6 s of speech
 MAX_FACTOR = 20.0
 ENV = "TEST_PACE"
-_measured: dict[str, float] = {}
 
 
 def whisper_seconds() -> float:
@@ -43,31 +42,35 @@ def whisper_seconds() -> float:
         started = time.perf_counter()
         asr.transcribe(clip)
         times.append(time.perf_counter() - started)
-    _measured["whisper_seconds"] = statistics.median(times)
-    return _measured["whisper_seconds"]
+    return statistics.median(times)
 
 
 @functools.cache
-def factor() -> float:
-    """The slowness of this machine against the reference (>= 1); measured once per process
-    unless ``TEST_PACE`` gives it."""
+def _pace() -> tuple[float, str]:
+    """The factor (>= 1) and how it was found; measured once per process unless ``TEST_PACE``
+    gives it."""
     given = os.environ.get(ENV)
     if given:
-        value = float(given)
+        value, how = float(given), f"given: {ENV}={given}"
     else:
-        value = whisper_seconds() / REFERENCE_WHISPER_S
+        seconds = whisper_seconds()
+        value = seconds / REFERENCE_WHISPER_S
+        how = (
+            f"Whisper tiny.en {seconds:.2f} s a call on the reference clip,"
+            f" against {REFERENCE_WHISPER_S} s"
+        )
         os.environ[ENV] = f"{value:.2f}"  # servers and helpers the tests start use the same
-    return min(MAX_FACTOR, max(1.0, value))
+    return min(MAX_FACTOR, max(1.0, value)), how
+
+
+def factor() -> float:
+    """The slowness of this machine against the reference (>= 1)."""
+    return _pace()[0]
 
 
 def describe() -> str:
-    """How the factor was found, for the test header."""
-    if "whisper_seconds" in _measured:
-        return (
-            f"Whisper tiny.en {_measured['whisper_seconds']:.2f} s a call on the reference clip,"
-            f" against {REFERENCE_WHISPER_S} s"
-        )
-    return f"given: {ENV}={os.environ.get(ENV)}"
+    """How the factor was found, for the run's output."""
+    return _pace()[1]
 
 
 def whisper_call_s() -> float:
