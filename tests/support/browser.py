@@ -22,7 +22,9 @@ DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 
 GRANT_MEDIA = "--use-fake-ui-for-media-stream"  # answers permission prompts with "allow"
 
-# Chromium's flags for a headless, offline, media-capable run (see recipes.md).
+# Chromium's flags for a headless, offline, media-capable run (without the background-networking
+# ones it keeps trying hosts the closed network refuses; without loopback-in-peer-connection it
+# gathers no candidates on loopback).
 BASE_ARGS = [
     "--headless=new",
     "--no-sandbox",

@@ -1,6 +1,6 @@
 """Start vLLM's OpenAI-compatible server on loopback as a subprocess (what ``vllm serve`` runs).
 
-CPU settings as for the in-process engine (recipes.md): eager mode, 32-token KV blocks, a small
+CPU settings as for the in-process engine (models/llm.py): eager mode, 32-token KV blocks, a small
 KV cache (``VLLM_CPU_KVCACHE_SPACE``), the compile cache inside the project. Prefix caching and
 ``prompt_tokens_details`` (cached tokens in the usage) are on, as in the deployment.
 """
