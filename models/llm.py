@@ -127,6 +127,7 @@ class VllmOptions:
     temperature: float = 0.0  # 0 = greedy
     max_num_seqs: int = 16  # concurrent requests in one batch
     seed: int = 0
+    omp_bind: str = ""  # cores of the OpenMP threads ("1", "2,3"); "" = vLLM's own choice
 
 
 class VllmEngine:
@@ -283,6 +284,8 @@ def _default_env(options: VllmOptions) -> None:
     """vLLM settings read from the environment, only where the operator has not set them."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.kv_cache_gib))  # GiB
     os.environ.setdefault("VLLM_CACHE_ROOT", str(PROJECT_ROOT / ".cache" / "vllm"))
+    if options.omp_bind:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", options.omp_bind)
 
 
 # --------------------------------------------------------------------------- remote vLLM server

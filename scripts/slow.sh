@@ -46,16 +46,31 @@ trap cleanup EXIT
 
 pin=()
 [ "$one_core" = 0 ] || pin=(taskset -c 0)
+# run the command as a child and pass SIGTERM/SIGINT on to it (a server stopped through this
+# wrapper shuts down, instead of living on without it); returns its exit status
+run() {
+    "$@" &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+    local code=0
+    wait "$child" || code=$?
+    while kill -0 "$child" 2>/dev/null; do  # a trapped signal interrupted the wait
+        code=0
+        wait "$child" || code=$?
+    done
+    return "$code"
+}
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 avx512=$(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)
 if [ -n "$group" ]; then
     echo "slow profile: $cpu_model (AVX-512: $avx512) capped to AVX2, $cpus CPUs$([ "$one_core" = 0 ] || echo ', core 0 only')" >&2
     # the child joins the cgroup, then becomes the command (so the trap here can remove the group)
     status=0
-    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$group" "${pin[@]}" "$@" || status=$?
+    run sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$group" "${pin[@]}" "$@" \
+        || status=$?
     exit "$status"
 fi
 echo "slow profile: no writable cgroup (needs root): ISA caps only$([ "$one_core" = 0 ] || echo ', core 0 only')" >&2
 status=0
-"${pin[@]}" "$@" || status=$?
+run "${pin[@]}" "$@" || status=$?
 exit "$status"

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,13 @@ from aiohttp import web
 from server import __version__
 from server.app import create_app
 from server.auth import exposure_warning
+from server.avatar import AvatarRenderer
+from server.avatar_video import frame_cost_ms
+from server.calibration import Calibration, StageCosts, adapt, calibrate
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
-from server.pipeline import WarmsUp, load_pipeline
+from server.machine import this_machine
+from server.pipeline import Tunable, TurnPipeline, WarmsUp, load_pipeline
 from server.wiring import avatar_renderer, detector_factory, vision_model
 from server.workers import become_worker, run_supervisor
 
@@ -98,16 +103,20 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     pipeline = await load_pipeline(config)
     log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
+    times: dict[str, float | None] = {}
     if isinstance(pipeline, WarmsUp):
         log.info("warming up the engines: their first calls, before the first conversation")
         times = await pipeline.warm_up()
         log.info(
             "engines warm: %s",
-            ", ".join(f"{k} {'failed' if v is None else f'{v:.0f} ms'}" for k, v in times.items()),
+            ", ".join(f"{k} {'failed' if v is None else f'{v:.0f}'}" for k, v in times.items()),
         )
     renderer = avatar_renderer(config) if config.transport.video else None
+    calibration = None
+    if pipeline is not None:
+        config, renderer, calibration = await calibrate_server(config, pipeline, renderer, times)
     vision = vision_model(config) if config.vision.enabled else None
-    app = create_app(config, detector_factory(config), pipeline, renderer, vision)
+    app = create_app(config, detector_factory(config), pipeline, renderer, vision, calibration)
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -132,6 +141,39 @@ async def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         log.info("stopped")
+
+
+async def calibrate_server(
+    config: Config,
+    pipeline: TurnPipeline,
+    renderer: AvatarRenderer | None,
+    times: Mapping[str, float | None],
+) -> tuple[Config, AvatarRenderer | None, Calibration]:
+    """Time one avatar frame, predict voice-to-voice and capacity from the warm-up, and choose
+    the settings the operator left unset; a new renderer if the video size changed."""
+    frame_ms = None
+    if renderer is not None:
+        try:
+            fps = config.transport.video_fps
+            frame_ms = await asyncio.to_thread(frame_cost_ms, renderer, fps)
+        except Exception as exc:  # a failed measurement falls back to the reference figure
+            log.warning("calibration: the avatar frame failed: %s: %s", type(exc).__name__, exc)
+    costs = StageCosts.from_warm_up(times, frame_ms)
+    cores = this_machine().cores
+    config, changed = adapt(config, calibrate(costs, config, cores))
+    if changed:
+        log.info(
+            "calibration: settings chosen for this machine (set them to override): %s",
+            ", ".join(f"{k}={v}" for k, v in changed.items()),
+        )
+    calibration = calibrate(costs, config, cores)  # the prediction with those settings
+    log.info("calibration: %s", calibration.describe())
+    if isinstance(pipeline, Tunable):
+        pipeline.tune(config.pipeline)
+    size = ("transport.video_width", "transport.video_height")
+    if renderer is not None and any(name in changed for name in size):
+        renderer = avatar_renderer(config)
+    return config, renderer, calibration
 
 
 def main(argv: list[str] | None = None) -> int:

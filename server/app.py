@@ -16,7 +16,10 @@ from aiohttp import web
 
 from server import __version__
 from server.avatar import AvatarRenderer
+from server.calibration import Calibration
+from server.clock import MonotonicClock
 from server.config import Config
+from server.looplag import LoopLagMonitor
 from server.metrics import Metrics
 from server.pipeline import QueueObservable, TurnPipeline
 from server.procstats import open_fds, rss_bytes
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 CONFIG_KEY = web.AppKey("config", Config)
 STARTED_KEY = web.AppKey("started_monotonic", float)
 METRICS_KEY = web.AppKey("metrics", Metrics)
+# what the start-up calibration measured and predicted (None: no reply pipeline)
+CALIBRATION_KEY: web.AppKey[dict[str, object] | None] = web.AppKey("calibration")
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +64,8 @@ async def healthz(request: web.Request) -> web.Response:
             "tasks": len(asyncio.all_tasks()),
             "rss_bytes": rss_bytes(),
             "open_fds": open_fds(),
+            "max_sessions": request.app[CONFIG_KEY].transport.max_sessions,
+            "calibration": request.app[CALIBRATION_KEY],
         }
     )
 
@@ -133,6 +140,7 @@ def create_app(
     pipeline: TurnPipeline | None = None,
     renderer: AvatarRenderer | None = None,
     vision: VisionModel | None = None,
+    calibration: Calibration | None = None,
 ) -> web.Application:
     """Build the application. ``detector_factory`` makes one turn detector per session;
     ``pipeline`` answers the user (None: listen only); ``renderer`` draws the avatar (None:
@@ -142,6 +150,7 @@ def create_app(
     )
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.monotonic()
+    app[CALIBRATION_KEY] = None if calibration is None else calibration.to_dict()
     app[METRICS_KEY] = Metrics()
     app[REGISTRY_KEY] = SessionRegistry(
         config, detector_factory, pipeline, app[METRICS_KEY], renderer, vision
@@ -154,6 +163,9 @@ def create_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         log.info("accepting sessions (max %d)", config.transport.max_sessions)
         app[REGISTRY_KEY].start_reaper()
+        lag = app[METRICS_KEY].loop_lag
+        monitor = LoopLagMonitor(lambda ms: lag.observe(ms / 1000), MonotonicClock())
+        lag_task = asyncio.get_running_loop().create_task(monitor.run(), name="loop-lag")
         stop_warming = threading.Event()
         # a thread of its own: its lowered priority must not stay with a shared pool's thread
         warm_pool: ThreadPoolExecutor | None = None
@@ -168,6 +180,8 @@ def create_app(
                 warm_pool, warm_avatar, renderer, stop_warming
             )
         yield
+        lag_task.cancel()
+        await asyncio.gather(lag_task, return_exceptions=True)
         stop_warming.set()
         if warm_pool is not None and warming is not None:
             await warming

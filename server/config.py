@@ -21,6 +21,7 @@ from server.errors import ConfigError
 ENV_PREFIX = "AVATAR_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULER_POLICIES = ("edf", "round_robin")
+ASR_WINDOWS = ("audio", "full")
 
 
 def _setting(default: Any, help: str, **rules: Any) -> Any:
@@ -268,7 +269,18 @@ class PipelineConfig:
     llm_kv_cache_gib: float = _setting(
         1.0, "KV cache of the in-process engine on CPU (GiB).", min=0.1, max=512.0
     )
-    asr_threads: int = _setting(2, "CPU threads of the speech recogniser.", min=1, max=64)
+    asr_threads: int = _setting(
+        0, "CPU threads of the speech recogniser (0: as the CPU plan says).", min=0, max=64
+    )
+    asr_window: str = _setting(
+        "audio",
+        "Whisper's encoder input: 'audio' (the utterance and 1 s of silence: a call costs in"
+        " proportion to the speech) or 'full' (30 s every call: a little more accurate).",
+        choices=ASR_WINDOWS,
+    )
+    tts_threads: int = _setting(
+        0, "CPU threads of the speech synthesiser (0: as the CPU plan says).", min=0, max=64
+    )
     incremental: bool = _setting(
         True, "Partial transcripts and prefix-cache prefill while the user speaks."
     )
@@ -320,11 +332,14 @@ class Config:
     vad: VadConfig = field(default_factory=VadConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
+    # the dotted names the operator set (file, environment, --set); the calibration chooses
+    # the others that follow the machine (server/calibration.py)
+    explicit: frozenset[str] = frozenset()
 
 
 def _sections() -> dict[str, type[Any]]:
     hints = get_type_hints(Config)
-    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name != "explicit"}
 
 
 def _field_names(cls: type[Any]) -> set[str]:
@@ -470,4 +485,5 @@ def load_config(
             value = values.get(key, f.default)
             _validate(f"{section}.{key}", value, f.metadata)
         built[section] = cls(**values)
-    return Config(**built)
+    explicit = frozenset(dotted for layer, _ in layers for dotted in layer)
+    return Config(**built, explicit=explicit)

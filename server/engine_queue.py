@@ -33,6 +33,12 @@ class StaleWork(RuntimeErrorBase):
     code = "stale_work"
 
 
+class ShedWork(RuntimeErrorBase):
+    """Optional work (a partial transcript) dropped so that required work goes first."""
+
+    code = "shed_work"
+
+
 @dataclass(frozen=True)
 class JobTag:
     """Who a job is for: the session's current view decides when it runs."""
@@ -74,19 +80,34 @@ class EngineQueue:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self.dropped_stale = 0
+        self.shed = 0  # optional jobs dropped for required work
 
     @property
     def waiting(self) -> int:
         """Jobs queued and not yet started."""
         return len(self._pending)
 
-    async def run(self, tag: JobTag, stage: Stage, est_cost_ms: float, fn: Callable[[], T]) -> T:
-        """Queue ``fn`` for the worker thread; raises StaleWork if its epoch ends first."""
+    @property
+    def required_waiting(self) -> int:
+        """Jobs queued, not yet started, that someone is waiting for (not optional)."""
+        return sum(not job.item.optional for job in self._pending)
+
+    async def run(
+        self,
+        tag: JobTag,
+        stage: Stage,
+        est_cost_ms: float,
+        fn: Callable[[], T],
+        optional: bool = False,
+    ) -> T:
+        """Queue ``fn`` for the worker thread; raises StaleWork if its epoch ends first, and
+        ShedWork if it is ``optional`` and was dropped for required work."""
         if self._worker is None:
             self._worker = asyncio.get_running_loop().create_task(self._work(), name=self.name)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        now = self._clock.now_ms()
         item = WorkItem(
-            next(self._ids), tag.session_id, stage, tag.epoch, est_cost_ms, self._clock.now_ms()
+            next(self._ids), tag.session_id, stage, tag.epoch, est_cost_ms, now, optional
         )
         job = _Job(item, tag, fn, future)
         self._pending.append(job)
@@ -134,6 +155,11 @@ class EngineQueue:
             self._pending.remove(job)
             self.dropped_stale += 1
             job.future.set_exception(StaleWork(f"{self.name}: epoch {item.epoch} ended"))
+        for item in plan.shed:
+            job = jobs[item.item_id]
+            self._pending.remove(job)
+            self.shed += 1
+            job.future.set_exception(ShedWork(f"{self.name}: optional work shed"))
         if not plan.run:
             return None
         job = jobs[plan.run[0].item_id]

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 V2V_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -34,6 +35,18 @@ class Metrics:
             "avatar_barge_in_reaction_seconds",
             "First voiced input frame arrival to first silent outbound frame.",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "avatar_event_loop_lag_seconds",
+            "How late the event loop woke a 50 ms timer (anything holding the loop delays it).",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
+        self.work_shed = Counter(
+            "avatar_work_shed",
+            "Optional work dropped so that required work went first (partial, prefill, frame).",
+            ["kind"],
             registry=r,
         )
         self.barge_ins = Counter("avatar_barge_ins", "Barge-ins (epoch bumps).", registry=r)

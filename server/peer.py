@@ -32,7 +32,7 @@ from server.camera import CameraStage
 from server.chunk import Stage
 from server.clock import Clock, MonotonicClock
 from server.config import Config
-from server.engine_queue import JobTag, StaleWork
+from server.engine_queue import JobTag, ShedWork, StaleWork
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ResponseDone
 from server.face import FaceAnimator
@@ -40,7 +40,7 @@ from server.ice import ice_servers
 from server.lipsync import LipSync, cues_for
 from server.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.metrics import Metrics, quantile
-from server.pipeline import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace
+from server.pipeline import ReplyRequest, ReportsLoad, SessionScoped, TurnPipeline, TurnTrace
 from server.protocol import (
     ClientEvent,
     ProtocolError,
@@ -184,7 +184,15 @@ class PeerSession:
             session_id, config.vision, vision, self.clock, self._presence_changed
         )
         self.avatar = (
-            AvatarVideo(self.session, self.lipsync, self.animator, renderer, self.camera.attention)
+            AvatarVideo(
+                self.session,
+                self.lipsync,
+                self.animator,
+                renderer,
+                self.camera.attention,
+                shed=self._engines_busy,
+                on_shed=self._metrics.work_shed.labels("frame").inc,
+            )
             if renderer is not None
             else None
         )
@@ -379,7 +387,8 @@ class PeerSession:
 
     # --- while the user speaks: partial transcripts and prefill -------------------------------
     async def _partial_loop(self, pipeline: TurnPipeline) -> None:
-        """Re-decode the growing utterance every interval; push its stable words into the LLM."""
+        """Re-decode the growing utterance every interval, continuing after the words two
+        partials agreed on (its stable words); push the stable words into the LLM."""
         interval = self.config.pipeline.partial_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
@@ -389,9 +398,15 @@ class PeerSession:
             audio = np.concatenate(self._utterance)
             heard = self.session.cursors.heard_until
             tag = JobTag(self.session_id, self.session.epoch, self._partial_view)
-            job = asyncio.get_running_loop().create_task(pipeline.partial_transcript(audio, tag))
+            decode = pipeline.partial_transcript(audio, tag, prefix=self._stable)
+            job = asyncio.get_running_loop().create_task(decode)
             self._decode = (len(audio), job)
-            text = await asyncio.shield(job)  # the endpoint may still want this decode
+            try:
+                text = await asyncio.shield(job)  # the endpoint may still want this decode
+            except ShedWork:  # required work went first; the next interval tries again
+                self._decode = None
+                self._metrics.work_shed.labels("partial").inc()
+                continue
             previous, self._partial = self._partial, _Partial(len(audio), text)
             stable = stable_words(previous.text, text)
             self._send(
@@ -405,7 +420,11 @@ class PeerSession:
                 self._stable = stable
                 self.session.set_user_transcript(stable)
                 request = self._request(self.session.epoch)
-                cached = await pipeline.prefill(request)
+                try:
+                    cached = await pipeline.prefill(request)
+                except ShedWork:  # a reply is being written: the warm-up would slow it
+                    self._metrics.work_shed.labels("prefill").inc()
+                    continue
                 self._prefill_cached = max(self._prefill_cached, cached)
                 # heard_until only grows: what was heard when the decode began is still heard
                 self.session.advance_prefilled(max(self.session.cursors.prefilled_until, heard))
@@ -413,6 +432,10 @@ class PeerSession:
     async def _stop_partials(self) -> None:
         task, self._partials = self._partials, None
         await _cancel(task)
+
+    def _engines_busy(self) -> bool:
+        """The shared engines have required work (any session's): shed optional work."""
+        return isinstance(self._pipeline, ReportsLoad) and self._pipeline.busy
 
     # --- replies ----------------------------------------------------------------------------
     def _tag(self) -> JobTag:
@@ -475,7 +498,7 @@ class PeerSession:
         self, pipeline: TurnPipeline, utterance: npt.NDArray[np.int16], speech_end: int
     ) -> str:
         """The last partial when it already heard all the speech, or the partial decode still
-        running if it will have; else decode the whole utterance now."""
+        running if it will have; else decode the utterance now, after its stable words."""
         decode, self._decode = self._decode, None
         if self.config.pipeline.incremental and speech_end > 0:
             if self._partial.covered >= speech_end:
@@ -483,7 +506,7 @@ class PeerSession:
             if decode is not None and decode[0] >= speech_end:
                 with contextlib.suppress(Exception):
                     return await decode[1]
-        return await pipeline.transcribe(utterance, self._tag())
+        return await pipeline.transcribe(utterance, self._tag(), prefix=self._stable)
 
     async def _wait_for_room(self) -> None:
         """Stop pulling reply text while the lookahead budget is full; resume as it drains."""

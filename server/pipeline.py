@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
-from server.config import Config
+from server.config import Config, PipelineConfig
 from server.engine_queue import JobTag
 from server.errors import ConfigError
 from server.history import ContextEntry
@@ -81,17 +81,24 @@ class SpeechAudio:
 class TurnPipeline(Protocol):
     """Engines behind the runtime (ASR, LLM, TTS); shared by every session."""
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
-        """Final transcript of a 16 kHz mono utterance ("" when nothing was said)."""
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        """Final transcript of a 16 kHz mono utterance ("" when nothing was said). ``prefix``:
+        words already decided for its start (stable partial words), which the recogniser may
+        continue from instead of decoding them again."""
         ...
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         """Transcript of the utterance so far, while the user is still speaking."""
         ...
 
     async def prefill(self, request: ReplyRequest) -> int:
         """Push the context so far into the engine (prefix-cache warm-up); returns the number
-        of prompt tokens that were already cached."""
+        of prompt tokens that were already cached. Optional work: may raise
+        ``engine_queue.ShedWork`` under load (and ``partial_transcript`` too)."""
         ...
 
     def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
@@ -131,6 +138,22 @@ class WarmsUp(Protocol):
     returns each stage's time (ms; None for a stage that failed, which is only logged)."""
 
     async def warm_up(self) -> dict[str, float | None]: ...
+
+
+@runtime_checkable
+class ReportsLoad(Protocol):
+    """A pipeline that says when required work is in progress or waiting (optional work,
+    such as idle avatar frames at full rate, is shed then)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+
+@runtime_checkable
+class Tunable(Protocol):
+    """A pipeline that takes settings chosen after it was built (the calibration's)."""
+
+    def tune(self, settings: PipelineConfig) -> None: ...
 
 
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]

@@ -44,6 +44,7 @@ class WorkItem:
     epoch: int
     est_cost_ms: float
     enqueued_ms: float
+    optional: bool = False  # nice to have (a partial transcript): shed before delaying others
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Plan:
     waiting: tuple[WorkItem, ...]
     deferred: tuple[WorkItem, ...]
     stale: tuple[WorkItem, ...]
+    shed: tuple[WorkItem, ...] = ()  # optional work dropped: required work was waiting
 
 
 class Scheduler(Protocol):
@@ -86,8 +88,10 @@ def _over_budget(view: SessionView) -> bool:
 
 def _partition(
     items: Sequence[WorkItem], sessions: Mapping[str, SessionView]
-) -> tuple[list[WorkItem], list[WorkItem], list[WorkItem]]:
-    """Split work into (stale, deferred: session past its budget, runnable)."""
+) -> tuple[list[WorkItem], list[WorkItem], list[WorkItem], list[WorkItem]]:
+    """Split work into (stale, deferred: session past its budget, shed, runnable). Optional
+    work is shed whenever required work is runnable: running it first would delay a final
+    transcript or a reply's speech by its whole cost."""
     stale, deferred, runnable = [], [], []
     for item in items:
         if _is_stale(item, sessions):
@@ -96,7 +100,11 @@ def _partition(
             deferred.append(item)
         else:
             runnable.append(item)
-    return stale, deferred, runnable
+    shed: list[WorkItem] = []
+    if any(not item.optional for item in runnable):
+        shed = [item for item in runnable if item.optional]
+        runnable = [item for item in runnable if not item.optional]
+    return stale, deferred, shed, runnable
 
 
 def latest_start_ms(
@@ -141,7 +149,7 @@ class DeadlineScheduler:
         sessions: Mapping[str, SessionView],
         max_items: int,
     ) -> Plan:
-        stale, deferred, runnable = _partition(items, sessions)
+        stale, deferred, shed, runnable = _partition(items, sessions)
 
         start = {i.item_id: self.deadline_ms(now_ms, i, sessions[i.session_id]) for i in runnable}
 
@@ -165,7 +173,7 @@ class DeadlineScheduler:
         for item in run:
             assert item.epoch == sessions[item.session_id].epoch, "stale work scheduled"
             self.served[item.session_id] += 1
-        return Plan(tuple(run), tuple(remaining), tuple(deferred), tuple(stale))
+        return Plan(tuple(run), tuple(remaining), tuple(deferred), tuple(stale), tuple(shed))
 
     def _pick(
         self,
@@ -227,9 +235,9 @@ class RoundRobinScheduler:
             if item.session_id not in self._ring:
                 self._ring.append(item.session_id)
         if self.aware:
-            stale, deferred, runnable = _partition(items, sessions)
+            stale, deferred, shed, runnable = _partition(items, sessions)
         else:
-            stale, deferred, runnable = [], [], list(items)
+            stale, deferred, shed, runnable = [], [], [], list(items)
         start = self._ring.index(self._last) + 1 if self._last in self._ring else 0
         rank = {sid: (i - start) % len(self._ring) for i, sid in enumerate(self._ring)}
         per_session: dict[str, list[WorkItem]] = {}
@@ -244,7 +252,8 @@ class RoundRobinScheduler:
         run = order[:max_items]
         if run:
             self._last = run[-1].session_id
-        return Plan(tuple(run), tuple(order[max_items:]), tuple(deferred), tuple(stale))
+        plan = (tuple(run), tuple(order[max_items:]), tuple(deferred), tuple(stale), tuple(shed))
+        return Plan(*plan)
 
     def forget(self, session_id: str) -> None:
         """The session ended; drop it from the ring (the turn passes to its successor)."""

@@ -19,8 +19,9 @@ import numpy.typing as npt
 from server.chunk import PhonemeTiming, Stage, WordTiming
 from server.clock import Clock, MonotonicClock
 from server.conditions import Conditions
-from server.config import SchedulerConfig
-from server.engine_queue import EngineQueue, JobTag
+from server.config import PipelineConfig, SchedulerConfig
+from server.engine_queue import EngineQueue, JobTag, ShedWork
+from server.errors import RuntimeErrorBase
 from server.history import ContextEntry
 from server.media import MEDIA_RATE_HZ, resample
 from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
@@ -29,7 +30,9 @@ from server.scheduler import SessionView, make_scheduler
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
-ASR_COST_MS = 250.0  # a Whisper tiny.en decode on 2 cores (it always encodes a 30 s window)
+# a Whisper tiny.en call on 2 cores of a fast machine, encoding the utterance and 1 s of silence
+ASR_COST_FIXED_MS = 40.0
+ASR_COST_MS_PER_S = 30.0  # per second of audio
 TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
 TTS_COST_MS_FIXED = 20.0
 WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
@@ -42,8 +45,14 @@ Splitter = Callable[[str], tuple[list[str], str]]
 T = TypeVar("T")
 
 
+class LlmWarmUpEmpty(RuntimeErrorBase):
+    """The LLM's warm-up request ended without any text."""
+
+    code = "llm_warm_up_empty"
+
+
 class Asr(Protocol):
-    def transcribe(self, pcm: npt.NDArray[np.int16]) -> str: ...
+    def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str: ...
 
 
 class Llm(Protocol):
@@ -147,6 +156,15 @@ class VoicePipeline:
         self.asr_queue = EngineQueue("asr", make_scheduler(config), clock, deadlines=config)
         self.tts_queue = EngineQueue("tts", make_scheduler(config), clock, deadlines=config)
         self._ids = itertools.count(1)
+        self._replying = 0  # replies whose text is being written now
+
+    def tune(self, settings: PipelineConfig) -> None:
+        """Take the calibrated settings (the first chunk's length)."""
+        self._first_chunk_words = settings.first_chunk_words
+
+    def asr_cost_ms(self, samples: int) -> float:
+        """Expected time (ms) of one ASR call on ``samples`` of 16 kHz audio."""
+        return ASR_COST_FIXED_MS + ASR_COST_MS_PER_S * samples / 16_000
 
     def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None:
         """``observe(engine, wait_ms, late)`` is called as each ASR/TTS job leaves its queue."""
@@ -158,17 +176,38 @@ class VoicePipeline:
         for queue in (self.asr_queue, self.tts_queue):
             queue.forget(session_id)
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         if len(utterance) < 1600:  # < 100 ms: not a word
             return ""
-        job = functools.partial(self._asr.transcribe, utterance)
-        return await self.asr_queue.run(tag, Stage.ASR, ASR_COST_MS, job)
+        job = functools.partial(self._asr.transcribe, utterance, prefix)
+        cost_ms = self.asr_cost_ms(len(utterance))
+        return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job)
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
-        return await self.transcribe(utterance, tag)
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        """Optional work: raises ShedWork when dropped for required work."""
+        if len(utterance) < 1600:
+            return ""
+        job = functools.partial(self._asr.transcribe, utterance, prefix)
+        cost_ms = self.asr_cost_ms(len(utterance))
+        return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job, optional=True)
+
+    @property
+    def busy(self) -> bool:
+        """Required work is in progress or waiting: a reply being written, or a final
+        transcript or speech queued. Optional work (partials, prefix warm-ups, avatar frames
+        at full rate while idle) is shed while it is."""
+        queued = self.asr_queue.required_waiting + self.tts_queue.required_waiting
+        return self._replying > 0 or queued > 0
 
     async def prefill(self, request: ReplyRequest) -> int:
-        """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs."""
+        """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs, and
+        it is shed (ShedWork) while a reply is being written: it would slow that reply."""
+        if self._replying:
+            raise ShedWork("llm: prefix warm-up shed while a reply is written")
         rid = f"{request.session_id[:8]}-warm-{next(self._ids)}"
         try:
             stats = await self._llm.prefill(to_messages(request.context), rid)
@@ -181,6 +220,7 @@ class VoicePipeline:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
         cutter = FirstChunkCutter(self._splitter, self._first_chunk_words)
         stream = self._llm.stream(to_messages(request.context), rid, self._max_tokens)
+        self._replying += 1
         try:
             async for delta in stream:
                 if trace.llm_first_token_ms is None:
@@ -194,6 +234,7 @@ class VoicePipeline:
                     trace.first_chunk_text_ms = self._clock.now_ms()
                 yield chunk
         finally:
+            self._replying -= 1
             closer = getattr(stream, "aclose", None)
             if closer is not None:
                 await closer()  # a cancelled reply aborts its request
@@ -215,8 +256,10 @@ class VoicePipeline:
     async def warm_up(self) -> dict[str, float | None]:
         """The engines' first calls, through their queues, before the server says ready: the
         TTS says a short sentence, the ASR transcribes it (three times), the LLM writes a few
-        tokens. Times in ms; a stage that fails is logged and reported as None (the server
-        still starts)."""
+        tokens. Times in ms, and what they were measured on (``tts_audio_ms``,
+        ``asr_audio_ms``, ``llm_first_token_ms``, ``llm_tokens_per_s``: the calibration's
+        inputs); a stage that fails is logged and reported as None (the server still
+        starts)."""
         tag = JobTag(WARM_UP_SESSION, 0, lambda: SessionView(WARM_UP_SESSION, 0, 0.0, 1.0))
         times: dict[str, float | None] = {}
         say = functools.partial(self._tts.synthesize, WARM_UP_SPEECH)
@@ -232,7 +275,12 @@ class VoicePipeline:
         half = pcm[: max(1600, len(pcm) // 2)]
         for key, clip in (("asr_ms", pcm), ("asr_half_ms", half), ("asr_again_ms", pcm)):
             await self._timed(times, key, self.transcribe(clip, tag))
+        times["asr_audio_ms"] = len(pcm) / 16
+        times["tts_audio_ms"] = None if speech is None else len(speech.pcm) / (MEDIA_RATE_HZ / 1000)
         await self._timed(times, "llm_ms", self._drain(WARM_UP_MESSAGES, 4))
+        # the second request: the engine's steady speed (first token, then tokens a second)
+        rate = await self._timed(times, "llm_again_ms", self._drain(WARM_UP_MESSAGES, 16))
+        times["llm_first_token_ms"], times["llm_tokens_per_s"] = rate or (None, None)
         self.forget(WARM_UP_SESSION)
         return times
 
@@ -250,10 +298,22 @@ class VoicePipeline:
         times[key] = self._clock.now_ms() - started
         return result
 
-    async def _drain(self, messages: Sequence[Message], max_tokens: int) -> None:
-        """One LLM request of the warm-up, its tokens read and dropped."""
+    async def _drain(
+        self, messages: Sequence[Message], max_tokens: int
+    ) -> tuple[float, float | None]:
+        """One LLM request of the warm-up, its text read and dropped. Returns the time to its
+        first text (ms) and the text pieces a second after that (None: only one piece)."""
+        started = self._clock.now_ms()
+        first: float | None = None
+        pieces = 0
         async for _ in self._llm.stream(messages, WARM_UP_SESSION, max_tokens):
-            pass
+            first = self._clock.now_ms() if first is None else first
+            pieces += 1
+        if first is None:
+            raise LlmWarmUpEmpty("the LLM wrote nothing")
+        rest_ms = self._clock.now_ms() - first
+        rate = (pieces - 1) / rest_ms * 1000 if pieces > 1 and rest_ms > 0 else None
+        return first - started, rate
 
     async def close(self) -> None:
         await self._llm.close()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from server.avatar import AvatarRenderer
 from server.config import Config
+from server.cpuplan import this_process_plan
 from server.errors import ConfigError
 from server.vad import TurnDetector
 from server.vision import VisionModel
@@ -88,10 +89,12 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
 
     pc = config.pipeline
     started = time.monotonic()
-    log.info("loading speech recogniser (Whisper tiny.en)")
-    asr = WhisperAsr(cpu_threads=pc.asr_threads)
+    plan = this_process_plan(pc.asr_threads, pc.tts_threads)
+    log.info("CPU plan: %s", plan.describe())
+    log.info("loading speech recogniser (Whisper tiny.en, %s window)", pc.asr_window)
+    asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
     log.info("loading speech synthesiser (Piper, joe)")
-    tts = PiperTts()
+    tts = PiperTts(threads=plan.tts_threads)
     llm: VllmEngine | RemoteVllm
     if pc.llm_remote_urls:
         llm = RemoteVllm(remote_options(config))
@@ -107,7 +110,9 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
         if not (model_dir / "config.json").is_file():
             raise ConfigError(f"pipeline.llm_model: no Hugging Face model folder at {model_dir}")
         log.info("loading LLM from %s with vLLM (takes ~30 s on CPU)", model_dir)
-        options = VllmOptions(kv_cache_gib=max(1, round(pc.llm_kv_cache_gib)))
+        options = VllmOptions(
+            kv_cache_gib=max(1, round(pc.llm_kv_cache_gib)), omp_bind=plan.llm_bind
+        )
         llm = await VllmEngine.start(model_dir, options)
     log.info("voice pipeline ready in %.1f s", time.monotonic() - started)
     return VoicePipeline(

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from models.asr import WhisperAsr
+from models.asr import FULL_WINDOW_S, WhisperAsr, Window, cut_loop
 from models.tts import (
     RATE_HZ,
     PiperTts,
@@ -65,6 +65,56 @@ def test_tts_to_asr_round_trip(tts: PiperTts, asr: WhisperAsr) -> None:
         total += len(words_of(sentence))
     wer = errors / total
     assert wer <= 0.25, (wer, heard)
+
+
+def test_asr_window_follows_the_audio() -> None:
+    # 16 kHz samples -> 10 ms mel frames: the utterance and 1 s of silence, at least 3 s,
+    # at most Whisper's 30 s; "full" is always 30 s
+    assert Window("audio").frames(16_000) == 300
+    assert Window("audio").frames(4 * 16_000) == 500
+    assert Window("audio").frames(60 * 16_000) == 3000
+    assert Window("full").frames(16_000) == int(FULL_WINDOW_S * 100)
+    assert all(Window("audio").frames(n) % 2 == 0 for n in range(0, 80_000, 777))
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("What is the capital of France? What is the capital of", "What is the capital of France?"),
+        ("How far away is the moon? How far away the", "How far away is the moon?"),
+        ("Tell me a joke about cats Tell me a joke about", "Tell me a joke about cats"),
+        ("the land of the land of the land of the", "the land of"),
+        # legitimate repetitions stay
+        ("What is it? What is that?", "What is it? What is that?"),
+        ("What is the capital and what is the population?", None),
+        ("What is the capital of France and what is the capital of Spain?", None),
+        ("Hello.", None),
+    ],
+)
+def test_cut_loop(text: str, kept: str | None) -> None:
+    assert cut_loop(text) == (kept or text)
+
+
+def test_asr_continues_after_a_prefix(tts: PiperTts, asr: WhisperAsr) -> None:
+    sentence = "Please open the window in the kitchen."
+    pcm = resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)
+    heard = asr.transcribe(pcm, prefix="Please open the")
+    assert heard.startswith("Please open the ")
+    assert edit_distance(words_of(sentence), words_of(heard)) <= 1, heard
+
+
+def test_asr_hears_nothing_in_silence_and_noise(asr: WhisperAsr) -> None:
+    rng = np.random.default_rng(1)
+    assert asr.transcribe(np.zeros(16_000, np.int16)) == ""
+    assert asr.transcribe((rng.standard_normal(32_000) * 200).astype(np.int16)) == ""
+    assert asr.transcribe(np.zeros(0, np.int16)) == ""
+
+
+def test_asr_full_window_agrees(tts: PiperTts, asr: WhisperAsr) -> None:
+    full = WhisperAsr(cpu_threads=1, window="full")
+    pcm = resample(tts.synthesize(SENTENCES[0]).pcm, RATE_HZ, 16_000)
+    assert words_of(full.transcribe(pcm)) == words_of(SENTENCES[0])
+    assert words_of(asr.transcribe(pcm)) == words_of(SENTENCES[0])
 
 
 def assert_timings(speech: Speech, words: int) -> None:

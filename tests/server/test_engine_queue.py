@@ -11,7 +11,7 @@ import pytest
 from server.chunk import Stage
 from server.clock import FakeClock
 from server.config import SchedulerConfig
-from server.engine_queue import EngineQueue, JobTag, StaleWork
+from server.engine_queue import EngineQueue, JobTag, ShedWork, StaleWork
 from server.scheduler import DeadlineScheduler, SessionView
 
 
@@ -141,4 +141,26 @@ async def test_forget_drops_the_sessions_scheduling_record() -> None:
     assert set(scheduler.served) == {"gone", "live"}
     queue.forget("gone")
     assert set(scheduler.served) == {"live"}
+    await queue.close()
+
+
+async def test_optional_job_is_shed_for_required_work(queue: EngineQueue) -> None:
+    views = Views()
+    gate, first = await blocked(queue, views)
+    ran: list[str] = []
+    views.set("a", 0)
+    views.set("b", 1500)
+    partial = asyncio.create_task(
+        queue.run(views.tag("a"), Stage.ASR, 90, lambda: ran.append("partial"), optional=True)
+    )
+    final = asyncio.create_task(
+        queue.run(views.tag("b"), Stage.ASR, 90, lambda: ran.append("final"))
+    )
+    await asyncio.sleep(0)
+    assert queue.required_waiting == 1 and queue.waiting == 2
+    gate.set()
+    with pytest.raises(ShedWork):
+        await partial
+    await asyncio.gather(first, final)
+    assert ran == ["final"] and queue.shed == 1
     await queue.close()

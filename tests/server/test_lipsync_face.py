@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from models.avatar import ProceduralAvatar
-from server.avatar import Expression, Viseme, viseme_of
+from server.avatar import Expression, FaceState, Viseme, viseme_of
 from server.avatar_video import AvatarVideo
 from server.chunk import PhonemeTiming, Stage
 from server.clock import FakeClock
@@ -270,3 +273,63 @@ def test_peeking_does_not_start_the_media_clock() -> None:
     assert clock.now() == 0.0  # the first outbound frame starts it
     now[0] = 6.25
     assert clock.peek_ms() == 250.0
+
+
+class _CountingRenderer:
+    """The real avatar, counting its draws."""
+
+    def __init__(self, renderer: ProceduralAvatar) -> None:
+        self.inner = renderer
+        self.draws = 0
+
+    @property
+    def appearances(self) -> tuple[str, ...]:
+        return self.inner.appearances
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.inner.size
+
+    def warm(self, appearance: str, stop: threading.Event | None = None) -> None:
+        self.inner.warm(appearance, stop)
+
+    def render(self, state: FaceState) -> npt.NDArray[np.uint8]:
+        self.draws += 1
+        return self.inner.render(state)
+
+
+async def test_idle_frames_go_at_half_rate_only_while_engines_are_busy(
+    renderer: ProceduralAvatar,
+) -> None:
+    counting = _CountingRenderer(renderer)
+    busy = [False]
+    shed: list[int] = []
+    session = Session("s" * 16, RuntimeConfig(), FakeClock())
+    video = AvatarVideo(
+        session,
+        LipSync(),
+        FaceAnimator(9),
+        counting,
+        shed=lambda: busy[0],
+        on_shed=lambda: shed.append(1),
+    )
+    for k in range(10):
+        await video(k * 40.0)
+    assert counting.draws == 10 and not shed  # idle, engines free: every frame drawn
+    busy[0] = True
+    for k in range(10, 20):
+        frame = await video(k * 40.0)
+        assert (frame.width, frame.height) == renderer.size  # a frame every time, never a gap
+    assert counting.draws == 15 and len(shed) == 5
+
+
+async def test_a_speaking_face_is_never_shed(renderer: ProceduralAvatar) -> None:
+    counting = _CountingRenderer(renderer)
+    clock, lipsync = FakeClock(), LipSync()
+    session = _speaking_session(clock, lipsync, 1.0)
+    video = AvatarVideo(session, lipsync, FaceAnimator(5), counting, shed=lambda: True)
+    for k in range(10):
+        session.pull_audio(FRAME)
+        await video(k * 40.0)
+        session.pull_audio(FRAME)
+    assert counting.draws == 10

@@ -55,7 +55,7 @@ class StuckEngines:
         self.entered.set()
         self._release.wait(30)
 
-    def transcribe(self, pcm: object) -> str:
+    def transcribe(self, pcm: object, prefix: str = "") -> str:
         if self.stuck == "asr":
             self._block()
         return "hello there"

@@ -177,3 +177,22 @@ def test_aging_bound_runs_an_old_item_first(edf: DeadlineScheduler) -> None:
     items = [item(1, "old", at=0.0), item(2, "p", at=2500.0)]
     plan = edf.schedule(2500.0, items, views, 1)  # waited 2500 > max_wait 2000
     assert plan.run[0].session_id == "old"
+
+
+@pytest.mark.parametrize("policy", ["edf", "round_robin"])
+def test_optional_work_is_shed_while_required_work_waits(policy: str) -> None:
+    scheduler = make_scheduler(SchedulerConfig(policy=policy))
+    partial = WorkItem(1, "a", Stage.ASR, 0, 90.0, 0.0, optional=True)
+    final = WorkItem(2, "b", Stage.ASR, 0, 90.0, 10.0)
+    views = {"a": view("a", 0.0), "b": view("b", 1500.0)}
+    plan = scheduler.schedule(100.0, [partial, final], views, 2)
+    # the partial is older and more urgent by deadline, and still never runs before the final
+    assert plan.run == (final,) and plan.shed == (partial,)
+
+
+def test_optional_work_runs_when_nothing_else_waits(edf: DeadlineScheduler) -> None:
+    partials = [
+        WorkItem(n, sid, Stage.ASR, 0, 90.0, 0.0, optional=True) for n, sid in ((1, "a"), (2, "b"))
+    ]
+    plan = edf.schedule(0.0, partials, {"a": view("a", 0.0), "b": view("b", 0.0)}, 2)
+    assert len(plan.run) == 2 and plan.shed == ()

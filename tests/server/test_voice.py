@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -11,11 +13,11 @@ import pytest
 from models.tts import PiperTts, split_sentences
 from server.conditions import Conditions
 from server.config import Config
-from server.engine_queue import JobTag
+from server.engine_queue import JobTag, ShedWork
 from server.history import CacheClass, ContextEntry, Role
 from server.metrics import Metrics
 from server.peer import PeerSession, stable_words
-from server.pipeline import SessionScoped, WarmsUp
+from server.pipeline import ReplyRequest, SessionScoped, TurnTrace, WarmsUp
 from server.scheduler import DeadlineScheduler, SessionView
 from server.voice import FirstChunkCutter, VoicePipeline, to_messages
 
@@ -108,7 +110,7 @@ class _Speech:
 class _Engines:
     """ASR and TTS that answer at once; the LLM side only closes."""
 
-    def transcribe(self, pcm: object) -> str:
+    def transcribe(self, pcm: object, prefix: str = "") -> str:
         return "hi"
 
     def synthesize(self, text: str) -> _Speech:
@@ -167,9 +169,9 @@ class _WarmEngines(_Engines):
         self.calls: list[str] = []
         self.llm_fails = llm_fails
 
-    def transcribe(self, pcm: object) -> str:
+    def transcribe(self, pcm: object, prefix: str = "") -> str:
         self.calls.append("asr")
-        return super().transcribe(pcm)
+        return super().transcribe(pcm, prefix)
 
     def synthesize(self, text: str) -> _Speech:
         self.calls.append("tts")
@@ -193,7 +195,59 @@ async def test_warm_up_calls_every_engine_and_survives_a_failure(llm_fails: bool
     finally:
         await pipeline.close()
     # speech first, then its transcript (padded to 1 s: the stub's speech is 10 ms)
-    assert engines.calls == ["tts", "asr", "asr", "asr", "llm"]
+    assert engines.calls == ["tts", "asr", "asr", "asr", "llm", "llm"]
     assert times["tts_ms"] is not None and times["asr_ms"] is not None
     assert (times["llm_ms"] is None) == llm_fails
+    # the calibration's inputs: the second request's first token and speed
+    assert (times["llm_first_token_ms"] is None) == llm_fails
+    assert times["llm_tokens_per_s"] is None or times["llm_tokens_per_s"] > 0
+    assert times["asr_audio_ms"] == 1000.0  # the stub's speech, padded to 1 s
     assert _served(pipeline) == [set(), set()]  # the warm-up leaves no session record behind
+
+
+class _HeldLlm(_Engines):
+    """An LLM whose reply holds after its first piece until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+        self.prefills = 0
+
+    async def stream(self, messages: Any, request_id: str, max_tokens: int) -> Any:
+        self.writing.set()
+        yield "Hello"
+        await self.release.wait()
+        yield " there."
+
+    async def prefill(self, messages: Any, request_id: str) -> Any:
+        self.prefills += 1
+        return SimpleNamespace(cached_tokens=0)
+
+    def last_stats(self, request_id: str) -> None:
+        return None
+
+
+async def test_prefix_warm_ups_are_shed_while_a_reply_is_written() -> None:
+    engines = _HeldLlm()
+    pipeline = _pipeline(engines)
+    request = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"))
+    try:
+        assert await pipeline.prefill(request) == 0 and engines.prefills == 1
+        assert not pipeline.busy
+
+        async def consume() -> list[str]:
+            return [chunk async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
+
+        reply = asyncio.create_task(consume())
+        await asyncio.wait_for(engines.writing.wait(), 5)
+        assert pipeline.busy
+        with pytest.raises(ShedWork):
+            await pipeline.prefill(request)
+        assert engines.prefills == 1  # the engine never saw it
+        engines.release.set()
+        assert "".join(await reply) == "Hello there."
+        assert not pipeline.busy
+        await pipeline.prefill(request)
+        assert engines.prefills == 2
+    finally:
+        await pipeline.close()

@@ -83,7 +83,9 @@ class FaultPipeline(TonePipeline):
     def _inject(self, fault: Fault) -> None:
         self.injected[fault] += 1
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         fault = self._armed.pop(tag.session_id, None)
         if fault is Fault.TRANSCRIBE_RAISES:
             self._inject(fault)
@@ -93,7 +95,9 @@ class FaultPipeline(TonePipeline):
             await hang()
         return await super().transcribe(utterance, tag)
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         return await super().transcribe(utterance, tag)
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:

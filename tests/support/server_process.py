@@ -40,9 +40,16 @@ def terminate(proc: subprocess.Popen[Any], timeout: float) -> int:
 
 
 class ServerProcess:
-    """``python -m server`` with ``settings`` (dotted names) and extra environment."""
+    """``python -m server`` with ``settings`` (dotted names) and extra environment;
+    ``wrapper``: a command to run it under (e.g. ``scripts/slow.sh``)."""
 
-    def __init__(self, settings: dict[str, str] | None = None, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        settings: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
+    ):
+        self.wrapper = wrapper or []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings = {"transport.ice_host_addresses": "127.0.0.1", **(settings or {})}
@@ -53,7 +60,8 @@ class ServerProcess:
     def start(self, timeout: float = 60.0) -> ServerProcess:
         """Start and wait until /healthz answers (``timeout`` s on the reference machine,
         stretched by the measured pace)."""
-        args = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(self.port)]
+        args = [*self.wrapper, sys.executable, "-m", "server"]
+        args += ["--host", "127.0.0.1", "--port", str(self.port)]
         for key, value in self.settings.items():
             args += ["--set", f"{key}={value}"]
         self._log = self.log_path.open("w")

@@ -65,10 +65,14 @@ class TonePipeline:
         self.sentences = sentences
         self.think_ms = think_ms
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         return f"utterance of {len(utterance) * 1000 // 16_000} ms"
 
-    async def partial_transcript(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         return await self.transcribe(utterance, tag)
 
     async def prefill(self, request: ReplyRequest) -> int:

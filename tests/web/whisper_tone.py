@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from models.asr import WhisperAsr
 from server.config import Config
+from server.cpuplan import this_process_plan
 from server.engine_queue import JobTag
 from tests.support.tone_pipeline import TonePipeline
 
@@ -30,15 +31,17 @@ class WhisperTonePipeline(TonePipeline):
         super().__init__(sentence_ms, sentences)
         self._asr = asr
 
-    async def transcribe(self, utterance: npt.NDArray[np.int16], tag: JobTag) -> str:
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
         if len(utterance) < MIN_UTTERANCE_SAMPLES:
             return ""
-        return await asyncio.to_thread(self._asr.transcribe, utterance)
+        return await asyncio.to_thread(self._asr.transcribe, utterance, prefix)
 
 
 def create(config: Config) -> WhisperTonePipeline:
     return WhisperTonePipeline(
-        WhisperAsr(cpu_threads=config.pipeline.asr_threads),
+        WhisperAsr(cpu_threads=this_process_plan(config.pipeline.asr_threads).asr_threads),
         float(os.environ.get("TONE_PIPELINE_MS", "1500")),
         int(os.environ.get("TONE_PIPELINE_SENTENCES", "2")),
     )

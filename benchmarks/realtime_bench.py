@@ -1,0 +1,238 @@
+"""Realtime on this machine: the goals of "a compute budget for every stage", measured on the
+path users run (real models, 512x512 video on, a real WebRTC peer).
+
+One server on the embedded models, default settings (the calibration chooses what is unset;
+``transport.max_sessions`` is set to 4 so that the two-session part always fits):
+
+1. **One session**, a peer receiving audio and video, asks spoken questions one at a time
+   (Piper's voice on its microphone). Per reply:
+   - voice-to-voice as the server measures it (end-of-turn decision -> first reply audio),
+     with the stage times;
+   - as the client measures it: the question's last voiced frame sent -> the reply's first
+     audible frame received;
+   - outbound audio while the reply plays: the gaps between audio frames arriving at the
+     client, and each frame's lateness against its 20 ms slot (server histogram);
+   - the event loop's lag (server histogram) over the replies.
+2. **Two sessions** conversing at once (audio and video each): the same, plus underruns.
+3. **Calibration**: the voice-to-voice the server predicted at start (``/healthz``) against
+   the one-session median.
+
+Histogram quantiles are the upper bound of the bucket that holds them (server/metrics.py).
+The peers run in this process, on the same cores as the server: their VP8 decoding competes
+with it, as a browser on the same laptop would.
+
+Run: ``.venv/bin/python -m benchmarks.realtime_bench`` (``--quick``: 3 questions, 1 per session
+in part 2). ``--slow-server`` runs the server in the slow profile (``scripts/slow.sh``: AVX-512
+off, 0.5 CPUs, which reproduces a 2-core AVX2 machine's model timings) while the peers, as a
+user's client would, run on the rest of the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from benchmarks import pct
+from benchmarks.netns import isolate
+from benchmarks.voice_bench import QUESTIONS, synthesize_questions
+from server.client import ClientPeer
+from server.machine import this_machine
+from server.rtc import pin_host_addresses
+from tests.support.server_process import ServerProcess, metric_value
+from tests.support.speech import silence
+
+SLOW = Path(__file__).resolve().parent.parent / "scripts" / "slow.sh"
+VOICED = 500  # |sample| above this is speech (int16)
+MEDIA_RATE_HZ = 48_000
+LATENESS = "avatar_audio_frame_lateness_seconds"
+LOOP_LAG = "avatar_event_loop_lag_seconds"
+
+
+def histogram(text: str, name: str) -> list[tuple[float, float]]:
+    """Cumulative ``(le, count)`` of a Prometheus histogram (labels summed)."""
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            key, _, value = line.rpartition(" ")
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return sorted(buckets.items())
+
+
+def quantile_between(before: str, after: str, name: str, q: float) -> float | None:
+    """The ``q`` quantile (upper bucket bound, s) of what ``name`` observed between two
+    scrapes; None when it observed nothing."""
+    old = dict(histogram(before, name))
+    delta = [(le, count - old.get(le, 0.0)) for le, count in histogram(after, name)]
+    total = delta[-1][1] if delta else 0.0
+    if total <= 0:
+        return None
+    for le, count in delta:
+        if count >= q * total:
+            return le
+    return float("inf")
+
+
+def last_voiced_s(clip: npt.NDArray[np.int16]) -> float:
+    """Where the last voiced sample of ``clip`` is (s from its start)."""
+    loud = np.flatnonzero(np.abs(clip.astype(np.int32)) > VOICED)
+    return (int(loud[-1]) + 1) / MEDIA_RATE_HZ if loud.size else 0.0
+
+
+async def ask(peer: ClientPeer, audio: npt.NDArray[np.int16]) -> dict[str, Any]:
+    """One spoken question and its reply, timed by the server and by the client."""
+    mark, heard_from = len(peer.events), len(peer.audio)
+    sent_before = len(peer.mic.clip_sent_at)
+    clip = np.concatenate([silence(300), audio])
+    peer.mic.play(clip)
+    timings = await peer.wait_event("response.timings", timeout=120, after=mark)
+    await peer.wait_event("response.done", timeout=120, after=mark)
+    done_at = next(t for t, e in peer.events[mark:] if e.get("type") == "response.done")
+    speech_end = peer.mic.clip_sent_at[sent_before] + last_voiced_s(clip)
+    arrivals = [
+        (t, int(np.abs(pcm.astype(np.int32)).max(initial=0)))
+        for t, pcm in peer.audio[heard_from:]
+        if t > speech_end
+    ]
+    first = next((t for t, peak in arrivals if peak > VOICED), None)
+    during = [t for t, _ in arrivals if first is not None and first <= t <= done_at]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(during)]
+    return {
+        **timings,
+        "client_voice_to_voice_ms": None if first is None else (first - speech_end) * 1000,
+        "gaps_ms": gaps,
+    }
+
+
+def summary(turns: list[dict[str, Any]], before: str, after: str) -> dict[str, Any]:
+    def p50(key: str) -> float | None:
+        values = [t[key] for t in turns if t.get(key) is not None]
+        return round(statistics.median(values), 1) if values else None
+
+    gaps = [g for t in turns for g in t["gaps_ms"]]
+    lateness = quantile_between(before, after, LATENESS, 0.99)
+    lag = quantile_between(before, after, LOOP_LAG, 0.99)
+    return {
+        "replies": len(turns),
+        "voice_to_voice_ms_p50": p50("voice_to_voice_ms"),
+        "client_voice_to_voice_ms_p50": p50("client_voice_to_voice_ms"),
+        "asr_final_ms_p50": p50("asr_final_ms"),
+        "llm_first_token_ms_p50": p50("llm_first_token_ms"),
+        "first_chunk_text_ms_p50": p50("first_chunk_text_ms"),
+        "first_tts_ms_p50": p50("first_tts_ms"),
+        "audio_gap_ms_p99": round(pct(gaps, 0.99), 1) if gaps else None,
+        "audio_gap_ms_max": round(max(gaps), 1) if gaps else None,
+        "audio_gaps_over_40ms": sum(g > 40 for g in gaps),
+        "frame_lateness_ms_p99_at_most": None if lateness is None else lateness * 1000,
+        "loop_lag_ms_p99_at_most": None if lag is None else lag * 1000,
+    }
+
+
+def underruns(metrics: str) -> int:
+    return int(metric_value(metrics, "avatar_playback_underruns_total"))
+
+
+async def conversing(
+    server: ServerProcess, questions: list[list[npt.NDArray[np.int16]]]
+) -> dict[str, Any]:
+    """One peer (audio and video) per list of questions, all connected first; then each asks
+    its questions one at a time, the peers at the same time. Figures of the asking part."""
+    peers = [ClientPeer(server.url, video=True) for _ in questions]
+    try:
+        for peer in peers:
+            await peer.connect(timeout=60)
+        await asyncio.sleep(1.0)  # media flowing both ways before the first question
+        before = await asyncio.to_thread(server.metrics)
+
+        async def asks(peer: ClientPeer, mine: list[npt.NDArray[np.int16]]) -> list[Any]:
+            return [await ask(peer, q) for q in mine]
+
+        turns = await asyncio.gather(*(asks(p, q) for p, q in zip(peers, questions, strict=True)))
+        after = await asyncio.to_thread(server.metrics)
+    finally:
+        for peer in peers:
+            await peer.close()
+    both = [t for mine in turns for t in mine]
+    return {**summary(both, before, after), "underruns": underruns(after) - underruns(before)}
+
+
+async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
+    pin_host_addresses(["127.0.0.1"])
+    texts = QUESTIONS[:3] if quick else QUESTIONS[:6]
+    questions = synthesize_questions(texts)
+    server = ServerProcess(
+        {
+            "server.debug_endpoints": "true",
+            "transport.connect_timeout_s": "60",
+            "transport.max_sessions": "4",
+        },
+        wrapper=[str(SLOW), "--"] if slow_server else None,
+    ).start(timeout=400)
+    try:
+        health = await asyncio.to_thread(server.health)
+        results: dict[str, Any] = {
+            "calibration": health.get("calibration"),
+            "profile": "server in the slow profile (scripts/slow.sh)" if slow_server else "as is",
+        }
+        results["one_session"] = await conversing(server, [questions])
+        print("one session", json.dumps(results["one_session"]))
+        per = 1 if quick else 2
+        halves = [questions[0:per], questions[per : 2 * per]]
+        results["two_sessions"] = await conversing(server, halves)
+        print("two sessions", json.dumps(results["two_sessions"]))
+        results["log_settings"] = [
+            line.split("calibration: ", 1)[1]
+            for line in server.log().splitlines()
+            if "calibration: " in line
+        ]
+    finally:
+        server.stop()
+    predicted = (results["calibration"] or {}).get("predicted_voice_to_voice_ms")
+    measured = results["one_session"]["voice_to_voice_ms_p50"]
+    results["predicted_vs_measured"] = (
+        round(predicted / measured, 2) if predicted and measured else None
+    )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description="realtime goals on this machine")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--slow-server",
+        action="store_true",
+        help="run the server (only) in the slow profile: AVX-512 off, 0.5 CPUs",
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/realtime.json"))
+    args = parser.parse_args(argv)
+    isolate("benchmarks.realtime_bench", argv)
+    print(f"machine: {this_machine().describe()}")
+    started = time.monotonic()
+    results = asyncio.run(run(args.quick, args.slow_server))
+    results["machine"] = this_machine().to_dict()
+    results["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    results["wall_s"] = round(time.monotonic() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"predicted/measured voice-to-voice: {results['predicted_vs_measured']}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The CPU plan: how many threads each engine gets, from the cores this process may use.
+
+One place decides it, from ``os.sched_getaffinity`` (a container's or ``taskset``'s mask, not
+the machine's core count), so that no engine assumes it owns the machine:
+
+- the LLM's OpenMP threads are bound to cores of their own: the last core on up to 3 cores,
+  the upper half of them on more;
+- the speech synthesiser runs while the LLM writes, so it gets the cores the LLM leaves;
+- the speech recogniser's final transcript runs while the LLM and TTS wait for it (and its
+  partials while the user speaks, when no reply is being made), so it may use every core, up
+  to 4;
+- the voice activity detector and the avatar's background warm-up get one thread each;
+- VP8 encoding is aiortc's: one thread per track below 640x480.
+
+On 2 cores or more, what runs at the same time (LLM + TTS while a reply is made) adds up to at
+most the cores.
+An operator's explicit thread count (``pipeline.asr_threads`` / ``tts_threads`` > 0) wins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MAX_ASR_THREADS = 4  # CTranslate2 Whisper tiny gains little beyond this
+MAX_TTS_THREADS = 4
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """Threads per engine; ``cores`` is the affinity mask the plan was made for."""
+
+    cores: tuple[int, ...]
+    llm_cores: tuple[int, ...]  # where the LLM's OpenMP threads are bound, one per core
+    asr_threads: int
+    tts_threads: int
+    vad_threads: int = 1
+    avatar_threads: int = 1
+
+    def __post_init__(self) -> None:
+        assert self.cores, "a plan needs at least one core"
+        assert set(self.llm_cores) <= set(self.cores), "the LLM is bound outside the mask"
+        assert self.asr_threads >= 1 and self.tts_threads >= 1
+
+    @property
+    def llm_bind(self) -> str:
+        """The LLM's cores as vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` list, e.g. ``"1"`` or
+        ``"2,3"``."""
+        return ",".join(str(core) for core in self.llm_cores)
+
+    def describe(self) -> str:
+        return (
+            f"{len(self.cores)} cores {list(self.cores)}: LLM bound to {list(self.llm_cores)},"
+            f" ASR {self.asr_threads} threads, TTS {self.tts_threads},"
+            f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "cores": list(self.cores),
+            "llm_cores": list(self.llm_cores),
+            "asr_threads": self.asr_threads,
+            "tts_threads": self.tts_threads,
+            "vad_threads": self.vad_threads,
+            "avatar_threads": self.avatar_threads,
+        }
+
+
+def plan_cpus(cores: Iterable[int], asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:
+    """The plan for the cores in ``cores``; ``asr_threads``/``tts_threads`` > 0 are the
+    operator's own choice and are kept."""
+    mask = tuple(sorted(set(cores)))
+    if not mask:
+        raise ValueError("no cores to plan for")
+    n = len(mask)
+    llm = mask[-1:] if n <= 3 else mask[n // 2 :]
+    asr = asr_threads or min(MAX_ASR_THREADS, n if n <= 2 else n // 2)
+    tts = tts_threads or max(1, min(MAX_TTS_THREADS, n - len(llm)))
+    return CpuPlan(mask, llm, asr, tts)
+
+
+def this_process_plan(asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:
+    """The plan for this process's affinity mask."""
+    try:
+        cores: Iterable[int] = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        cores = range(os.cpu_count() or 1)
+    return plan_cpus(cores, asr_threads, tts_threads)

@@ -1,0 +1,93 @@
+"""Calibration: predictions and capacity from measured stage costs; unset settings follow."""
+
+from __future__ import annotations
+
+import math
+
+from server.calibration import REFERENCE, StageCosts, adapt, calibrate, with_settings
+from server.config import Config, load_config
+
+FAST = StageCosts(
+    asr_ms=90,
+    asr_audio_ms=2300,
+    llm_first_token_ms=60,
+    llm_tokens_per_s=60,
+    tts_ms=150,
+    tts_audio_ms=2000,
+    frame_ms=4,
+)
+SLOW = StageCosts(
+    asr_ms=400,
+    asr_audio_ms=2300,
+    llm_first_token_ms=300,
+    llm_tokens_per_s=12,
+    tts_ms=700,
+    tts_audio_ms=2000,
+    frame_ms=30,
+)
+
+
+def test_every_stage_failed_falls_back_to_the_reference() -> None:
+    calibration = calibrate(StageCosts(), Config(), cores=2)
+    assert set(calibration.fallbacks) == set(REFERENCE) - {"asr_audio_ms"}
+    assert math.isfinite(calibration.predicted_voice_to_voice_ms)
+    assert calibration.predicted_voice_to_voice_ms > 0
+    assert calibration.capacity >= 1
+    assert "reference figures used" in calibration.describe()
+
+
+def test_nonsense_measurements_count_as_failed() -> None:
+    costs = StageCosts(asr_ms=float("nan"), llm_tokens_per_s=0.0, frame_ms=-1.0)
+    calibration = calibrate(costs, Config(), cores=2)
+    assert {"asr_ms", "llm_tokens_per_s", "frame_ms"} <= set(calibration.fallbacks)
+
+
+def test_a_slower_machine_predicts_slower_replies_and_fewer_sessions() -> None:
+    fast, slow = calibrate(FAST, Config(), 2), calibrate(SLOW, Config(), 2)
+    assert slow.predicted_voice_to_voice_ms > fast.predicted_voice_to_voice_ms
+    assert slow.capacity <= fast.capacity
+    assert calibrate(FAST, Config(), 16).capacity > fast.capacity
+    assert not fast.fallbacks
+
+
+def test_partials_hide_the_transcript_in_the_end_of_turn_wait() -> None:
+    baseline = load_config(overrides={"pipeline.incremental": False})
+    with_partials = calibrate(FAST, Config(), 2).predicted_voice_to_voice_ms
+    without = calibrate(FAST, baseline, 2).predicted_voice_to_voice_ms
+    assert without > with_partials
+
+
+def test_unset_settings_follow_a_slow_machine() -> None:
+    config, changed = adapt(Config(), calibrate(SLOW, Config(), 1))
+    assert config.pipeline.partial_interval_ms > Config().pipeline.partial_interval_ms
+    assert config.pipeline.first_chunk_words < Config().pipeline.first_chunk_words
+    assert config.transport.video_fps < Config().transport.video_fps
+    assert config.transport.max_sessions == calibrate(SLOW, Config(), 1).capacity
+    assert changed["transport.max_sessions"] == config.transport.max_sessions
+
+
+def test_settings_the_operator_chose_are_kept() -> None:
+    chosen = {
+        "pipeline.partial_interval_ms": 300,
+        "pipeline.first_chunk_words": 6,
+        "transport.video_fps": 25,
+        "transport.max_sessions": 4,
+    }
+    config = load_config(overrides=chosen)
+    adapted, changed = adapt(config, calibrate(SLOW, config, 1))
+    assert changed == {}
+    assert adapted == config
+
+
+def test_video_gets_smaller_when_even_ten_fps_does_not_fit() -> None:
+    very_slow = StageCosts(**{**SLOW.__dict__, "frame_ms": 60.0})
+    config, changed = adapt(Config(), calibrate(very_slow, Config(), 1))
+    assert config.transport.video_fps == 10
+    assert config.transport.video_width == config.transport.video_height == 384
+    assert changed["transport.video_width"] == 384
+
+
+def test_with_settings_replaces_only_what_is_named() -> None:
+    config = with_settings(Config(), {"vad.end_of_turn_ms": 500, "transport.video_fps": 12})
+    assert config.vad.end_of_turn_ms == 500 and config.transport.video_fps == 12
+    assert config.pipeline == Config().pipeline

@@ -1,0 +1,59 @@
+"""The CPU plan: every engine's threads from the affinity mask, never more than the cores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from server.cpuplan import plan_cpus, this_process_plan
+
+
+@pytest.mark.parametrize(
+    "cores", [{0}, {0, 1}, {3, 7}, {0, 1, 2}, set(range(4)), {1, 3, 5, 7, 9, 11}, set(range(64))]
+)
+def test_plan_stays_inside_the_mask(cores: set[int]) -> None:
+    plan = plan_cpus(cores)
+    assert set(plan.cores) == cores
+    assert set(plan.llm_cores) <= cores and plan.llm_cores
+    n = len(cores)
+    for threads in (plan.asr_threads, plan.tts_threads, plan.vad_threads, plan.avatar_threads):
+        assert 1 <= threads <= n
+    if n >= 2:
+        # the LLM and the TTS work at the same time while a reply is made
+        assert len(plan.llm_cores) + plan.tts_threads <= n
+    assert plan.llm_bind == ",".join(str(c) for c in plan.llm_cores)
+
+
+def test_two_cores_the_designed_for_machine() -> None:
+    plan = plan_cpus({0, 1})
+    assert plan.llm_cores == (1,)  # not core 0, where the event loop usually runs too
+    assert plan.tts_threads == 1
+    assert plan.asr_threads == 2  # the final transcript runs while the others wait for it
+
+
+def test_operator_thread_counts_win() -> None:
+    plan = plan_cpus({0, 1}, asr_threads=3, tts_threads=5)
+    assert (plan.asr_threads, plan.tts_threads) == (3, 5)
+
+
+def test_no_cores_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no cores"):
+        plan_cpus([])
+
+
+def test_this_process_follows_its_affinity() -> None:
+    mask = os.sched_getaffinity(0)
+    assert set(this_process_plan().cores) == mask
+    # a process pinned to one core (as by taskset or a container) plans for that core
+    core = min(mask)
+    child = subprocess.run(
+        [sys.executable, "-c", "from server.cpuplan import *; print(this_process_plan())"],
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"cores=({core},), llm_cores=({core},), asr_threads=1, tts_threads=1" in child.stdout
