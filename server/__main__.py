@@ -159,14 +159,14 @@ async def calibrate_server(
         except Exception as exc:  # a failed measurement falls back to the reference figure
             log.warning("calibration: the avatar frame failed: %s: %s", type(exc).__name__, exc)
     costs = StageCosts.from_warm_up(times, frame_ms)
-    cores = this_machine().cores
-    config, changed = adapt(config, calibrate(costs, config, cores))
+    cpus = this_machine().cpus
+    config, changed = adapt(config, calibrate(costs, config, cpus))
     if changed:
         log.info(
             "calibration: settings chosen for this machine (set them to override): %s",
             ", ".join(f"{k}={v}" for k, v in changed.items()),
         )
-    calibration = calibrate(costs, config, cores)  # the prediction with those settings
+    calibration = calibrate(costs, config, cpus)  # the prediction with those settings
     log.info("calibration: %s", calibration.describe())
     if isinstance(pipeline, Tunable):
         pipeline.tune(config.pipeline)

@@ -43,7 +43,7 @@ TOKENS_PER_WORD = 1.3
 SPEECH_S_PER_WORD = 0.33  # the joe voice speaks ~3 words a second
 FRAME_MS = 20.0  # one outbound audio frame
 UTILISATION = 0.7  # the share of the cores sessions may plan on (the rest: loop, spikes)
-VIDEO_SHARE = 0.25  # at most this share of one core per session for its video
+VIDEO_SHARE = 0.25  # at most this share of one core (or of less CPU) per session for video
 MIN_FPS = 10
 SMALLER_VIDEO = 384  # px, when even MIN_FPS does not fit VIDEO_SHARE
 MAX_PARTIAL_INTERVAL_MS = 2000
@@ -82,6 +82,7 @@ class StageCosts:
 class Calibration:
     """What the machine can do, as measured at start."""
 
+    cpus: float  # CPU time the process may use (cores, or its cgroup quota)
     asr_call_ms: float  # a final transcript of a UTTERANCE_S question
     llm_first_token_ms: float
     llm_tokens_per_s: float
@@ -115,8 +116,9 @@ def _window_s(audio_s: float) -> float:
     return max(3.0, audio_s + 1.0)
 
 
-def calibrate(costs: StageCosts, config: Config, cores: int) -> Calibration:
-    """The prediction and capacity from measured ``costs`` on ``cores`` usable cores."""
+def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
+    """The prediction and capacity from measured ``costs`` with ``cpus`` of CPU time (the
+    cores, or the cgroup's quota when smaller)."""
     fallbacks: list[str] = []
 
     def pick(name: str, value: float | None) -> float:
@@ -158,8 +160,9 @@ def calibrate(costs: StageCosts, config: Config, cores: int) -> Calibration:
     turn_cpu_ms = partials + asr_call + REPLY_TOKENS / tps * 1000 + reply_s * 1000 * rtf
     turn_s = UTTERANCE_S + predicted / 1000 + reply_s + IDLE_S
     per_session = video + turn_cpu_ms / 1000 / turn_s
-    capacity = max(1, math.floor(cores * UTILISATION / per_session))
+    capacity = max(1, math.floor(cpus * UTILISATION / per_session))
     return Calibration(
+        cpus=cpus,
         asr_call_ms=asr_call,
         llm_first_token_ms=ttft,
         llm_tokens_per_s=tps,
@@ -195,7 +198,7 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
         if words != pc.first_chunk_words:
             changed["pipeline.first_chunk_words"] = words
     if tc.video and unset("transport.video_fps"):
-        budget_ms = VIDEO_SHARE * 1000  # ms of CPU a second
+        budget_ms = VIDEO_SHARE * min(1.0, calibration.cpus) * 1000  # ms of CPU a second
         if calibration.frame_ms * tc.video_fps > budget_ms:
             fps = max(MIN_FPS, math.floor(budget_ms / calibration.frame_ms))
             changed["transport.video_fps"] = fps

@@ -1,7 +1,8 @@
 """The CPU plan: how many threads each engine gets, from the cores this process may use.
 
 One place decides it, from ``os.sched_getaffinity`` (a container's or ``taskset``'s mask, not
-the machine's core count), so that no engine assumes it owns the machine:
+the machine's core count) and the cgroup's CPU quota (``docker --cpus``), so that no engine
+assumes it owns the machine:
 
 - the LLM's OpenMP threads are bound to cores of their own: the last core on up to 3 cores,
   the upper half of them on more;
@@ -19,9 +20,12 @@ An operator's explicit thread count (``pipeline.asr_threads`` / ``tts_threads`` 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from server.machine import cgroup_cpu_quota
 
 MAX_ASR_THREADS = 4  # CTranslate2 Whisper tiny gains little beyond this
 MAX_TTS_THREADS = 4
@@ -37,6 +41,7 @@ class CpuPlan:
     tts_threads: int
     vad_threads: int = 1
     avatar_threads: int = 1
+    cpu_quota: float | None = None  # CPUs the cgroup grants, when less than the cores
 
     def __post_init__(self) -> None:
         assert self.cores, "a plan needs at least one core"
@@ -50,8 +55,10 @@ class CpuPlan:
         return ",".join(str(core) for core in self.llm_cores)
 
     def describe(self) -> str:
+        quota = "" if self.cpu_quota is None else f" (quota {self.cpu_quota:g} CPUs)"
         return (
-            f"{len(self.cores)} cores {list(self.cores)}: LLM bound to {list(self.llm_cores)},"
+            f"{len(self.cores)} cores {list(self.cores)}{quota}: LLM bound to"
+            f" {list(self.llm_cores)},"
             f" ASR {self.asr_threads} threads, TTS {self.tts_threads},"
             f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads}"
         )
@@ -64,26 +71,39 @@ class CpuPlan:
             "tts_threads": self.tts_threads,
             "vad_threads": self.vad_threads,
             "avatar_threads": self.avatar_threads,
+            "cpu_quota": self.cpu_quota,
         }
 
 
-def plan_cpus(cores: Iterable[int], asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:
-    """The plan for the cores in ``cores``; ``asr_threads``/``tts_threads`` > 0 are the
-    operator's own choice and are kept."""
+def plan_cpus(
+    cores: Iterable[int],
+    asr_threads: int = 0,
+    tts_threads: int = 0,
+    cpu_quota: float | None = None,
+) -> CpuPlan:
+    """The plan for the cores in ``cores``, under a CFS quota of ``cpu_quota`` CPUs if any (a
+    container's ``--cpus``: more threads than CPUs of time only queue up);
+    ``asr_threads``/``tts_threads`` > 0 are the operator's own choice and are kept."""
     mask = tuple(sorted(set(cores)))
     if not mask:
         raise ValueError("no cores to plan for")
+    if cpu_quota is not None and cpu_quota <= 0:
+        raise ValueError(f"cpu_quota must be > 0, got {cpu_quota}")
     n = len(mask)
-    llm = mask[-1:] if n <= 3 else mask[n // 2 :]
+    if cpu_quota is not None and cpu_quota < n:
+        n = max(1, math.ceil(cpu_quota))
+    else:
+        cpu_quota = None
+    llm = mask[-1:] if n <= 3 else mask[-(n - n // 2) :]
     asr = asr_threads or min(MAX_ASR_THREADS, n if n <= 2 else n // 2)
     tts = tts_threads or max(1, min(MAX_TTS_THREADS, n - len(llm)))
-    return CpuPlan(mask, llm, asr, tts)
+    return CpuPlan(mask, llm, asr, tts, cpu_quota=cpu_quota)
 
 
 def this_process_plan(asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:
-    """The plan for this process's affinity mask."""
+    """The plan for this process's affinity mask and cgroup CPU quota."""
     try:
         cores: Iterable[int] = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         cores = range(os.cpu_count() or 1)
-    return plan_cpus(cores, asr_threads, tts_threads)
+    return plan_cpus(cores, asr_threads, tts_threads, cgroup_cpu_quota())

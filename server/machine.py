@@ -7,8 +7,10 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 CPUINFO = "/proc/cpuinfo"
+CGROUP_ROOT = "/sys/fs/cgroup"
 # environment variables that cap the vector ISA of the libraries we use (the "slow profile")
 ISA_CAPS = (
     "CT2_FORCE_CPU_ISA",
@@ -28,12 +30,20 @@ class Machine:
     avx2: bool
     avx512: bool
     isa_caps: tuple[str, ...]  # "NAME=value" of the ISA caps set in the environment
+    cpu_quota: float | None = None  # CPUs the cgroup's CFS quota grants (docker --cpus)
+
+    @property
+    def cpus(self) -> float:
+        """CPU time this process may use, in cores: its cores, or less under a quota."""
+        return min(float(self.cores), self.cpu_quota or float(self.cores))
 
     def describe(self) -> str:
         """One line, e.g. ``AMD EPYC, 2 cores, AVX2 yes, AVX-512 no``."""
         yes = {True: "yes", False: "no"}
         line = f"{self.model}, {self.cores} cores, AVX2 {yes[self.avx2]}"
         line += f", AVX-512 {yes[self.avx512]}"
+        if self.cpu_quota is not None:
+            line += f", CPU quota {self.cpu_quota:g}"
         if self.isa_caps:
             line += f" (capped: {' '.join(self.isa_caps)})"
         return line
@@ -45,6 +55,7 @@ class Machine:
             "avx2": self.avx2,
             "avx512": self.avx512,
             "isa_caps": list(self.isa_caps),
+            "cpu_quota": self.cpu_quota,
         }
 
 
@@ -61,6 +72,48 @@ def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
     return model, flags
 
 
+def _quota_in(directory: Path) -> float | None:
+    """CPUs of the CFS quota set in one cgroup directory (v2 ``cpu.max``, v1 ``cfs_*``)."""
+    v2 = directory / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().strip().partition(" ")
+        return None if quota == "max" else int(quota) / int(period)
+    quota_file, period_file = directory / "cpu.cfs_quota_us", directory / "cpu.cfs_period_us"
+    if quota_file.is_file() and period_file.is_file():
+        quota_us = int(quota_file.read_text())
+        return None if quota_us <= 0 else quota_us / int(period_file.read_text())
+    return None
+
+
+def cgroup_cpu_quota(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT
+) -> float | None:
+    """CPUs this process's cgroup may use by its CFS quota (a container's ``--cpus``,
+    ``scripts/slow.sh``); None when there is none or it cannot be read."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        relative = path.lstrip("/")
+        if hierarchy == "0" and not controllers:
+            candidates = [Path(root) / relative]
+        elif "cpu" in controllers.split(","):
+            candidates = [Path(root) / name / relative for name in ("cpu", "cpu,cpuacct")]
+        else:
+            continue
+        for directory in candidates:
+            try:
+                quota = _quota_in(directory)
+            except (OSError, ValueError):
+                continue
+            if quota is not None:
+                return quota
+    return None
+
+
 @functools.cache
 def this_machine() -> Machine:
     try:
@@ -73,4 +126,4 @@ def this_machine() -> Machine:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     caps = tuple(f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name))
-    return Machine(model, cores, "avx2" in flags, "avx512f" in flags, caps)
+    return Machine(model, cores, "avx2" in flags, "avx512f" in flags, caps, cgroup_cpu_quota())

@@ -72,6 +72,9 @@ MAX_INBOX = 64
 LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
+PAUSE_MS = 100.0  # quiet this long: decode at once what was said (it may be the final)
+PARTIAL_TICK_S = 0.02  # how often the partial loop looks for a pause
+MIN_PARTIAL_SAMPLES = 4800  # 300 ms at 16 kHz: shorter utterances get no partial
 BUSY_MESSAGE = "Still answering your last message, one moment."
 
 
@@ -101,6 +104,20 @@ async def _cancel(task: asyncio.Task[Any] | None) -> None:
     if task is not None and not task.done():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def partial_due(
+    since_last_ms: float, interval_ms: float, quiet_ms: float, samples: int, covered: int
+) -> bool:
+    """Whether the partial loop decodes now: an interval after the last partial began, or at
+    once when the speaker paused (quiet for PAUSE_MS) after audio the last partial did not
+    hear, so that the decode hearing all the speech runs during the end-of-turn wait and is
+    the final transcript at the endpoint. ``samples``/``covered``: 16 kHz samples of the
+    utterance and of the last partial's audio."""
+    if samples <= covered or samples < MIN_PARTIAL_SAMPLES:
+        return False
+    pause_start = samples - int(quiet_ms * 16)
+    return since_last_ms >= interval_ms or (quiet_ms >= PAUSE_MS and covered < pause_start)
 
 
 def stable_words(previous: str, current: str) -> str:
@@ -389,12 +406,15 @@ class PeerSession:
     async def _partial_loop(self, pipeline: TurnPipeline) -> None:
         """Re-decode the growing utterance every interval, continuing after the words two
         partials agreed on (its stable words); push the stable words into the LLM."""
-        interval = self.config.pipeline.partial_interval_ms / 1000
+        interval_ms = self.config.pipeline.partial_interval_ms
+        last_ms = self.clock.now_ms()
         while True:
-            await asyncio.sleep(interval)
-            samples = self._utterance_samples
-            if samples <= self._partial.covered or samples < 4800:
+            await asyncio.sleep(PARTIAL_TICK_S)
+            since = self.clock.now_ms() - last_ms
+            quiet, samples = self._detector.quiet_ms, self._utterance_samples
+            if not partial_due(since, interval_ms, quiet, samples, self._partial.covered):
                 continue
+            last_ms = self.clock.now_ms()
             audio = np.concatenate(self._utterance)
             heard = self.session.cursors.heard_until
             tag = JobTag(self.session_id, self.session.epoch, self._partial_view)

@@ -127,6 +127,12 @@ class TurnDetector:
         return self._state
 
     @property
+    def quiet_ms(self) -> float:
+        """How long the speaker has been quiet (ms), while the turn is not yet over (0 when
+        not speaking, or speaking now)."""
+        return self._quiet * FRAME * 1000 / RATE_HZ if self._state is VadState.SPEECH else 0.0
+
+    @property
     def position_ms(self) -> float:
         """Input audio judged so far (ms)."""
         return self._samples * 1000 / RATE_HZ

@@ -28,7 +28,7 @@ SLOW = StageCosts(
 
 
 def test_every_stage_failed_falls_back_to_the_reference() -> None:
-    calibration = calibrate(StageCosts(), Config(), cores=2)
+    calibration = calibrate(StageCosts(), Config(), cpus=2)
     assert set(calibration.fallbacks) == set(REFERENCE) - {"asr_audio_ms"}
     assert math.isfinite(calibration.predicted_voice_to_voice_ms)
     assert calibration.predicted_voice_to_voice_ms > 0
@@ -38,7 +38,7 @@ def test_every_stage_failed_falls_back_to_the_reference() -> None:
 
 def test_nonsense_measurements_count_as_failed() -> None:
     costs = StageCosts(asr_ms=float("nan"), llm_tokens_per_s=0.0, frame_ms=-1.0)
-    calibration = calibrate(costs, Config(), cores=2)
+    calibration = calibrate(costs, Config(), cpus=2)
     assert {"asr_ms", "llm_tokens_per_s", "frame_ms"} <= set(calibration.fallbacks)
 
 
@@ -91,3 +91,14 @@ def test_with_settings_replaces_only_what_is_named() -> None:
     config = with_settings(Config(), {"vad.end_of_turn_ms": 500, "transport.video_fps": 12})
     assert config.vad.end_of_turn_ms == 500 and config.transport.video_fps == 12
     assert config.pipeline == Config().pipeline
+
+
+def test_less_cpu_time_means_fewer_frames() -> None:
+    # 12 ms a frame: at 25 fps 300 ms of CPU a second; the budget is a quarter of one core,
+    # or of the quota when it is less than a core
+    costs = StageCosts(**{**FAST.__dict__, "frame_ms": 12.0})
+    whole, _ = adapt(Config(), calibrate(costs, Config(), 2.0))
+    quota, _ = adapt(Config(), calibrate(costs, Config(), 0.5))
+    assert whole.transport.video_fps == 20
+    assert quota.transport.video_fps == 10
+    assert calibrate(costs, Config(), 0.5).capacity <= calibrate(costs, Config(), 2.0).capacity

@@ -57,3 +57,14 @@ def test_this_process_follows_its_affinity() -> None:
         check=True,
     )
     assert f"cores=({core},), llm_cores=({core},), asr_threads=1, tts_threads=1" in child.stdout
+
+
+def test_a_cpu_quota_caps_the_threads() -> None:
+    plan = plan_cpus(range(8), cpu_quota=1.5)  # docker --cpus=1.5 on an 8-core host
+    assert plan.cpu_quota == 1.5 and "quota 1.5 CPUs" in plan.describe()
+    assert plan.asr_threads == 2 and plan.tts_threads == 1 and len(plan.llm_cores) == 1
+    slow = plan_cpus({0, 1}, cpu_quota=0.5)  # scripts/slow.sh
+    assert (slow.asr_threads, slow.tts_threads, slow.llm_cores) == (1, 1, (1,))
+    assert plan_cpus({0, 1}, cpu_quota=4.0).cpu_quota is None  # more than the cores: no cap
+    with pytest.raises(ValueError, match="cpu_quota"):
+        plan_cpus({0, 1}, cpu_quota=0.0)

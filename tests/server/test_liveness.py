@@ -88,9 +88,10 @@ class StuckEngines:
 
 
 class Detector:
-    """The peer asks its turn detector where the input is; nothing else here."""
+    """The peer asks its turn detector where the input is and how long it has been quiet."""
 
     position_ms = 1_000.0
+    quiet_ms = 0.0
 
 
 def events(peer: PeerSession, kind: str) -> list[dict[str, Any]]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from server.machine import Machine, parse_cpuinfo, this_machine
+from server.machine import Machine, cgroup_cpu_quota, parse_cpuinfo, this_machine
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 7B13
@@ -35,3 +36,42 @@ def test_description_names_the_isa_and_any_caps() -> None:
         == "AMD EPYC, 2 cores, AVX2 yes, AVX-512 yes (capped: CT2_FORCE_CPU_ISA=AVX2)"
     )
     assert "AVX-512 no" in Machine("x", 1, True, False, ()).describe()
+
+
+def _cgroup(tmp_path: Path, lines: str) -> str:
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text(lines)
+    return str(proc)
+
+
+def test_quota_of_a_v2_cgroup(tmp_path: Path) -> None:
+    group = tmp_path / "root" / "docker" / "abc"
+    group.mkdir(parents=True)
+    (group / "cpu.max").write_text("150000 100000\n")
+    proc = _cgroup(tmp_path, "0::/docker/abc\n")
+    assert cgroup_cpu_quota(proc, str(tmp_path / "root")) == 1.5
+    (group / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(proc, str(tmp_path / "root")) is None
+
+
+def test_quota_of_a_v1_cgroup(tmp_path: Path) -> None:
+    group = tmp_path / "root" / "cpu,cpuacct" / "slow"
+    group.mkdir(parents=True)
+    (group / "cpu.cfs_quota_us").write_text("10000\n")
+    (group / "cpu.cfs_period_us").write_text("20000\n")
+    proc = _cgroup(tmp_path, "4:memory:/x\n2:cpu,cpuacct:/slow\n0::/\n")
+    assert cgroup_cpu_quota(proc, str(tmp_path / "root")) == 0.5
+    (group / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_quota(proc, str(tmp_path / "root")) is None
+
+
+def test_no_cgroup_file_is_no_quota(tmp_path: Path) -> None:
+    assert cgroup_cpu_quota(str(tmp_path / "missing"), str(tmp_path)) is None
+
+
+def test_cpus_is_the_smaller_of_cores_and_quota() -> None:
+    base = Machine("cpu", 4, True, False, ())
+    assert base.cpus == 4.0
+    assert Machine("cpu", 4, True, False, (), cpu_quota=0.5).cpus == 0.5
+    assert "CPU quota 0.5" in Machine("cpu", 4, True, False, (), cpu_quota=0.5).describe()
+    assert Machine("cpu", 2, True, False, (), cpu_quota=8.0).cpus == 2.0

@@ -213,3 +213,14 @@ def test_line_share_tells_tones_from_speech(speech: np.ndarray) -> None:
     assert line_share(ring(-20.0)[:320]) >= 0.99
     assert line_share(np.zeros(320, np.int16)) == 0.0
     assert line_share(np.full(320, 1000, np.int16)) == 0.0  # DC is no sound
+
+
+def test_quiet_ms_counts_the_pause_before_the_turn_ends(speech: np.ndarray) -> None:
+    det = detector(end_of_turn_ms=700)
+    feed(det, np.concatenate([np.zeros(16_000, np.int16), speech]))
+    assert det.state is VadState.SPEECH
+    before = det.quiet_ms
+    feed(det, np.zeros(16 * 300, np.int16))  # 300 ms of silence: a pause, not yet the end
+    assert det.state is VadState.SPEECH and det.quiet_ms >= before + 250
+    feed(det, np.zeros(16 * 600, np.int16))  # the end of turn
+    assert det.state is VadState.SILENCE and det.quiet_ms == 0.0

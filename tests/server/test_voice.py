@@ -16,7 +16,7 @@ from server.config import Config
 from server.engine_queue import JobTag, ShedWork
 from server.history import CacheClass, ContextEntry, Role
 from server.metrics import Metrics
-from server.peer import PeerSession, stable_words
+from server.peer import PeerSession, partial_due, stable_words
 from server.pipeline import ReplyRequest, SessionScoped, TurnTrace, WarmsUp
 from server.scheduler import DeadlineScheduler, SessionView
 from server.voice import FirstChunkCutter, VoicePipeline, to_messages
@@ -251,3 +251,18 @@ async def test_prefix_warm_ups_are_shed_while_a_reply_is_written() -> None:
         assert engines.prefills == 2
     finally:
         await pipeline.close()
+
+
+def test_a_partial_is_due_after_an_interval_or_at_once_at_a_pause() -> None:
+    second = 16_000
+    # speaking: every interval, not before
+    assert not partial_due(200, 300, quiet_ms=0, samples=2 * second, covered=second)
+    assert partial_due(300, 300, quiet_ms=0, samples=2 * second, covered=second)
+    # a pause after audio the last partial did not hear: at once, whatever the interval
+    assert partial_due(20, 300, quiet_ms=100, samples=2 * second, covered=second)
+    # ... but not again once a partial heard everything up to the pause
+    covered = 2 * second - 1600
+    assert not partial_due(20, 300, quiet_ms=100, samples=2 * second, covered=covered)
+    # nothing new, or too short to transcribe: never
+    assert not partial_due(900, 300, quiet_ms=0, samples=second, covered=second)
+    assert not partial_due(900, 300, quiet_ms=0, samples=4_000, covered=0)
