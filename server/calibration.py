@@ -47,6 +47,7 @@ VIDEO_SHARE = 0.25  # at most this share of one core (or of less CPU) per sessio
 MIN_FPS = 10
 SMALLER_VIDEO = 384  # px, when even MIN_FPS does not fit VIDEO_SHARE
 MAX_PARTIAL_INTERVAL_MS = 2000
+PARTIAL_ASR_SHARE = 0.4  # of the recogniser's time that regular partials may take
 FIRST_CHUNK_MS = 120.0  # the LLM's time for the first chunk's words
 MIN_FIRST_CHUNK_WORDS = 3  # fewer breaks the first sentence's prosody
 # a turn: the user speaks UTTERANCE_S, the avatar answers REPLY_TOKENS; a session also waits
@@ -185,9 +186,11 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
         return name not in explicit
 
     if unset("pipeline.partial_interval_ms"):
-        # a partial every 1.5 calls: the recogniser is never busy all the time with them
+        # partials keep the recogniser busy at most 40 % of the time: when the speaker pauses,
+        # the decode that may become the final must not wait long behind one
         interval = min(
-            MAX_PARTIAL_INTERVAL_MS, max(pc.partial_interval_ms, 1.5 * calibration.asr_call_ms)
+            MAX_PARTIAL_INTERVAL_MS,
+            max(pc.partial_interval_ms, calibration.asr_call_ms / PARTIAL_ASR_SHARE),
         )
         if round(interval) != pc.partial_interval_ms:
             changed["pipeline.partial_interval_ms"] = round(interval)
