@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from server.config import Config
+from server.vad import PAUSE_MS
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +142,10 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
     frame_ms = pick("frame_ms", costs.frame_ms)
 
     pc, vad = config.pipeline, config.vad
-    if pc.incremental:
-        # the partial that hears the end of speech starts half an interval after it, on
-        # average, and the end of turn is declared end_of_turn_ms after it
-        asr_left = max(0.0, pc.partial_interval_ms / 2 + asr_call - vad.end_of_turn_ms)
-    else:
-        asr_left = asr_call
+    # with partials, the decode that hears the end of speech starts at the pause (PAUSE_MS
+    # after it), and the end of turn is declared end_of_turn_ms after it
+    with_partials = max(0.0, PAUSE_MS + asr_call - vad.end_of_turn_ms)
+    asr_left = with_partials if pc.incremental else asr_call
     words = pc.first_chunk_words
     first_chunk = words * TOKENS_PER_WORD / tps * 1000
     speech = words * SPEECH_S_PER_WORD * 1000 * rtf

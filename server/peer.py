@@ -60,7 +60,7 @@ from server.tracks import (
     frames,
 )
 from server.turn import TurnState
-from server.vad import TurnDetector, VadEvent, VadEventKind
+from server.vad import PAUSE_MS, TurnDetector, VadEvent, VadEventKind
 from server.vision import PresenceTracker, VisionModel, presence_note
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,6 @@ MAX_INBOX = 64
 LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
-PAUSE_MS = 100.0  # quiet this long: decode at once what was said (it may be the final)
 PARTIAL_TICK_S = 0.02  # how often the partial loop looks for a pause
 MIN_PARTIAL_SAMPLES = 4800  # 300 ms at 16 kHz: shorter utterances get no partial
 BUSY_MESSAGE = "Still answering your last message, one moment."

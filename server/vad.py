@@ -42,6 +42,9 @@ GATE_HOLD_FRAMES = 10  # keep the confirming model running 200 ms after the gate
 WARMUP_WINDOWS = 2  # windows of history fed to a freshly reset model
 
 
+PAUSE_MS = 100.0  # quiet this long while speaking: a pause (what was said may be all)
+
+
 class SpeechGate(Protocol):
     def is_speech(self, frame: Pcm16k) -> bool: ...
 
