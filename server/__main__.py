@@ -113,7 +113,7 @@ async def serve(
         )
     renderer = avatar_renderer(config) if config.transport.video else None
     calibration = None
-    if pipeline is not None:
+    if isinstance(pipeline, WarmsUp):  # engines that were timed (not a test's stand-in)
         config, renderer, calibration = await calibrate_server(config, pipeline, renderer, times)
     vision = vision_model(config) if config.vision.enabled else None
     app = create_app(config, detector_factory(config), pipeline, renderer, vision, calibration)

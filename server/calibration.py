@@ -176,15 +176,17 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
 
 def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, object]]:
     """``config`` with the settings it left unset (not in ``config.explicit``) chosen for
-    this machine; returns it and what changed (dotted name -> new value)."""
+    this machine; returns it and what changed (dotted name -> new value). A setting follows
+    only stages that were measured: one that leans on a reference figure stays as it is."""
     changed: dict[str, object] = {}
     explicit = config.explicit
     pc, tc = config.pipeline, config.transport
+    guessed = set(calibration.fallbacks)
 
-    def unset(name: str) -> bool:
-        return name not in explicit
+    def unset(name: str, *needs: str) -> bool:
+        return name not in explicit and not guessed.intersection(needs)
 
-    if unset("pipeline.partial_interval_ms"):
+    if unset("pipeline.partial_interval_ms", "asr_ms"):
         # partials keep the recogniser busy at most 40 % of the time: when the speaker pauses,
         # the decode that may become the final must not wait long behind one
         interval = min(
@@ -193,13 +195,13 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
         )
         if round(interval) != pc.partial_interval_ms:
             changed["pipeline.partial_interval_ms"] = round(interval)
-    if unset("pipeline.first_chunk_words"):
+    if unset("pipeline.first_chunk_words", "llm_tokens_per_s"):
         # the first chunk goes to speech after the words the LLM writes in FIRST_CHUNK_MS
         tokens = FIRST_CHUNK_MS / 1000 * calibration.llm_tokens_per_s
         words = max(MIN_FIRST_CHUNK_WORDS, min(pc.first_chunk_words, int(tokens / TOKENS_PER_WORD)))
         if words != pc.first_chunk_words:
             changed["pipeline.first_chunk_words"] = words
-    if tc.video and unset("transport.video_fps"):
+    if tc.video and unset("transport.video_fps", "frame_ms"):
         budget_ms = VIDEO_SHARE * min(1.0, calibration.cpus) * 1000  # ms of CPU a second
         if calibration.frame_ms * tc.video_fps > budget_ms:
             fps = max(MIN_FPS, math.floor(budget_ms / calibration.frame_ms))
@@ -208,7 +210,7 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
             if not fits and unset("transport.video_width") and unset("transport.video_height"):
                 changed["transport.video_width"] = min(tc.video_width, SMALLER_VIDEO)
                 changed["transport.video_height"] = min(tc.video_height, SMALLER_VIDEO)
-    if unset("transport.max_sessions") and calibration.capacity != tc.max_sessions:
+    if unset("transport.max_sessions", *REFERENCE) and calibration.capacity != tc.max_sessions:
         changed["transport.max_sessions"] = calibration.capacity
     return with_settings(config, changed), changed
 

@@ -35,7 +35,13 @@ def wer(reference: str, hypothesis: str) -> float:
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     proc = ServerProcess(
-        {"server.debug_endpoints": "true", "transport.connect_timeout_s": "60"}
+        {
+            "server.debug_endpoints": "true",
+            "transport.connect_timeout_s": "60",
+            # the barge-in test speaks over the reply's second chunk: a first chunk of 6 words
+            # (not the calibration's 3 on a slow LLM) leaves a long one behind it
+            "pipeline.first_chunk_words": "6",
+        }
     ).start(timeout=400)
     yield proc
     assert proc.stop() == 0, proc.log()[-3000:]

@@ -102,3 +102,14 @@ def test_less_cpu_time_means_fewer_frames() -> None:
     assert whole.transport.video_fps == 20
     assert quota.transport.video_fps == 10
     assert calibrate(costs, Config(), 0.5).capacity <= calibrate(costs, Config(), 2.0).capacity
+
+
+def test_settings_follow_only_measured_stages() -> None:
+    # nothing measured (a stand-in pipeline, or every warm-up call failed): nothing changes
+    calibration = calibrate(StageCosts(), Config(), 0.5)
+    adapted, changed = adapt(Config(), calibration)
+    assert changed == {} and adapted == Config()
+    # the LLM measured, the rest failed: only the LLM's setting follows
+    slow_llm = StageCosts(llm_first_token_ms=900.0, llm_tokens_per_s=7.0)
+    _, changed = adapt(Config(), calibrate(slow_llm, Config(), 0.5))
+    assert changed == {"pipeline.first_chunk_words": 3}

@@ -52,7 +52,13 @@ class ServerProcess:
         self.wrapper = wrapper or []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.settings = {"transport.ice_host_addresses": "127.0.0.1", **(settings or {})}
+        # max_sessions set: the calibration would make it this machine's capacity (1 on a slow
+        # one), and tests open the sessions they need whatever the machine
+        self.settings = {
+            "transport.ice_host_addresses": "127.0.0.1",
+            "transport.max_sessions": "4",
+            **(settings or {}),
+        }
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"avatar-server-{self.port}.log"
