@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import pct
 from server.machine import this_machine
+from tests.support.text import edit_distance
 
 SENTENCES = [
     "What is the capital of France?",
@@ -68,14 +70,19 @@ def words(text: str) -> list[str]:
     return kept.split()
 
 
-def edits(ref: list[str], hyp: list[str]) -> int:
-    """Word-level Levenshtein distance (substitutions, insertions, deletions)."""
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1]
+def score(
+    clips: list[tuple[str, str, npt.NDArray[np.int16]]], heard: list[str]
+) -> tuple[float, list[str]]:
+    """Word error rate of ``heard`` (one text per clip) over the whole set, and the misheard
+    clips as ``voice: 'said' -> 'heard'``."""
+    errors, total, misses = 0, 0, []
+    for (voice, text, _), got in zip(clips, heard, strict=True):
+        wrong = edit_distance(words(text), words(got))
+        errors += wrong
+        total += len(words(text))
+        if wrong:
+            misses.append(f"{voice}: {text!r} -> {got!r}")
+    return round(errors / total, 4), misses
 
 
 def voices(sentences: list[str]) -> list[tuple[str, str, npt.NDArray[np.int16]]]:
@@ -121,40 +128,30 @@ def run(threads: int, sentences: list[str]) -> dict[str, Any]:
     clips = voices(sentences)
     results: dict[str, Any] = {"machine": this_machine().to_dict(), "threads": threads}
     speech_s = sum(len(pcm) for _, _, pcm in clips) / RATE_HZ
-    ref_words = sum(len(words(text)) for _, text, _ in clips)
     for mode in ("full", "audio"):
         asr = WhisperAsr(cpu_threads=threads, window=mode)
         asr.transcribe(clips[0][2])
-        errors, times, misses = 0, [], []
-        for voice, text, pcm in clips:
+        heard, times = [], []
+        for _, _, pcm in clips:
             started = time.perf_counter()
-            heard = asr.transcribe(pcm)
+            heard.append(asr.transcribe(pcm))
             times.append((time.perf_counter() - started) * 1000)
-            wrong = edits(words(text), words(heard))
-            errors += wrong
-            if wrong:
-                misses.append(f"{voice}: {text!r} -> {heard!r}")
+        wer, misses = score(clips, heard)
         results[mode] = {
-            "wer": round(errors / ref_words, 4),
+            "wer": wer,
             "call_ms_p50": round(statistics.median(times)),
             "call_ms_max": round(max(times)),
             "misheard": misses,
         }
         if mode == "audio":
-            errors, finals, partial_ms, misses = 0, [], 0.0, []
-            for voice, text, pcm in clips:
-                heard, final_ms, spent = streaming(asr, pcm)
-                finals.append(final_ms)
-                partial_ms += spent
-                wrong = edits(words(text), words(heard))
-                errors += wrong
-                if wrong:
-                    misses.append(f"{voice}: {text!r} -> {heard!r}")
+            runs = [streaming(asr, pcm) for _, _, pcm in clips]
+            finals = [final_ms for _, final_ms, _ in runs]
+            wer, misses = score(clips, [text for text, _, _ in runs])
             results["streaming"] = {
-                "wer": round(errors / ref_words, 4),
+                "wer": wer,
                 "final_ms_p50": round(statistics.median(finals)),
-                "final_ms_p90": round(sorted(finals)[int(0.9 * len(finals))]),
-                "partials_cpu_ms_per_speech_s": round(partial_ms / speech_s),
+                "final_ms_p90": round(pct(finals, 0.9)),
+                "partials_cpu_ms_per_speech_s": round(sum(s for _, _, s in runs) / speech_s),
                 "misheard": misses,
             }
     results["clips"] = len(clips)

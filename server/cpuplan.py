@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from server.machine import cgroup_cpu_quota
+from server.machine import this_machine
 
 MAX_ASR_THREADS = 4  # CTranslate2 Whisper tiny gains little beyond this
 MAX_TTS_THREADS = 4
@@ -106,4 +106,4 @@ def this_process_plan(asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:
         cores: Iterable[int] = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         cores = range(os.cpu_count() or 1)
-    return plan_cpus(cores, asr_threads, tts_threads, cgroup_cpu_quota())
+    return plan_cpus(cores, asr_threads, tts_threads, this_machine().cpu_quota)

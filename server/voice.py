@@ -179,21 +179,23 @@ class VoicePipeline:
     async def transcribe(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
     ) -> str:
-        if len(utterance) < 1600:  # < 100 ms: not a word
-            return ""
-        job = functools.partial(self._asr.transcribe, utterance, prefix)
-        cost_ms = self.asr_cost_ms(len(utterance))
-        return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job)
+        return await self._recognise(utterance, tag, prefix, optional=False)
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
     ) -> str:
         """Optional work: raises ShedWork when dropped for required work."""
+        return await self._recognise(utterance, tag, prefix, optional=True)
+
+    async def _recognise(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str, optional: bool
+    ) -> str:
+        """One ASR call through the shared queue; "" for < 100 ms of audio (not a word)."""
         if len(utterance) < 1600:
             return ""
         job = functools.partial(self._asr.transcribe, utterance, prefix)
         cost_ms = self.asr_cost_ms(len(utterance))
-        return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job, optional=True)
+        return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job, optional=optional)
 
     @property
     def busy(self) -> bool:
