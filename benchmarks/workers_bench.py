@@ -51,8 +51,7 @@ OUT = Path("benchmarks/results/workers.json")
 def server_pids(server: ServerProcess) -> list[int]:
     """The server's processes: the supervisor and its workers (or the one server)."""
     assert server.proc is not None
-    workers = server.health().get("workers", [])
-    return [server.proc.pid, *(int(w["pid"]) for w in workers if w.get("pid"))]
+    return [server.proc.pid, *server.worker_pids().values()]
 
 
 async def settled(server: ServerProcess, timeout: float = 60.0) -> float:

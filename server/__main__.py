@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from server import __version__
+from server import __version__, logfilter
 from server.app import create_app
 from server.auth import exposure_warning
 from server.avatar import AvatarRenderer
@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         level=config.server.log_level,
         format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s",
     )
+    logfilter.install(logging.getLogger().handlers)  # no whole session id in any log line
     if config.server.log_level != "DEBUG":
         logging.getLogger("aioice").setLevel(logging.WARNING)
     log.info("avatar-server %s starting (config: %s)", __version__, args.config or "defaults")

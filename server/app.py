@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import threading
@@ -19,6 +20,8 @@ from server.avatar import AvatarRenderer
 from server.calibration import Calibration
 from server.clock import MonotonicClock
 from server.config import Config
+from server.errors import NotFound
+from server.guards import request_guards
 from server.looplag import LoopLagMonitor
 from server.metrics import Metrics
 from server.pipeline import QueueObservable, TurnPipeline
@@ -77,13 +80,22 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def debug_sessions(request: web.Request) -> web.Response:
     """Figures of live and recently closed sessions (only with server.debug_endpoints;
-    transcripts inside, so it needs the bearer token when tokens are configured)."""
-    authenticate(request)
+    transcripts inside, so it needs the bearer token when tokens are configured, and a token
+    sees only the sessions it created)."""
+    caller = authenticate(request)
     registry = request.app[REGISTRY_KEY]
     return web.json_response(
         {
-            "live": [peer.describe() for peer in registry.sessions.values()],
-            "closed": list(registry.finished),
+            "live": [
+                peer.describe()
+                for peer in registry.sessions.values()
+                if hmac.compare_digest(peer.owner, caller)
+            ],
+            "closed": [
+                described
+                for owner, described in registry.finished
+                if hmac.compare_digest(owner, caller)
+            ],
             "peer_objects": registry.live_peer_objects(),  # after gc: 0 when idle, or a leak
             "closed_total": registry.closed_total,
             "reaped_total": registry.reaped_total,
@@ -99,6 +111,15 @@ def task_census() -> dict[str, int]:
         for task in asyncio.all_tasks()
     )
     return dict(names.most_common())
+
+
+async def static_file(request: web.Request) -> web.FileResponse:
+    """A file of the demo page folder; a missing one is a JSON 404 like every other error."""
+    root = web_root(request.app[CONFIG_KEY]).resolve()
+    path = (root / request.match_info["filename"]).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise NotFound("no such file")
+    return web.FileResponse(path)
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -146,7 +167,8 @@ def create_app(
     ``pipeline`` answers the user (None: listen only); ``renderer`` draws the avatar (None:
     no video track); ``vision`` looks at the client's camera (None: camera ignored)."""
     app = web.Application(
-        middlewares=[cors_headers, json_errors], client_max_size=config.transport.max_body_bytes
+        middlewares=[*request_guards(config), cors_headers, json_errors],
+        client_max_size=config.transport.max_body_bytes,
     )
     app[CONFIG_KEY] = config
     app[STARTED_KEY] = time.monotonic()
@@ -199,7 +221,6 @@ def create_app(
     if config.server.debug_endpoints:
         app.router.add_get("/debug/sessions", debug_sessions)
     add_routes(app, config)
-    root = web_root(config)
-    if root.is_dir():
-        app.router.add_static("/static/", root, show_index=False)
+    if web_root(config).is_dir():
+        app.router.add_get("/static/{filename:.+}", static_file)
     return app

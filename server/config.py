@@ -74,6 +74,17 @@ class ServerConfig:
         "Prefix of session ids (URL-safe characters); the supervisor gives worker k 'wk-'.",
         pattern=r"[A-Za-z0-9_.~-]*",
     )
+    allowed_hosts: tuple[str, ...] = _setting(
+        (),
+        "Host names the server answers to besides localhost, IP addresses and the bound name "
+        "(e.g. avatar.example; '*': any); a request for another Host gets 421 (DNS rebinding).",
+    )
+    worker_key: str = _setting(
+        "",
+        "Key a worker requires of every request (set by the supervisor in the environment of "
+        "its workers; empty: none).",
+        secret=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -354,6 +365,16 @@ def describe() -> list[tuple[str, str, Any, str]]:
             env = f"{ENV_PREFIX}{section}_{f.name}".upper()
             rows.append((f"{section}.{f.name}", env, f.default, f.metadata["help"]))
     return rows
+
+
+def secret_settings() -> dict[str, str]:
+    """The secret settings (tokens, credentials, keys): dotted name -> environment variable."""
+    return {
+        f"{section}.{f.name}": f"{ENV_PREFIX}{section}_{f.name}".upper()
+        for section, cls in _sections().items()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("secret", False)
+    }
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -60,7 +60,7 @@ class SessionRegistry:
         self.sessions: dict[str, PeerSession] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
-        self.finished: deque[dict[str, Any]] = deque(maxlen=256)  # describe() of closed ones
+        self.finished: deque[tuple[str, dict[str, Any]]] = deque(maxlen=256)  # (owner, describe())
         self._reaper: asyncio.Task[None] | None = None
         self._peer_objects: weakref.WeakSet[PeerSession] = weakref.WeakSet()
         self.closed_total = 0
@@ -118,7 +118,7 @@ class SessionRegistry:
             raise NotFound("no such session")
         await peer.close()
         self.closed_total += 1
-        self.finished.append(peer.describe())
+        self.finished.append((peer.owner, peer.describe()))
         self._metrics.sessions_active.set(len(self.sessions))
         log.info("session %s closed (%d active)", session_id[:8], len(self.sessions))
 

@@ -2,7 +2,8 @@
 
 - ``POST /offer`` and ``POST /whip`` go to the least-loaded ready worker. A worker that answers
   503 (full) is skipped; when every worker is full the last 503 (JSON, ``Retry-After``) is
-  returned. The per-address session rate limit (429) is kept here, once for all workers.
+  returned. The per-address session rate limit (429) is kept here for the machine (each
+  worker keeps it too, as a second line).
 - ``/whip/<id>`` (DELETE, PATCH, OPTIONS, ...) goes to the worker named by the id's ``wk-``
   prefix; an id that names no running worker is 404 (a worker that died took its sessions along).
 - ``GET /healthz`` and ``GET /metrics`` cover every worker (metrics labelled ``worker="k"``, plus
@@ -10,8 +11,10 @@
   workers' lists.
 - Anything else (``/``, ``/static/``, ``OPTIONS /whip``, ...) goes to a ready worker.
 
-Requests and responses pass through unchanged except hop-by-hop headers (and a request's
-``Content-Encoding``: its body goes on as aiohttp decoded it). The client's ``Host`` is kept, so
+Requests pass the checks of server/guards.py first (no dot segments, an allowed ``Host``).
+They and their responses pass through unchanged except hop-by-hop headers (and a request's
+``Content-Encoding``: its body goes on as aiohttp decoded it); the path goes on exactly as it
+was routed, and every request carries the workers' key. The client's ``Host`` is kept, so
 a worker builds its URLs for the public address, and an absolute ``Location`` naming a worker is
 rewritten to the router. The router's own errors are JSON like server/signaling.py.
 """
@@ -31,10 +34,12 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from server import __version__
 from server.config import Config
 from server.errors import NotFound, RequestError, ServerFull
+from server.guards import WORKER_KEY_HEADER, request_guards
 from server.signaling import add_session_limit, json_errors, limit_session_rate, read_limited
 
 log = logging.getLogger(__name__)
@@ -191,9 +196,10 @@ def pool_metrics(workers: Sequence[Upstream]) -> str:
 class Router:
     """Routes HTTP requests to the pool's workers."""
 
-    def __init__(self, config: Config, pool: Pool) -> None:
+    def __init__(self, config: Config, pool: Pool, worker_key: str = "") -> None:
         self.config = config
         self.pool = pool
+        self._key = {WORKER_KEY_HEADER: worker_key} if worker_key else {}
         self.started = time.monotonic()
         self._http: aiohttp.ClientSession | None = None
         self._turn = 0  # rotates ties between equally loaded workers
@@ -241,6 +247,8 @@ class Router:
         headers: CIMultiDict[str] = CIMultiDict(
             (k, v) for k, v in request.headers.items() if k.lower() not in DROP_FROM_REQUEST
         )
+        headers.pop(WORKER_KEY_HEADER, None)
+        headers.update(self._key)
         headers["Host"] = request.host
         headers["X-Forwarded-For"] = self._forwarded_for(request)
         if request.remote not in self.config.server.trusted_proxies:  # else theirs pass on
@@ -250,7 +258,8 @@ class Router:
         try:
             async with self._http.request(
                 request.method,
-                f"{worker.url}{request.rel_url}",
+                # the path exactly as routed here: nothing normalised on the way
+                URL(f"{worker.url}{request.raw_path}", encoded=True),
                 headers=headers,
                 data=body if send_body else None,
                 allow_redirects=False,
@@ -285,6 +294,7 @@ class Router:
         it does not answer."""
         assert self._http is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        headers.update(self._key)
         try:
             timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             url = f"{worker.url}{path}"
@@ -402,12 +412,13 @@ def join_objects(objects: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def create_router(config: Config, pool: Pool) -> web.Application:
-    """The public application of a supervisor."""
-    router = Router(config, pool)
-    app = web.Application(middlewares=[json_errors])
-    # the session rate limit per client address is kept here, for the whole machine
-    # (workers run with it off: per worker it would multiply by the worker count)
+def create_router(config: Config, pool: Pool, worker_key: str = "") -> web.Application:
+    """The public application of a supervisor; ``worker_key`` goes with every request to a
+    worker (server/guards.py)."""
+    router = Router(config, pool, worker_key)
+    app = web.Application(middlewares=[*request_guards(config), json_errors])
+    # the session rate limit per client address is kept here, for the whole machine (each
+    # worker keeps the same limit on the addresses the router forwards, as a second line)
     add_session_limit(app, config)
     app.cleanup_ctx.append(router.lifecycle)
     app.router.add_get("/healthz", router.healthz)

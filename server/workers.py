@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -32,8 +33,9 @@ import aiohttp
 from aiohttp import web
 
 from server.clock import Clock, MonotonicClock
-from server.config import Config
+from server.config import ENV_PREFIX, Config, secret_settings
 from server.errors import InvalidTransition
+from server.guards import WORKER_KEY_HEADER
 from server.router import create_router
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ STABLE_AFTER_MS = 30_000.0  # a worker up this long resets the backoff
 KILL_GRACE_S = 10.0  # beyond server.shutdown_timeout_s, before SIGKILL
 PR_SET_PDEATHSIG = 1
 ROUTER_ADDRESS = "127.0.0.1"  # workers listen on, and the router calls from, loopback
+WORKER_KEY_ENV = f"{ENV_PREFIX}SERVER_WORKER_KEY"  # server.worker_key, in a worker's environment
 
 
 class WorkerState(Enum):
@@ -140,8 +143,6 @@ class Worker:
         return {
             "worker": self.index,
             "state": self.state.value,
-            "pid": self.pid,
-            "port": self.port,
             "sessions": self.sessions,
             "tasks": self.tasks,
             "restarts": self.restarts,
@@ -151,22 +152,41 @@ class Worker:
         }
 
 
-def worker_command(config: Config, argv: Sequence[str], index: int, fd: int) -> list[str]:
-    """The command line of worker ``index``: the supervisor's own options, then one worker.
+def split_secrets(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """``argv`` without its ``--set`` of secret settings (tokens, TURN and API secrets), and
+    those as ``AVATAR_*`` environment variables: a worker's command line shows in ``ps``."""
+    env_names = secret_settings()
+    kept: list[str] = []
+    env: dict[str, str] = {}
+    items = iter(argv)
+    for arg in items:
+        value = next(items, "") if arg == "--set" else arg[len("--set=") :]
+        if arg != "--set" and not arg.startswith("--set="):
+            kept.append(arg)
+            continue
+        dotted, _, setting = value.partition("=")
+        if dotted.strip() in env_names:
+            env[env_names[dotted.strip()]] = setting
+        else:
+            kept += ["--set", value]
+    return kept, env
 
-    The worker trusts the router's X-Forwarded-For (client addresses) and leaves the session
-    rate limit to the router.
+
+def worker_command(config: Config, argv: Sequence[str], index: int, fd: int) -> list[str]:
+    """The command line of worker ``index``: the supervisor's own options (without secrets,
+    see split_secrets), then one worker.
+
+    The worker trusts the router's X-Forwarded-For (client addresses) and keeps the same
+    per-address session rate limit as the router, as a second line.
     """
     proxies = dict.fromkeys((*config.server.trusted_proxies, ROUTER_ADDRESS))
     return [
         sys.executable,
         "-m",
         "server",
-        *argv,
+        *split_secrets(argv)[0],
         "--set",
         f"server.trusted_proxies={','.join(proxies)}",
-        "--set",
-        "transport.session_rate_per_min=0",  # the router keeps the limit for all workers
         "--workers",
         "1",
         "--worker-index",
@@ -202,6 +222,8 @@ class Supervisor:
         self._polling: asyncio.Task[None] | None = None  # the poll under way, shared by callers
         self._http: aiohttp.ClientSession | None = None
         self._stopping = False
+        # what every request to a worker carries (server/guards.py); new for every supervisor
+        self.worker_key = secrets.token_urlsafe(32)
 
     async def start(self) -> None:
         """Start every worker and wait until all answer ``/healthz``; WorkerStartError if not."""
@@ -234,8 +256,10 @@ class Supervisor:
 
     async def _spawn(self, worker: Worker) -> asyncio.subprocess.Process:
         fd = worker.sock.fileno()
+        env = {**os.environ, **split_secrets(self._argv)[1], WORKER_KEY_ENV: self.worker_key}
         proc = await asyncio.create_subprocess_exec(
             *worker_command(self.config, self._argv, worker.index, fd),
+            env=env,
             pass_fds=(fd,),
             stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only
@@ -286,7 +310,9 @@ class Supervisor:
         assert self._http is not None
         try:
             timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
-            async with self._http.get(f"{worker.url}/healthz", timeout=timeout) as resp:
+            headers = {WORKER_KEY_HEADER: self.worker_key}
+            url = f"{worker.url}/healthz"
+            async with self._http.get(url, headers=headers, timeout=timeout) as resp:
                 if resp.status != 200:
                     return None
                 data = await resp.json()
@@ -393,7 +419,7 @@ async def supervise(config: Config, argv: Sequence[str], stop: asyncio.Event | N
     try:
         if await _until_stopped(supervisor.start(), stop):
             runner = web.AppRunner(
-                create_router(config, supervisor),
+                create_router(config, supervisor, supervisor.worker_key),
                 handle_signals=False,
                 shutdown_timeout=config.server.shutdown_timeout_s,
             )

@@ -24,11 +24,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection
+from yarl import URL
 
 from benchmarks.workers_bench import capacity
 from server.clock import FakeClock
 from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
+from server.guards import WORKER_KEY_HEADER
 from server.metrics import Metrics
 from server.router import create_router, join_objects, merge_expositions, worker_of
 from server.workers import Supervisor, Worker, WorkerState
@@ -199,10 +201,11 @@ async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> N
     peers = [Peer(server.url, whip=True, video=False) for _ in range(2)]
     for peer in peers:
         await peer.connect()
-    before = by_worker(await sessions_are(server, {1: 1, 2: 1}))
+    await sessions_are(server, {1: 1, 2: 1})
+    pids_before = server.worker_pids()
     on_2 = next(p for p in peers if (p.location or "").startswith("/whip/w2-"))
     on_1 = next(p for p in peers if p is not on_2)
-    os.kill(before[2]["pid"], signal.SIGKILL)
+    os.kill(pids_before[2], signal.SIGKILL)
     after = by_worker(
         await server.wait_health(
             lambda h: by_worker(h)[2]["restarts"] == 1 and by_worker(h)[2]["state"] == "ready",
@@ -210,10 +213,12 @@ async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> N
             "worker 2 restarted",
         )
     )
-    assert after[2]["pid"] != before[2]["pid"]
+    pids_after = server.worker_pids()
+    assert pids_after[2] != pids_before[2]
     assert after[2]["last_exit_code"] == -signal.SIGKILL
-    assert after[1]["pid"] == before[1]["pid"] and after[1]["restarts"] == 0
-    assert f"worker 2 (pid {before[2]['pid']}) exited with code -9" in server.log()
+    assert pids_after[1] == pids_before[1] and after[1]["restarts"] == 0
+    assert f"worker 2 (pid {pids_before[2]}) exited with code -9" in server.log()
+    assert "pid" not in after[2] and "port" not in after[2]  # /healthz is public
     assert metric_value(server.metrics(), "avatar_worker_restarts_total") == 1
     # its sessions died with it; worker 1's session never noticed
     async with (
@@ -232,11 +237,14 @@ async def test_dead_worker_is_reported_and_restarted(server: ServerProcess) -> N
     for peer in (fresh, on_1):
         await peer.close()
     await on_2.close(delete=False)
+    # the access log names the session by the first 8 characters of its id, never all of it
+    assert on_2.location and f"DELETE {on_2.location[:14]}… HTTP" in server.log()
+    assert on_2.location not in server.log()
 
 
 async def test_a_hung_worker_is_reported_and_gets_no_new_sessions(server: ServerProcess) -> None:
     await sessions_are(server, {1: 0, 2: 0})
-    pid = by_worker(server.health())[1]["pid"]
+    pid = server.worker_pids()[1]
     os.kill(pid, signal.SIGSTOP)  # alive, but answers nothing
     try:
         health = await server.wait_health(
@@ -250,14 +258,14 @@ async def test_a_hung_worker_is_reported_and_gets_no_new_sessions(server: Server
     finally:
         os.kill(pid, signal.SIGCONT)
     health = await server.wait_health(lambda h: h["status"] == "ok", 20, "worker 1 ready again")
-    assert by_worker(health)[1]["pid"] == pid and by_worker(health)[1]["restarts"] == 0
+    assert server.worker_pids()[1] == pid and by_worker(health)[1]["restarts"] == 0
     await peer.close()
     await sessions_are(server, {1: 0, 2: 0})
 
 
 async def test_shutdown_stops_every_worker(server: ServerProcess) -> None:
-    health = server.health()
-    pids = [w["pid"] for w in health["workers"]]
+    pids = [pid for _, pid in sorted(server.worker_pids().items())]
+    assert len(pids) == 2
     assert server.stop() == 0, server.log()
     log = server.log()
     assert "shutting down: router first, then the workers" in log
@@ -402,6 +410,53 @@ async def test_router_passes_headers_and_skips_a_full_worker(
             assert resp.status == 503 and (await resp.json())["error"] == "no worker is ready"
         async with http.post(url + "/whip", data="x" * 4096, headers=headers) as resp:
             assert resp.status == 413 and (await resp.json())["code"] == "payload_too_large"
+
+
+async def test_dot_segments_cannot_skip_the_routers_rate_limit() -> None:
+    """``POST /./offer`` and the like once reached a worker as ``POST /offer`` past the limit:
+    the router routed the raw path and its client normalised it on the way."""
+    seen: list[str] = []
+    keys: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.raw_path}")
+        keys.append(request.headers.get(WORKER_KEY_HEADER, ""))
+        return web.json_response({}, status=201)
+
+    upstream = web.Application()
+    upstream.router.add_route("*", "/{tail:.*}", record)
+    worker_runner, worker_url = await serve_app(upstream)
+    config = load_config(
+        overrides={"transport.session_rate_per_min": "1", "transport.session_burst": "1"}
+    )
+    runner, url = await serve_app(
+        create_router(config, StaticPool([Upstream(1, worker_url)]), "k" * 32)
+    )
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/offer", json={}) as resp:
+                assert resp.status == 201
+            async with http.post(url + "/offer", json={}) as resp:
+                assert resp.status == 429  # this address is over its limit
+            for path in (
+                "/./offer",
+                "/static/../offer",
+                "/whip/x/../../offer",
+                "/%2e/offer",
+                "/whip/%2E%2E/offer",
+                "/whip/x/..%2f..%2foffer",
+            ):
+                # encoded=True: the client sends the path exactly as written
+                async with http.post(URL(url + path, encoded=True), json={}) as resp:
+                    assert resp.status == 400, path
+                    assert (await resp.json())["code"] == "bad_request"
+            async with http.get(URL(url + "/static/app.v2.js", encoded=True)) as resp:
+                assert resp.status == 201  # a dot inside a name is no segment
+        assert seen == ["POST /offer", "GET /static/app.v2.js"]
+        assert keys == ["k" * 32] * 2  # the router shows the workers its key
+    finally:
+        await runner.cleanup()
+        await worker_runner.cleanup()
 
 
 async def test_a_compressed_body_reaches_the_worker_as_it_reaches_one_worker_alone(
@@ -595,7 +650,8 @@ def gone(pid: int) -> bool:
 
 async def test_workers_stop_when_the_supervisor_is_killed() -> None:
     server = ServerProcess(SETTINGS).start()
-    pids = [w["pid"] for w in server.health()["workers"]]
+    pids = [pid for _, pid in sorted(server.worker_pids().items())]
+    assert len(pids) == 2
     assert server.proc is not None
     server.proc.kill()  # no chance to stop them: each worker asked for SIGTERM on its own
     server.proc.wait()

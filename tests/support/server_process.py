@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -132,6 +133,26 @@ class ServerProcess:
             except OSError:
                 raise exc from None
             raise TimeoutError(f"{exc}; tasks running: {census}") from None
+
+    def worker_pids(self) -> dict[int, int]:
+        """The pids of a supervisor's workers by index (``/healthz`` does not show them)."""
+        assert self.proc is not None
+        parents: dict[int, int] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        family, grew = {self.proc.pid}, True
+        while grew:
+            more = {pid for pid, parent in parents.items() if parent in family} - family
+            family |= more
+            grew = bool(more)
+        pids: dict[int, int] = {}
+        for pid in family:
+            with contextlib.suppress(OSError):
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+                if "--worker-index" in args:
+                    pids[int(args[args.index("--worker-index") + 1])] = pid
+        return pids
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as resp:
