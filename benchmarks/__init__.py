@@ -7,3 +7,15 @@ def pct(values: list[float], q: float) -> float:
     """Nearest-rank quantile; NaN when there are no values."""
     found = quantile(values, q)
     return float("nan") if found is None else found
+
+
+def source_commit() -> str:
+    """The commit the benchmark ran (short hash), ``+changes`` when tracked files differed from
+    it: a figure from an uncommitted tree says so."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    return f"{head}+changes" if git("status", "--porcelain", "--untracked-files=no") else head

@@ -1,8 +1,8 @@
 """The benchmark suite: ``python -m benchmarks [--smoke]``.
 
 Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
-namespace), the voice benchmark (embedded models) and the avatar benchmarks (render cost, A/V
-offset, CPU of a speaking avatar), prints a summary table and writes
+namespace), the voice benchmark (embedded models), the prefix-cache probe and the avatar
+benchmarks (render cost, A/V offset, CPU of a speaking avatar), prints a summary table and writes
 ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
 benchmarks cannot rot); figures from a smoke run are not for reporting.
 """
@@ -20,6 +20,7 @@ from benchmarks import (
     asr_bench,
     avatar_bench,
     avatar_sync,
+    cache_probe,
     realtime_bench,
     scheduler_sim,
     transport_bench,
@@ -85,6 +86,30 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
             f"{a['full']['call_ms_p50']} / {a['audio']['call_ms_p50']}",
         )
     )
+    c = results["cache_probe"]["salted"]
+    rows.append(
+        (
+            "prefix-cache probe: cached tokens, right / wrong guess",
+            f"{c['probe']['right_guess']['cached_tokens_median']}"
+            f" / {c['probe']['wrong_guess']['cached_tokens_median']}",
+        )
+    )
+    rows.append(
+        (
+            "prefix-cache probe: first token ms, right / wrong guess",
+            f"{c['probe']['right_guess']['first_token_ms_median']}"
+            f" / {c['probe']['wrong_guess']['first_token_ms_median']}",
+        )
+    )
+    shared = results["cache_probe"]["shared"]["cost"]
+    for part, label in (("second_turn", "second turn"), ("first_turn_long_persona", "new owner")):
+        rows.append(
+            (
+                f"first token ms, {label}: shared / salted cache",
+                f"{shared[part]['first_token_ms_median']}"
+                f" / {c['cost'][part]['first_token_ms_median']}",
+            )
+        )
     r = results["realtime"]
     for part in ("one_session", "two_sessions"):
         p = r[part]
@@ -153,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "transport": transport_bench.main([*quick, "--out", str(RESULTS / "transport.json")]),
         "voice": voice_bench.main([*quick, "--out", str(RESULTS / "voice.json")]),
         "asr": asr_bench.main([*quick, "--out", str(RESULTS / "asr.json")]),
+        "cache_probe": cache_probe.main([*quick, "--out", str(RESULTS / "cache_probe.json")]),
         "realtime": realtime_bench.main([*quick, "--out", str(RESULTS / "realtime.json")]),
         "avatar_render": avatar_bench.main(
             [*(["--smoke"] if args.smoke else []), "--out", str(RESULTS / "avatar.json")]
@@ -167,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "transport": _load("transport.json"),
         "voice": _load("voice.json"),
         "asr": _load("asr.json"),
+        "cache_probe": _load("cache_probe.json"),
         "realtime": _load("realtime.json"),
         "avatar_render": _load("avatar.json"),
         "avatar_sync": _load("avatar_sync.json"),

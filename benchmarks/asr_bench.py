@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct
+from benchmarks import pct, source_commit
 from server.machine import this_machine
 from tests.support.text import edit_distance
 
@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     print(f"machine: {this_machine().describe()}")
     results = run(args.threads, SENTENCES[:4] if args.quick else SENTENCES)
-    results["commit"] = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    results["commit"] = source_commit()
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"{results['clips']} clips, {results['speech_s_mean']} s each on average")
     for mode in ("full", "audio", "streaming"):

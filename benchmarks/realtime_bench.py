@@ -34,7 +34,6 @@ import asyncio
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct
+from benchmarks import pct, source_commit
 from benchmarks.netns import isolate
 from benchmarks.voice_bench import QUESTIONS, synthesize_questions
 from server.client import ClientPeer
@@ -223,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = asyncio.run(run(args.quick, args.slow_server))
     results["machine"] = this_machine().to_dict()
-    results["commit"] = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    results["commit"] = source_commit()
     results["wall_s"] = round(time.monotonic() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -2,6 +2,11 @@
 
 Plain types only: a chat is a sequence of ``{"role": ..., "content": ...}`` dicts, replies stream
 as text deltas and a finished request leaves its :class:`GenerationStats`. Times are in ms.
+
+The prefix cache is shared by every request of an engine; a request's ``cache_salt`` scopes it:
+a request reuses cached KV blocks only of requests with the same salt (None: the unsalted
+scope). Without salts, whether (and how fast) a prompt hits the cache tells one caller what
+another one's prompt began with.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STATS_KEPT = 256  # finished requests whose stats last_stats() still answers
+SALT_MAX_CHARS = 128  # vLLM's limit on a cache_salt
+SALT_FORBIDDEN = frozenset("@/\\\x00")  # characters vLLM's server refuses in a cache_salt
 
 
 class LlmError(Exception):
@@ -55,16 +62,28 @@ class GenerationStats:
 
 
 class LlmEngine(Protocol):
-    """A chat model that streams replies; one engine serves many concurrent requests."""
+    """A chat model that streams replies; one engine serves many concurrent requests.
+
+    ``cache_salt``: the request's prefix-cache scope (1-128 characters, none of ``@ / \\``
+    or NUL); it reuses cached blocks only of requests with the same salt. None: unsalted.
+    """
 
     def stream(
-        self, messages: Sequence[Message], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[str]:
         """Text deltas of the reply; closing or cancelling the iterator aborts the request."""
         ...
 
-    async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
-        """Warm the prefix cache with the prompt stream() would send (one token generated)."""
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> GenerationStats:
+        """Warm the prefix cache with the prompt stream() would send (one token generated);
+        only requests with the same ``cache_salt`` reuse it."""
         ...
 
     async def abort(self, request_id: str) -> None:
@@ -109,6 +128,16 @@ async def _one_token(
 
 def _elapsed_ms(since: float) -> float:
     return (time.perf_counter() - since) * 1000.0
+
+
+def check_salt(salt: str | None) -> None:
+    """LlmError unless vLLM takes ``salt`` as a cache_salt (None: no salt, always fine)."""
+    if salt is not None and (
+        not salt or len(salt) > SALT_MAX_CHARS or not SALT_FORBIDDEN.isdisjoint(salt)
+    ):
+        raise LlmError(
+            f"a cache_salt needs 1-{SALT_MAX_CHARS} characters and none of @ / \\ or NUL"
+        )
 
 
 # --------------------------------------------------------------------------- in-process vLLM
@@ -187,27 +216,41 @@ class VllmEngine:
         return [int(i) for i in ids]
 
     def stream(
-        self, messages: Sequence[Message], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[str, None]:
         """Greedy (by default) reply deltas; ``aclose()`` or cancelling the consumer aborts."""
-        return self._generate(messages, request_id, max_tokens)
+        return self._generate(messages, request_id, max_tokens, cache_salt)
 
-    async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> GenerationStats:
         """Submit exactly the tokens stream() would (assistant turn opened, nothing after it).
 
         Every whole KV block of that prompt stays in the prefix cache, so a later stream() of
-        the same or an extended conversation reuses it. One token is generated and dropped.
+        the same or an extended conversation, with the same ``cache_salt``, reuses it. One
+        token is generated and dropped.
         """
-        return await _one_token(self._generate(messages, request_id, 1), self._stats, request_id)
+        generation = self._generate(messages, request_id, 1, cache_salt)
+        return await _one_token(generation, self._stats, request_id)
 
     async def _generate(
-        self, messages: Sequence[Message], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        cache_salt: str | None,
     ) -> AsyncGenerator[str, None]:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         if self._closed:
             raise LlmError("the engine is closed")
+        check_salt(cache_salt)
         started = time.perf_counter()
         ids = self.render(messages)
         room = self.options.max_model_len - len(ids)
@@ -225,8 +268,11 @@ class VllmEngine:
         produced = 0
         ttft: float | None = None
         finish: str | None = None
+        tokens = TokensPrompt(prompt_token_ids=ids)
+        if cache_salt is not None:  # vLLM hashes it into the first block, so into every block
+            tokens["cache_salt"] = cache_salt
         try:
-            (prompt,) = self._engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=ids)])
+            (prompt,) = self._engine.renderer.render_cmpl([tokens])
         except Exception as e:
             raise LlmError(f"vLLM rejected the prompt of {request_id}: {e}") from e
         outputs = self._engine.generate(prompt, params, request_id)
@@ -395,7 +441,8 @@ class RemoteVllm:
     consumer close the HTTP stream, and vLLM aborts a request whose client has gone. A replica
     that fails before the first token is left for the next one; failures are :class:`LlmError`.
     vLLM reports ``cached_tokens`` only with ``--enable-prompt-tokens-details`` (and prefix
-    caching on); otherwise they read 0. The request id goes out as ``X-Request-Id``.
+    caching on); otherwise they read 0. The request id goes out as ``X-Request-Id``, the
+    ``cache_salt`` in the body (over ``extra_body``'s, if that names one).
     """
 
     def __init__(self, options: RemoteOptions, clock: Callable[[], float] = time.monotonic) -> None:
@@ -429,20 +476,33 @@ class RemoteVllm:
         return self._session
 
     def stream(
-        self, messages: Sequence[Message], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[str, None]:
         """Reply deltas; ``aclose()`` or cancelling the consumer closes the HTTP stream."""
-        return self._generate(messages, request_id, max_tokens)
+        return self._generate(messages, request_id, max_tokens, cache_salt)
 
-    async def prefill(self, messages: Sequence[Message], request_id: str) -> GenerationStats:
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> GenerationStats:
         """The same request as stream() with max_tokens=1; the replica caches its prefix."""
-        return await _one_token(self._generate(messages, request_id, 1), self._stats, request_id)
+        generation = self._generate(messages, request_id, 1, cache_salt)
+        return await _one_token(generation, self._stats, request_id)
 
     async def _generate(
-        self, messages: Sequence[Message], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        cache_salt: str | None,
     ) -> AsyncGenerator[str, None]:
         if request_id in self._calls:
             raise LlmError(f"request {request_id} is already running")
+        check_salt(cache_salt)
         body: dict[str, Any] = {
             "model": self.options.model,
             "messages": [dict(m) for m in messages],
@@ -452,7 +512,9 @@ class RemoteVllm:
             "stream_options": {"include_usage": True},
             **self.options.extra_body,
         }
-        prompt, anchor = prompt_key(messages)
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt  # the caller's scope; the operator's may not widen it
+        prompt, anchor = prompt_key(messages, cache_salt or "")
         call = _RemoteCall()
         self._calls[request_id] = call
         started = time.perf_counter()

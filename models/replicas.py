@@ -2,10 +2,10 @@
 
 A session's prefix warm-ups only help if its reply goes to the replica that holds that prefix in
 its KV cache, so a request goes to the replica that recently served the longest prompt sharing
-its beginning, if that shared part reaches ``MIN_SHARED_CHARS`` past the first message (the
-persona every session shares). Without such a replica, the one with the fewest requests in
-flight (ties in turn). A replica that failed is
-tried last for ``down_s`` seconds. Plain bookkeeping: no I/O, times in seconds.
+its beginning (and its cache salt, see :func:`prompt_key`), if that shared part reaches
+``MIN_SHARED_CHARS`` past the first message (the persona). Without such a replica, the one with
+the fewest requests in flight (ties in turn). A replica that failed is tried last for
+``down_s`` seconds. Plain bookkeeping: no I/O, times in seconds.
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ AFFINITY_SLACK = 4  # affinity yields when its replica has this many more reques
 MIN_SHARED_CHARS = 32  # shared text past the persona that makes affinity (~8 tokens)
 
 
-def prompt_key(messages: Sequence[Mapping[str, str]]) -> tuple[str, int]:
+def prompt_key(messages: Sequence[Mapping[str, str]], scope: str = "") -> tuple[str, int]:
     """A chat as one string whose prefixes follow the chat's, and the length of its first
-    message's part (the shared persona: a match no longer than that says nothing)."""
+    message's part (the shared persona: a match no longer than that says nothing).
+
+    ``scope``: the request's cache salt. Requests of different salts share no cached blocks,
+    so the key starts with it and affinity holds only within one scope.
+    """
+    head = f"{scope}\x1d" if scope else ""
     parts = [f"{m.get('role', '')}\x1f{m.get('content', '')}\x1e" for m in messages]
-    return "".join(parts), len(parts[0]) if parts else 0
+    return head + "".join(parts), len(head) + (len(parts[0]) if parts else 0)
 
 
 def common_prefix_len(a: str, b: str) -> int:

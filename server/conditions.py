@@ -45,7 +45,7 @@ def validate_update(
     for key, value in changes.items():
         if key not in UPDATABLE:
             raise InvalidConditionUpdate(
-                f"session.update: unknown field {key!r} (allowed: {', '.join(UPDATABLE)})"
+                f"session.update: unknown field {key[:64]!r} (allowed: {', '.join(UPDATABLE)})"
             )
         if not isinstance(value, str) or not value.strip():
             raise InvalidConditionUpdate(f"session.update: {key} must be a non-empty string")

@@ -22,6 +22,7 @@ ENV_PREFIX = "AVATAR_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULER_POLICIES = ("edf", "round_robin")
 ASR_WINDOWS = ("audio", "full")
+PRIVATE_CANDIDATES = ("auto", "allow", "drop")
 
 
 def _setting(default: Any, help: str, **rules: Any) -> Any:
@@ -166,6 +167,21 @@ class TransportConfig:
     connect_timeout_s: float = _setting(
         20.0, "A peer that does not connect within this many seconds is closed.", min=1.0, max=600.0
     )
+    ice_connect_timeout_s: float = _setting(
+        8.0,
+        "A peer whose ICE has not connected within this many seconds is closed (its slot is "
+        "free again); at most connect_timeout_s.",
+        min=1.0,
+        max=600.0,
+    )
+    max_sessions_per_client: int = _setting(
+        0,
+        "Live sessions one client may hold: per client address (an IPv6 /64 is one) and, with "
+        "several auth_tokens, per token; more get 429. 0: half of max_sessions (at least 1), "
+        "loopback clients exempt.",
+        min=0,
+        max=10_000,
+    )
     max_sdp_lines: int = _setting(
         1000, "Most lines in an SDP offer or fragment; more gets 413.", min=50, max=100_000
     )
@@ -183,6 +199,29 @@ class TransportConfig:
         "A connected peer whose audio stops for this many seconds is closed (a vanished client).",
         min=0.5,
         max=3600.0,
+    )
+    max_remote_candidates: int = _setting(
+        32,
+        "Distinct remote ICE candidates one session may give (offer and trickle PATCHes "
+        "together); more get 422.",
+        min=1,
+        max=1000,
+    )
+    patch_rate_per_min: float = _setting(
+        60.0,
+        "Trickle PATCHes one session may send per minute (token bucket refill); 0: no limit.",
+        min=0.0,
+        max=1_000_000.0,
+    )
+    patch_burst: int = _setting(
+        30, "Trickle PATCHes one session may send at once (token bucket size).", min=1, max=10_000
+    )
+    private_candidates: str = _setting(
+        "auto",
+        "Remote ICE candidates at loopback, link-local or other non-global addresses and mDNS "
+        "names: 'allow', 'drop' (never contacted), or 'auto': drop those more local than the "
+        "client's own address.",
+        choices=PRIVATE_CANDIDATES,
     )
     ice_urls: tuple[str, ...] = _setting(
         (),

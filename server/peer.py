@@ -49,8 +49,14 @@ from server.protocol import (
     TextInput,
     error_event,
     parse_client_event,
+    quoted,
 )
-from server.rtc import add_outbound_track, rtc_configuration, tune_audio_jitter
+from server.rtc import (
+    add_outbound_track,
+    guard_data_channels,
+    rtc_configuration,
+    tune_audio_jitter,
+)
 from server.scheduler import SessionView
 from server.session import BargeIn, ChunkAudio, Session
 from server.tracks import (
@@ -68,6 +74,8 @@ log = logging.getLogger(__name__)
 PREROLL_FRAMES = 25  # 16 kHz audio kept before a speech start (500 ms), for the transcript
 MAX_UTTERANCE_S = 30
 MAX_OUTBOX = 256
+MAX_QUEUED_BYTES = 1024 * 1024  # events queued towards a peer that does not take them
+EVENTS_LABEL = "events"
 MAX_INBOX = 64
 LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
@@ -171,6 +179,8 @@ class PeerSession:
         self._tasks: set[asyncio.Task[None]] = set()
         self._response: asyncio.Task[None] | None = None
         self._channel: RTCDataChannel | None = None
+        self._overflowed = False  # the peer left MAX_QUEUED_BYTES unread: nothing more is sent
+        self._refused_channels = 0
         self._outbox: deque[dict[str, Any]] = deque(maxlen=MAX_OUTBOX)
         self._inbox: asyncio.Queue[ClientEvent] = asyncio.Queue(maxsize=MAX_INBOX)
         self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
@@ -246,6 +256,7 @@ class PeerSession:
         """Apply the client's offer and return our answer (ICE gathered: no trickle)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         tune_audio_jitter(self.pc, self.config.transport.jitter_prefetch_packets)
+        guard_data_channels(self.pc, f"session {self.session_id[:8]}")
         # on the m-lines the client wants to receive on (none for a pure publisher)
         self.sends_audio = add_outbound_track(self.pc, self.audio_track)
         if self.video_track is not None:
@@ -256,7 +267,17 @@ class PeerSession:
         return self.pc.localDescription
 
     async def _connect_watchdog(self) -> None:
-        await asyncio.sleep(self.config.transport.connect_timeout_s)
+        """Close a peer whose ICE has not connected within ``ice_connect_timeout_s`` (a client
+        that never answers holds a slot only that long), or that is not connected (DTLS and
+        all) within ``connect_timeout_s``."""
+        transport = self.config.transport
+        ice_s = min(transport.ice_connect_timeout_s, transport.connect_timeout_s)
+        await asyncio.sleep(ice_s)
+        if self.state is PeerState.NEW and self.pc.iceConnectionState != "completed":
+            log.warning("session %s: ICE not connected within %.0f s", self.session_id[:8], ice_s)
+            self._on_gone(self.session_id)
+            return
+        await asyncio.sleep(transport.connect_timeout_s - ice_s)
         if self.state is PeerState.NEW:
             log.warning(
                 "session %s: no connection within %.0f s",
@@ -472,6 +493,7 @@ class PeerSession:
             epoch,
             self.session.history.context(self.config.runtime.recent_window_tokens),
             self.session.conditions,
+            owner=self.owner,  # its prefix-cache scope (per session when NO_OWNER)
         )
 
     def _start_response(
@@ -661,8 +683,11 @@ class PeerSession:
 
     # --- events channel ---------------------------------------------------------------------
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label != "events":
-            log.info("session %s: ignoring data channel %r", self.session_id[:8], channel.label)
+        """The first channel labelled ``events`` carries the session's events; every other
+        channel is closed at once (no task, no ``session.created``; the first refusal of a
+        session is logged)."""
+        if channel.label != EVENTS_LABEL or self._channel is not None:
+            self._refuse_channel(channel)
             return
         self._channel = channel
         channel.on("message", self._on_message)
@@ -682,15 +707,46 @@ class PeerSession:
                 },
             }
         )
-        while self._outbox:
-            channel.send(json.dumps(self._outbox.popleft()))
+        while self._outbox and channel.readyState == "open":
+            self._send(self._outbox.popleft())
+
+    def _refuse_channel(self, channel: RTCDataChannel) -> None:
+        self._refused_channels += 1
+        if self._refused_channels == 1:
+            log.info(
+                "session %s: refusing data channel %s (only the first %r channel is used; "
+                "further refusals are not logged)",
+                self.session_id[:8],
+                quoted(channel.label),
+                EVENTS_LABEL,
+            )
+        channel.close()
 
     def _send(self, event: dict[str, Any]) -> None:
+        """Send ``event`` on the events channel (before it opens: keep the last MAX_OUTBOX).
+        Past MAX_QUEUED_BYTES queued towards the peer (aiortc's ``bufferedAmount``: sent but
+        not yet taken by SCTP, which stalls when the peer acknowledges nothing) the session is
+        closed and nothing more is sent."""
+        if self._overflowed:
+            return
         channel = self._channel
-        if channel is not None and channel.readyState == "open":
-            channel.send(json.dumps(event))
-        else:
+        if channel is None or channel.readyState != "open":
             self._outbox.append(event)
+            return
+        payload = json.dumps(event)  # ASCII: characters are bytes
+        queued = channel.bufferedAmount + len(payload)
+        if queued > MAX_QUEUED_BYTES:
+            self._overflowed = True
+            log.warning(
+                "session %s: %d bytes of events queued towards a peer that does not take them "
+                "(cap %d); closing the session",
+                self.session_id[:8],
+                queued,
+                MAX_QUEUED_BYTES,
+            )
+            self._on_gone(self.session_id)
+            return
+        channel.send(payload)
 
     def _send_error(self, code: str, message: str, event_id: str | None = None) -> None:
         self._send(ProtocolError(code, message, event_id).to_event())
@@ -728,10 +784,16 @@ class PeerSession:
         self._send({"type": "response.timings", **timings})
 
     def _on_message(self, raw: str | bytes) -> None:
+        """One client message: parsed and queued, or answered with one ``error``. Runs inside
+        aiortc's receive path, where an exception would end the transport: none escapes."""
         try:
             event = parse_client_event(raw, self.config.transport.max_event_bytes)
         except ProtocolError as exc:
             self._send(exc.to_event())
+            return
+        except Exception:
+            log.exception("session %s: could not parse a client event", self.session_id[:8])
+            self._send_server_error("internal_error", "the event could not be handled")
             return
         try:
             self._inbox.put_nowait(event)

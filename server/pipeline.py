@@ -7,8 +7,11 @@ of an utterance, then for the reply's sentences (the LLM stage), then for each s
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib
 import inspect
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
@@ -16,6 +19,7 @@ from typing import Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from server.auth import NO_OWNER
 from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
 from server.config import Config, PipelineConfig
@@ -26,12 +30,43 @@ from server.history import ContextEntry
 
 @dataclass(frozen=True)
 class ReplyRequest:
-    """What the LLM stage needs to write a reply."""
+    """What the LLM stage needs to write a reply. ``owner``: the digest of the token that
+    created the session (``NO_OWNER`` when authentication is off); with the session id, it
+    says whose prefix cache the request may share (see :class:`CacheSalts`)."""
 
     session_id: str
     epoch: int
     context: tuple[ContextEntry, ...]
     conditions: Conditions
+    owner: str = NO_OWNER
+
+
+class CacheSalts:
+    """Prefix-cache scopes for a shared LLM engine (its ``cache_salt``): one per owner (the
+    token digest), or one per session when authentication is off.
+
+    Requests reuse cached prompt blocks only within a scope, so the cache cannot tell a
+    session what another owner said (a hit, or a faster first token, on a guessed prefix).
+    Everything is salted, the persona too (a client may replace it). A salt is HMAC-SHA256
+    under a random per-process key, 64 hex characters: stable while the process lives, and
+    neither the token digest nor the session id can be read back from it.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = secrets.token_bytes(32) if key is None else key
+
+    def of(self, request: ReplyRequest) -> str:
+        """The scope of ``request``'s prompt: its owner's, or its session's without one."""
+        if request.owner == NO_OWNER:
+            return self._salt("session", request.session_id)
+        return self._salt("owner", request.owner)
+
+    def internal(self, name: str) -> str:
+        """A scope of the server's own requests (start-up warm-ups); no session shares it."""
+        return self._salt("internal", name)
+
+    def _salt(self, kind: str, name: str) -> str:
+        return hmac.new(self._key, f"{kind}\x1f{name}".encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass
@@ -39,6 +74,9 @@ class TurnTrace:
     """Timings of one reply, filled in by the pipeline as the stages finish (ms, monotonic).
 
     A recorder, not a value: the stages write it, the runtime reads it when the reply ends.
+    It goes to the client (``response.timings``), so it holds figures of this reply only:
+    nothing counted from other sessions (their number, queue positions, cache contents). The
+    cache figures count blocks of the request's own scope (:class:`CacheSalts`).
     """
 
     endpoint_ms: float = 0.0  # end-of-turn decision

@@ -1,11 +1,14 @@
-"""Per-key token buckets: how many sessions one client address may create, and how fast.
+"""Per-key token buckets: how many sessions one client address may create, and how fast (and
+how often one session may trickle candidates).
 
-Each key (a client address) has a bucket of ``burst`` tokens that refills at ``rate_per_min``
-tokens a minute; creating a session takes one. Time comes from an injected :class:`Clock`.
+Each key (a client, a session) has a bucket of ``burst`` tokens that refills at
+``rate_per_min`` tokens a minute; each request takes one. Time comes from an injected
+:class:`Clock`. :func:`client_key` names a client for every per-client limit.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -13,6 +16,23 @@ from dataclasses import dataclass
 from server.clock import Clock
 
 MAX_KEYS = 10_000  # buckets kept; the least recently used is forgotten (it refilled anyway)
+IPV6_CLIENT_PREFIX = 64  # one IPv6 client (a home, a host) has a whole /64 to rotate through
+
+
+def client_key(address: str) -> str:
+    """The key of a client address for per-client limits: an IPv4 address (also written as
+    IPv4-mapped IPv6) as it is, an IPv6 address as its /64 (``2001:db8:1:2::/64``; loopback
+    and link-local ones, which every link shares, as they are); anything else as given."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        if not (ip.is_loopback or ip.is_link_local):
+            return str(ipaddress.IPv6Network((ip, IPV6_CLIENT_PREFIX), strict=False))
+    return str(ip)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The live sessions of this process: creation within capacity, lookup, closing."""
+"""The live sessions of this process: creation within capacity (the server's, and each
+client's share of it), lookup, closing."""
 
 from __future__ import annotations
 
@@ -10,25 +11,42 @@ import secrets
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from server.auth import NO_OWNER
+from server.auth import NO_OWNER, is_loopback
 from server.avatar import AvatarRenderer
 from server.config import Config
-from server.errors import BadRequest, NotFound, ServerFull
+from server.errors import BadRequest, NotFound, ServerFull, TooManyRequests
 from server.metrics import Metrics
 from server.peer import PeerSession, PeerState
 from server.pipeline import TurnPipeline
 from server.procstats import trim_heap
 from server.vad import TurnDetector
 from server.vision import VisionModel
+from server.whip import CandidateBudget
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_BYTES = 24  # 192 random bits, URL-safe
 REAP_INTERVAL_S = 1.0  # longest pause between two dead-peer checks
+
+
+class TooManySessions(TooManyRequests):
+    """The client (address or token) already holds its share of the sessions."""
+
+    code = "too_many_sessions"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a session was admitted as: its client's key (server/ratelimit.py ``client_key``;
+    '' when unknown) and its remote ICE candidates so far."""
+
+    client: str
+    candidates: CandidateBudget
 
 
 def receives_audio(pc: RTCPeerConnection) -> bool:
@@ -58,6 +76,7 @@ class SessionRegistry:
         self._renderer = renderer
         self._vision = vision
         self.sessions: dict[str, PeerSession] = {}
+        self._admitted: dict[str, Admission] = {}  # by session id, as long as it is in sessions
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
         self.finished: deque[tuple[str, dict[str, Any]]] = deque(maxlen=256)  # (owner, describe())
@@ -69,14 +88,53 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self.sessions)
 
+    def client_limit(self) -> int:
+        """Live sessions one client may hold (``transport.max_sessions_per_client``; 0: half of
+        ``max_sessions``, at least 1)."""
+        transport = self.config.transport
+        return transport.max_sessions_per_client or max(1, transport.max_sessions // 2)
+
+    def _check_client(self, client: str, owner: str) -> None:
+        """TooManySessions when ``client`` (an address key) or ``owner`` (a token digest)
+        already holds its share. The automatic limit leaves loopback clients alone: on this
+        machine, or behind a proxy not in ``server.trusted_proxies``, every client is one.
+        Tokens count when there are several (with one, every client shares it)."""
+        transport = self.config.transport
+        limit = self.client_limit()
+        by_address = bool(client) and (
+            transport.max_sessions_per_client > 0 or not is_loopback(client)
+        )
+        if by_address and sum(a.client == client for a in self._admitted.values()) >= limit:
+            raise TooManySessions(
+                f"this client address already has {limit} live sessions (its share of the "
+                "server); end one first",
+                transport.retry_after_s,
+            )
+        by_token = owner != NO_OWNER and len(self.config.server.auth_tokens) > 1
+        if by_token and sum(p.owner == owner for p in self.sessions.values()) >= limit:
+            raise TooManySessions(
+                f"this token already has {limit} live sessions (its share of the server); "
+                "end one first",
+                transport.retry_after_s,
+            )
+
     async def create(
-        self, offer_sdp: str, owner: str = NO_OWNER
+        self,
+        offer_sdp: str,
+        owner: str = NO_OWNER,
+        client: str = "",
+        candidates: CandidateBudget | None = None,
     ) -> tuple[str, RTCSessionDescription]:
         """A new session for ``offer_sdp``, owned by ``owner`` (the digest of the token that
-        created it); raises ServerFull or BadRequest, leaving nothing."""
+        created it), for ``client`` (its address key), with the offer's remote ``candidates``
+        counted; raises ServerFull, TooManySessions or BadRequest, leaving nothing."""
+        if self._accepting:
+            self._check_client(client, owner)  # its own share first: waiting will not help it
         if not self._accepting or len(self.sessions) >= self.config.transport.max_sessions:
             self._metrics.sessions_rejected.inc()
             raise ServerFull("server is at its session limit", self.config.transport.retry_after_s)
+        if candidates is None:
+            candidates = CandidateBudget(self.config.transport.max_remote_candidates)
         session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
         peer = PeerSession(
             session_id,
@@ -90,11 +148,13 @@ class SessionRegistry:
             owner,
         )
         self.sessions[session_id] = peer  # counts against capacity while we negotiate
+        self._admitted[session_id] = Admission(client, candidates)
         self._peer_objects.add(peer)
         try:
             answer = await peer.answer(offer_sdp)
         except Exception as exc:
             self.sessions.pop(session_id, None)
+            self._admitted.pop(session_id, None)
             try:
                 await peer.close()
             except Exception:  # aiortc cannot always close after a refused offer
@@ -111,9 +171,17 @@ class SessionRegistry:
         except KeyError:
             raise NotFound("no such session") from None
 
+    def candidates(self, session_id: str) -> CandidateBudget:
+        """The remote ICE candidates the session has been given so far; NotFound if unknown."""
+        try:
+            return self._admitted[session_id].candidates
+        except KeyError:
+            raise NotFound("no such session") from None
+
     async def close(self, session_id: str) -> None:
         """End one session and free everything it holds; NotFound if unknown."""
         peer = self.sessions.pop(session_id, None)
+        self._admitted.pop(session_id, None)
         if peer is None:
             raise NotFound("no such session")
         await peer.close()

@@ -1,10 +1,12 @@
 """aiortc settings the project owns: ICE servers, host candidates, the audio jitter buffer,
-the DTLS cipher list, trickled remote candidates, and which m-line carries our tracks."""
+the DTLS cipher list, trickled remote candidates, which m-line carries our tracks, and the
+guard on inbound data-channel messages."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from struct import unpack_from
 from typing import Any
 
 import aioice.ice
@@ -14,10 +16,18 @@ from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdtlstransport import SRTP_AES128_CM_SHA1_80, RTCCertificate
 from aiortc.rtcpeerconnection import or_direction
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
+from aiortc.rtcsctptransport import (
+    DATA_CHANNEL_ACK,
+    DATA_CHANNEL_OPEN,
+    WEBRTC_DCEP,
+    WEBRTC_STRING,
+    RTCSctpTransport,
+)
 from aiortc.sdp import candidate_from_sdp
 from OpenSSL import SSL
 
 from server.ice import IceServer
+from server.protocol import UndecodableText
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +182,75 @@ def add_outbound_track(pc: RTCPeerConnection, track: MediaStreamTrack) -> bool:
             transceiver.direction = or_direction(transceiver.direction, "sendonly")
             return True
     return False
+
+
+DCEP_OPEN_HEADER_BYTES = 12  # RFC 8832: type, channel type, priority, reliability, two lengths
+
+
+def _dcep_fault(sctp: RTCSctpTransport, stream_id: int, data: bytes) -> str | None:
+    """Why aiortc would fail on this DCEP message (raise inside its receive path, which ends
+    the transport), or None when it handles it."""
+    if not data:
+        return None
+    if data[0] == DATA_CHANNEL_OPEN and len(data) >= DCEP_OPEN_HEADER_BYTES:
+        if stream_id in sctp._data_channels:
+            return "an open for a stream that is open"
+        label_length, protocol_length = unpack_from("!HH", data, 8)
+        end = DCEP_OPEN_HEADER_BYTES + label_length
+        try:
+            data[DCEP_OPEN_HEADER_BYTES:end].decode("utf8")
+            data[end : end + protocol_length].decode("utf8")
+        except UnicodeDecodeError:
+            return "a label or protocol that is not UTF-8"
+    elif data[0] == DATA_CHANNEL_ACK and stream_id not in sctp._data_channels:
+        return "an ack for an unknown stream"
+    return None
+
+
+def guard_data_channels(pc: RTCPeerConnection, name: str) -> bool:
+    """Keep one malformed inbound data-channel message from ending this peer's SCTP transport.
+
+    aiortc decodes text messages (PPID 51) with ``.decode("utf8")`` and checks DCEP messages
+    with ``assert`` inside its receive path; an exception there ends the DTLS transport and
+    logs a traceback. This wraps the receive step of this one connection's SCTP transport
+    (an instance attribute, nothing global; call after setRemoteDescription): a text message
+    that is not UTF-8 reaches the channel's ``message`` handlers as UndecodableText (its raw
+    bytes), so the session answers it with one ``error``; a DCEP message aiortc would fail on
+    is dropped, and the first one is logged under ``name``. Returns whether a transport was
+    guarded (False: the offer had no data channel). Idempotent.
+    """
+    sctp = pc.sctp
+    if sctp is None:
+        return False
+    if getattr(sctp, "_avatar_guarded", False):
+        return True
+    receive: Callable[[int, int, bytes], Awaitable[None]] = sctp._data_channel_receive
+    dropped = 0
+
+    async def guarded_receive(stream_id: int, pp_id: int, data: bytes) -> None:
+        nonlocal dropped
+        if pp_id == WEBRTC_STRING:
+            try:
+                data.decode("utf8")
+            except UnicodeDecodeError:
+                channel = sctp._data_channels.get(stream_id)
+                if channel is not None:
+                    channel.emit("message", UndecodableText(data))
+                return
+        elif pp_id == WEBRTC_DCEP:
+            fault = _dcep_fault(sctp, stream_id, data)
+            if fault is not None:
+                dropped += 1
+                if dropped == 1:
+                    log.warning(
+                        "%s: dropped a data channel control message with %s (further ones "
+                        "are dropped without a log line)",
+                        name,
+                        fault,
+                    )
+                return
+        await receive(stream_id, pp_id, data)
+
+    sctp._data_channel_receive = guarded_receive  # type: ignore[method-assign]
+    sctp._avatar_guarded = True  # type: ignore[attr-defined]
+    return True

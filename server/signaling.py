@@ -8,7 +8,10 @@ gets ``412``); ``DELETE /whip/<id>`` ends the session; ``OPTIONS`` on both answe
 preflights and names the methods.
 
 Who may call: bearer tokens when configured (a resource obeys only the token that created
-it), browser origins by the CORS policy, session creation by a per-address token bucket.
+it), browser origins by the CORS policy, session creation by a per-address token bucket and a
+per-client share of the live sessions (server/registry.py), trickle PATCHes by a per-session
+token bucket. Remote ICE candidates, in the offer and in PATCHes, pass the candidate filter
+and the session's candidate cap (server/whip.py) before aiortc sees them.
 Typed errors are translated to HTTP here, at the edge, always with a JSON ``{"error": ...}``
 body. Bodies are checked (type, size, SDP shape) before any peer is created.
 """
@@ -37,13 +40,16 @@ from server.errors import (
     UnsupportedMediaType,
 )
 from server.ice import IceServer, ice_servers
-from server.ratelimit import RateLimiter
+from server.ratelimit import RateLimiter, client_key
 from server.registry import SessionRegistry
 from server.rtc import add_remote_candidates, remote_candidates_complete
 from server.whip import (
     SDP_TYPE,
     SDPFRAG_TYPE,
+    CandidateBudget,
+    CandidateFilter,
     entity_tag,
+    filter_offer,
     ice_server_links,
     ice_ufrag,
     if_match_allows,
@@ -57,6 +63,7 @@ REGISTRY_KEY = web.AppKey("registry", SessionRegistry)
 AUTH_KEY = web.AppKey("auth", BearerAuth)
 CORS_KEY = web.AppKey("cors", CorsPolicy)
 LIMITER_KEY = web.AppKey("session_rate", RateLimiter)
+PATCH_LIMITER_KEY = web.AppKey("patch_rate", RateLimiter)  # keyed by session id
 TRANSPORT_KEY = web.AppKey("transport", TransportConfig)
 PROXIES_KEY = web.AppKey("trusted_proxies", frozenset)
 
@@ -124,8 +131,9 @@ def client_address(request: web.Request) -> str:
 
 
 def limit_session_rate(request: web.Request) -> None:
-    """The per-address session rate limit: 429 (with Retry-After) when the address is over it."""
-    address = client_address(request)
+    """The per-address session rate limit: 429 (with Retry-After) when the address is over it
+    (an IPv6 client is its /64)."""
+    address = client_key(client_address(request))
     decision = request.app[LIMITER_KEY].take(address)
     if not decision.allowed:
         log.info("session rate limit hit by %s", address)
@@ -191,6 +199,23 @@ def _max_lines(request: web.Request) -> int:
     return request.app[TRANSPORT_KEY].max_sdp_lines
 
 
+def candidate_filter(request: web.Request) -> CandidateFilter:
+    """Which remote candidates this client may name (``transport.private_candidates``)."""
+    policy = request.app[TRANSPORT_KEY].private_candidates
+    return CandidateFilter.for_client(policy, client_address(request))
+
+
+async def create_session(request: web.Request, sdp: str, owner: str) -> tuple[str, str]:
+    """A session for the offer ``sdp``: its candidates filtered and counted before aiortc sees
+    them (422 past the cap), then created within the client's share; (session id, answer)."""
+    sdp, kept = filter_offer(sdp, candidate_filter(request))
+    budget = CandidateBudget(request.app[TRANSPORT_KEY].max_remote_candidates)
+    budget.admit(kept)
+    client = client_key(client_address(request))
+    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner, client, budget)
+    return session_id, answer.sdp
+
+
 async def post_offer(request: web.Request) -> web.Response:
     """``{"sdp", "type": "offer"}`` -> ``{"sdp", "type": "answer", "session_id"}``."""
     owner = admit_session(request)
@@ -202,8 +227,8 @@ async def post_offer(request: web.Request) -> web.Response:
     if not isinstance(data, dict) or data.get("type") != "offer":
         raise BadRequest('expected a JSON object with "type": "offer"')
     sdp = check_sdp(data.get("sdp"), _max_lines(request))
-    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner)
-    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id})
+    session_id, answer = await create_session(request, sdp, owner)
+    return web.json_response({"sdp": answer, "type": "answer", "session_id": session_id})
 
 
 def _client_ice_servers(request: web.Request) -> tuple[IceServer, ...]:
@@ -231,7 +256,7 @@ async def post_whip(request: web.Request) -> web.Response:
     """WHIP (RFC 9725): SDP offer in, 201 with the SDP answer and the resource's Location."""
     owner = admit_session(request)
     sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
-    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner)
+    session_id, answer = await create_session(request, sdp, owner)
     ufrag = ice_ufrag(sdp)
     headers = CIMultiDict(
         [
@@ -241,18 +266,30 @@ async def post_whip(request: web.Request) -> web.Response:
             *_ice_links(request),
         ]
     )
-    return web.Response(
-        status=201, body=answer.sdp.encode(), content_type=SDP_TYPE, headers=headers
-    )
+    return web.Response(status=201, body=answer.encode(), content_type=SDP_TYPE, headers=headers)
+
+
+def limit_patch_rate(request: web.Request, session_id: str) -> None:
+    """The per-session PATCH rate limit: 429 (with Retry-After) when the session is over it."""
+    decision = request.app[PATCH_LIMITER_KEY].take(session_id)
+    if not decision.allowed:
+        log.info("session %s: trickle PATCH rate limit hit", session_id[:8])
+        raise TooManyRequests(
+            "too many PATCH requests for this session; retry later", decision.retry_after_s
+        )
 
 
 async def patch_whip(request: web.Request) -> web.Response:
-    """Trickle ICE: the client's later candidates (``204``). ICE restarts: ``422``."""
+    """Trickle ICE: the client's later candidates (``204``). ICE restarts: ``422``; past the
+    session's candidate cap: ``422``; past its PATCH rate: ``429``. A refused PATCH adds
+    nothing; candidates the filter drops are left out silently (the server would never
+    reach them)."""
     caller = authenticate(request)
     registry = request.app[REGISTRY_KEY]
     session_id = request.match_info["session_id"]
     peer = registry.get(session_id)
     check_owner(peer.owner, caller)
+    limit_patch_rate(request, session_id)
     text = await read_body(request, SDPFRAG_TYPE)
     remote = peer.pc.remoteDescription
     ufrag = ice_ufrag(remote.sdp if remote is not None else "")
@@ -271,21 +308,26 @@ async def patch_whip(request: web.Request) -> web.Response:
     mids = {t.mid for t in peer.pc.getTransceivers()} | {None}
     if peer.pc.sctp is not None:
         mids.add(peer.pc.sctp.mid)
-    added = 0
     for media in fragment.media:
         if media.mid not in mids:
             raise BadRequest(f"the session has no media section with mid {media.mid!r}")
+    allowed = candidate_filter(request)
+    kept = [tuple(c for c in m.candidates if allowed.allows(c)) for m in fragment.media]
+    registry.candidates(session_id).admit(c for cs in kept for c in cs)  # 422 past the cap
+    added = 0
+    for media, candidates in zip(fragment.media, kept, strict=True):
         try:
             added += await add_remote_candidates(
                 peer.pc,
-                media.candidates,
+                candidates,
                 mid=media.mid,
                 mline_index=media.mline_index,
                 end_of_candidates=media.end_of_candidates,
             )
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-    log.info("session %s: %d trickled candidates", session_id[:8], added)
+    dropped = fragment.candidate_count - sum(len(cs) for cs in kept)
+    log.info("session %s: %d trickled candidates (%d dropped)", session_id[:8], added, dropped)
     return web.Response(status=204, headers={"ETag": etag})
 
 
@@ -338,6 +380,9 @@ def add_routes(app: web.Application, config: Config) -> None:
     app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
     app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
     add_session_limit(app, config)
+    app[PATCH_LIMITER_KEY] = RateLimiter(
+        config.transport.patch_rate_per_min, config.transport.patch_burst, MonotonicClock()
+    )
     app.router.add_get("/ice-servers", get_ice_servers)
     app.router.add_route("OPTIONS", "/ice-servers", options_ice_servers)
     app.router.add_post("/offer", post_offer)

@@ -24,7 +24,7 @@ from server.engine_queue import EngineQueue, JobTag, ShedWork
 from server.errors import RuntimeErrorBase
 from server.history import ContextEntry
 from server.media import MEDIA_RATE_HZ, resample
-from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
 from server.scheduler import SessionView, make_scheduler
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,20 @@ class Asr(Protocol):
 
 
 class Llm(Protocol):
+    """models.llm.LlmEngine as this module uses it (``cache_salt``: the prefix-cache scope)."""
+
     def stream(
-        self, messages: Sequence[Message], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[str]: ...
 
-    async def prefill(self, messages: Sequence[Message], request_id: str) -> Any: ...
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -130,7 +139,11 @@ class FirstChunkCutter:
 
 
 class VoicePipeline:
-    """ASR -> LLM -> TTS behind the TurnPipeline seam, shared by every session."""
+    """ASR -> LLM -> TTS behind the TurnPipeline seam, shared by every session.
+
+    Every LLM request is salted (``salts``): a session shares cached prompt blocks only with
+    the sessions of its owner (see :class:`~server.pipeline.CacheSalts`).
+    """
 
     def __init__(
         self,
@@ -143,6 +156,7 @@ class VoicePipeline:
         first_chunk_words: int,
         scheduler_config: SchedulerConfig | None = None,
         clock: Clock | None = None,
+        salts: CacheSalts | None = None,
     ) -> None:
         self._asr = asr
         self._llm = llm
@@ -155,6 +169,7 @@ class VoicePipeline:
         # each engine is one worker thread shared by all sessions, fed deadline first
         self.asr_queue = EngineQueue("asr", make_scheduler(config), clock, deadlines=config)
         self.tts_queue = EngineQueue("tts", make_scheduler(config), clock, deadlines=config)
+        self._salts = salts or CacheSalts()
         self._ids = itertools.count(1)
         self._replying = 0  # replies whose text is being written now
 
@@ -212,7 +227,8 @@ class VoicePipeline:
             raise ShedWork("llm: prefix warm-up shed while a reply is written")
         rid = f"{request.session_id[:8]}-warm-{next(self._ids)}"
         try:
-            stats = await self._llm.prefill(to_messages(request.context), rid)
+            messages = to_messages(request.context)
+            stats = await self._llm.prefill(messages, rid, cache_salt=self._salts.of(request))
         except Exception as exc:
             log.warning("warm-up %s failed: %s: %s", rid, type(exc).__name__, exc)
             return 0
@@ -221,7 +237,10 @@ class VoicePipeline:
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
         cutter = FirstChunkCutter(self._splitter, self._first_chunk_words)
-        stream = self._llm.stream(to_messages(request.context), rid, self._max_tokens)
+        salt = self._salts.of(request)
+        stream = self._llm.stream(
+            to_messages(request.context), rid, self._max_tokens, cache_salt=salt
+        )
         self._replying += 1
         try:
             async for delta in stream:
@@ -308,7 +327,8 @@ class VoicePipeline:
         started = self._clock.now_ms()
         first: float | None = None
         pieces = 0
-        async for _ in self._llm.stream(messages, WARM_UP_SESSION, max_tokens):
+        salt = self._salts.internal(WARM_UP_SESSION)
+        async for _ in self._llm.stream(messages, WARM_UP_SESSION, max_tokens, cache_salt=salt):
             first = self._clock.now_ms() if first is None else first
             pieces += 1
         if first is None:

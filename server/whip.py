@@ -4,20 +4,29 @@ entity-tags of a resource's ICE session, and ICE servers as ``Link`` headers.
 This server answers after ICE gathering completes (no server-side trickle), accepts the
 client's trickled candidates through ``PATCH`` and refuses ICE restarts with 422 (RFC 9725
 section 4.3.1: a session supporting trickle but not restarts answers restarts so).
+
+A remote candidate is an address the server will send STUN checks to, so the client's say is
+bounded: :class:`CandidateFilter` drops candidates the server should never contact (multicast,
+broadcast, unspecified, DNS names; and, by policy, addresses more local than the client's own,
+e.g. loopback for a client on the internet), and :class:`CandidateBudget` caps the distinct
+candidates of one session, offer and trickle together.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import ipaddress
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 
-from server.errors import BadRequest, PayloadTooLarge
+from server.errors import BadRequest, PayloadTooLarge, UnprocessableContent
 from server.ice import IceServer
 
 SDP_TYPE = "application/sdp"
 SDPFRAG_TYPE = "application/trickle-ice-sdpfrag"
 CANDIDATE_TRANSPORTS = ("udp", "tcp")
+MDNS_SUFFIX = ".local"  # a browser's hidden host address (draft-ietf-mmusic-mdns-ice-candidates)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,120 @@ def check_candidate(value: str) -> str:
     if not ok:
         raise BadRequest(f"malformed ICE candidate: {value[:120]!r}")
     return value
+
+
+class Scope(IntEnum):
+    """How far an address reaches, most local first."""
+
+    LOOPBACK = 0  # this machine
+    LINK_LOCAL = 1  # this link (169.254/16, fe80::/10)
+    PRIVATE = 2  # any other non-global unicast: RFC 1918, ULA, carrier-grade NAT, ...
+    GLOBAL = 3  # the public internet
+
+
+def address_scope(host: str) -> Scope | None:
+    """The scope of an IP address literal; None for what no ICE check should go to (multicast,
+    broadcast, unspecified, reserved) and for anything that is not an IP address."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_multicast or ip.is_unspecified:
+        return None
+    if ip.is_loopback:
+        return Scope.LOOPBACK
+    if ip.is_link_local:
+        return Scope.LINK_LOCAL
+    if ip.is_reserved:  # 240/4 with 255.255.255.255, IPv6's unassigned blocks
+        return None
+    return Scope.GLOBAL if ip.is_global else Scope.PRIVATE
+
+
+def candidate_address(value: str) -> str:
+    """The connection address of a checked ``candidate:`` value (see check_candidate)."""
+    return value.split()[4]
+
+
+@dataclass(frozen=True)
+class CandidateFilter:
+    """Which remote candidates the server may contact: IP addresses of scope ``floor`` or
+    wider, and mDNS names when ``floor`` admits private addresses (such a name stands for a
+    host on the client's network). Never multicast, broadcast, unspecified or DNS names."""
+
+    floor: Scope
+
+    @classmethod
+    def for_client(cls, policy: str, client_address: str) -> CandidateFilter:
+        """``policy`` (``transport.private_candidates``): ``allow`` every scope, ``drop`` all
+        but global, ``auto`` none more local than the client's own address (global when it
+        is not an address): a client can make the server reach only what it reaches itself."""
+        if policy == "allow":
+            return cls(Scope.LOOPBACK)
+        if policy == "drop":
+            return cls(Scope.GLOBAL)
+        client = address_scope(client_address)
+        return cls(Scope.GLOBAL if client is None else client)
+
+    def allows(self, value: str) -> bool:
+        """Whether the server may send checks to the candidate ``value`` (a checked one)."""
+        host = candidate_address(value)
+        if host.lower().endswith(MDNS_SUFFIX):
+            return self.floor <= Scope.PRIVATE
+        scope = address_scope(host)
+        return scope is not None and scope >= self.floor
+
+
+def filter_offer(sdp: str, allowed: CandidateFilter) -> tuple[str, tuple[str, ...]]:
+    """An offer without the ``a=candidate`` lines ``allowed`` refuses, and the candidates it
+    keeps (values without ``a=``), before aiortc sees them. BadRequest for a malformed one."""
+    lines: list[str] = []
+    kept: list[str] = []
+    dropped = False
+    for line in sdp.splitlines(keepends=True):
+        if line.startswith("a=candidate:"):
+            value = check_candidate(line[2:].strip())
+            if not allowed.allows(value):
+                dropped = True
+                continue
+            kept.append(value)
+        lines.append(line)
+    return ("".join(lines) if dropped else sdp), tuple(kept)
+
+
+class TooManyCandidates(UnprocessableContent):
+    """A session's remote candidates would exceed ``transport.max_remote_candidates``."""
+
+    code = "too_many_candidates"
+
+
+def candidate_key(value: str) -> tuple[str, str, str, str]:
+    """What makes a candidate distinct: component, transport, address and port."""
+    bits = value.split()
+    return bits[1], bits[2].lower(), bits[4].lower(), bits[5]
+
+
+class CandidateBudget:
+    """The distinct remote candidates of one session (offer and PATCHes), at most ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._keys: set[tuple[str, str, str, str]] = set()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def admit(self, values: Iterable[str]) -> None:
+        """Count ``values`` (checked candidates) in, or raise TooManyCandidates and count
+        none: a candidate the session already has is not new."""
+        keys = self._keys | {candidate_key(v) for v in values}
+        if len(keys) > self.limit:
+            raise TooManyCandidates(
+                f"the session would have {len(keys)} distinct ICE candidates; at most "
+                f"{self.limit}: none of these was added"
+            )
+        self._keys = keys
 
 
 class _Section:

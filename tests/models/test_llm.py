@@ -299,6 +299,32 @@ async def test_remote_streams_deltas_and_usage(fake: tuple[FakeVllm, str]) -> No
     assert state.request_ids == ["r-1"]
 
 
+async def test_remote_sends_the_cache_salt(fake: tuple[FakeVllm, str]) -> None:
+    """The salt goes in the body (vLLM's ``cache_salt``), over one in ``extra_body``; without
+    one, the body is the operator's."""
+    state, url = fake
+    llm = RemoteVllm(RemoteOptions(base_url=url, model="smol", extra_body={"cache_salt": "all"}))
+    try:
+        await collect(llm.stream(QUESTION, "r-salt-1", max_tokens=4, cache_salt="s" * 64))
+        await llm.prefill(QUESTION, "r-salt-2", cache_salt="t" * 64)
+        await collect(llm.stream(QUESTION, "r-salt-3", max_tokens=4))
+    finally:
+        await llm.close()
+    assert [b["cache_salt"] for b in state.bodies] == ["s" * 64, "t" * 64, "all"]
+
+
+@pytest.mark.parametrize("salt", ["", "x" * 129, "a/b", "a@b", "a\\b", "a\x00b"])
+async def test_a_salt_vllm_refuses_is_an_llm_error(fake: tuple[FakeVllm, str], salt: str) -> None:
+    state, url = fake
+    llm = RemoteVllm(RemoteOptions(base_url=url, model="smol"))
+    try:
+        with pytest.raises(LlmError, match="cache_salt"):
+            await collect(llm.stream(QUESTION, "r-bad-salt", max_tokens=4, cache_salt=salt))
+    finally:
+        await llm.close()
+    assert state.bodies == []  # refused before anything was sent
+
+
 async def test_remote_prefill_asks_for_one_token(fake: tuple[FakeVllm, str]) -> None:
     state, url = fake
     llm = RemoteVllm(RemoteOptions(base_url=url, model="smol"))

@@ -160,6 +160,22 @@ async def test_prefix_warm_ups_make_the_reply_hit_the_cache(
     )
 
 
+async def test_the_cache_salt_scopes_the_servers_prefix_cache(remote: RemoteVllm) -> None:
+    """``cache_salt`` in the request body: vLLM's server takes it, and a prompt reuses the
+    cached blocks of its own salt only (another salt, or none, computes them again)."""
+    messages = chat("salted")
+
+    async def cached(request_id: str, salt: str | None) -> tuple[int, int]:
+        stats = await remote.prefill(messages, request_id, cache_salt=salt)
+        return stats.cached_tokens, stats.prompt_tokens
+
+    assert (await cached("salt-1", "a" * 64))[0] == 0
+    hit, prompt = await cached("salt-2", "a" * 64)
+    assert hit == (prompt - 1) // BLOCK * BLOCK > 0
+    assert (await cached("salt-3", "b" * 64))[0] == 0
+    assert (await cached("salt-4", None))[0] == 0
+
+
 async def test_cold_and_warm_ttft(remote: RemoteVllm) -> None:
     """TTFT through HTTP for a prompt the server has not seen, then for the same one warmed."""
     cold_id, warm_id = "ttft-cold", "ttft-warm"

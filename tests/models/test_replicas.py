@@ -98,6 +98,23 @@ def test_a_session_sticks_to_the_replica_that_holds_its_prefix() -> None:
     assert urls(replicas, session("Tell me a story about")[0], anchor) == ["a", "b"]
 
 
+def test_affinity_holds_only_within_a_cache_salt() -> None:
+    """Requests of another salt share no cached blocks: the same words are no reason to go
+    to the replica that served them (nor a way to learn where they were served)."""
+    replicas = ReplicaSet(["a", "b"], down_s=5)
+    b = replicas.replicas[1]
+    chat: list[Message] = [PERSONA, {"role": "user", "content": WARM}]
+    mine, anchor = prompt_key(chat, "salt-of-alice")
+    replicas.served(b, mine)
+    replicas.started(b)
+    assert urls(replicas, mine, anchor) == ["b", "a"]  # her own next request sticks
+    theirs, anchor = prompt_key(chat, "salt-of-mallory")
+    assert urls(replicas, theirs, anchor) == ["a", "b"]  # another scope goes by load
+    unsalted, anchor = prompt_key(chat)
+    assert urls(replicas, unsalted, anchor) == ["a", "b"]
+    assert anchor < prompt_key(chat, "s")[1]  # the anchor covers the salt too
+
+
 def test_affinity_yields_to_a_much_less_loaded_replica() -> None:
     replicas = ReplicaSet(["a", "b"], down_s=5)
     b = replicas.replicas[1]

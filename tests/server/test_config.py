@@ -79,6 +79,31 @@ def test_describe_lists_every_setting_with_env_name() -> None:
     assert len(rows) == expected
 
 
+def test_admission_and_candidate_settings() -> None:
+    transport = load_config().transport
+    assert transport.max_sessions_per_client == 0  # automatic: half of max_sessions
+    assert transport.ice_connect_timeout_s == 8.0
+    assert transport.max_remote_candidates == 32
+    assert (transport.patch_rate_per_min, transport.patch_burst) == (60.0, 30)
+    assert transport.private_candidates == "auto"
+    env = {
+        "AVATAR_TRANSPORT_PRIVATE_CANDIDATES": "drop",
+        "AVATAR_TRANSPORT_MAX_SESSIONS_PER_CLIENT": "3",
+    }
+    assert load_config(env=env).transport.private_candidates == "drop"
+    for bad in (
+        {"AVATAR_TRANSPORT_PRIVATE_CANDIDATES": "sometimes"},
+        {"AVATAR_TRANSPORT_MAX_REMOTE_CANDIDATES": "0"},
+        {"AVATAR_TRANSPORT_ICE_CONNECT_TIMEOUT_S": "0.1"},
+        {"AVATAR_TRANSPORT_PATCH_BURST": "0"},
+        {"AVATAR_TRANSPORT_MAX_SESSIONS_PER_CLIENT": "-1"},
+    ):
+        (name,) = bad
+        setting = name.removeprefix("AVATAR_TRANSPORT_").lower()
+        with pytest.raises(ConfigError, match=rf"transport\.{setting}"):
+            load_config(env=bad)
+
+
 def test_config_knows_what_the_operator_set(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text("[transport]\nvideo_fps = 15\n")

@@ -4,9 +4,12 @@ Hypothesis draws bad client events: text that is not JSON, JSON that is not an o
 without a string ``type``, unknown types, known types with bad fields (``session.update`` with
 unknown keys or bad values, ``conversation.item.create`` without usable text, ``playback.ack``
 without a number >= 0, a non-string ``event_id``), a ``response.cancel`` with nothing to
-cancel, binary frames and messages over ``transport.max_event_bytes``. Each one must be
-answered by exactly one ``error`` event and change nothing; then a burst of them all at once;
-then the session must still take a valid update and answer a typed turn.
+cancel, binary frames and messages over ``transport.max_event_bytes``; and hostile ones: arrays
+and objects nested past the parser's limit (up to thousands deep), text messages that are not
+UTF-8 (sent below aiortc's API), unknown types and ``event_id`` values of up to 15,000
+characters. Each one must be answered by exactly one ``error`` event, whose message quotes no
+client value at length, and change nothing; then a burst of them all at once; then the session
+must still take a valid update and answer a typed turn.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from hypothesis import strategies as st
 
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
+from tests.support.hostile_peers import send_raw_text
 from tests.support.loop_thread import LoopThread
 from tests.support.pace import within
 from tests.support.peers import Peer
@@ -37,6 +41,13 @@ KNOWN = ("session.update", "response.cancel", "conversation.item.create", "playb
 UPDATABLE = ("persona", "voice", "appearance")
 ERROR_WAIT_S = 10.0
 BURST_WAIT_S = 30.0
+MAX_ERROR_MESSAGE_CHARS = 256  # the documented bound on error.message
+MAX_QUOTED_CHARS = 64  # the documented bound on a client value quoted in it
+
+
+class RawText(bytes):
+    """Bytes sent as a text message (PPID 51) without encoding: not valid UTF-8."""
+
 
 Message = str | bytes
 
@@ -129,6 +140,14 @@ def bad_objects() -> st.SearchStrategy[dict[str, Any]]:
     return st.one_of(with_ids, with_ids, with_ids, st.builds(with_id, untyped, event_ids), bad_ids)
 
 
+def not_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 def not_json_objects(text: str) -> bool:
     try:
         return not isinstance(json.loads(text), dict)
@@ -145,7 +164,26 @@ bad_messages: st.SearchStrategy[Message] = st.one_of(
     st.binary(min_size=1, max_size=200).filter(lambda b: not_json_objects(b.decode("latin-1"))),
     bad_objects().map(lambda e: json.dumps(e).encode()),
     st.integers(MAX_EVENT_BYTES + 1, 3 * MAX_EVENT_BYTES).map(lambda n: '{"type": "' + "x" * n),
+    st.integers(33, 6000).map(lambda n: "[" * n),
+    st.integers(33, 2500).map(lambda n: '{"type": "playback.ack", "x": ' + "[" * n + "]" * n + "}"),
+    st.integers(33, 2000).map(lambda n: '{"a": ' * n),
+    st.integers(MAX_QUOTED_CHARS + 1, 15_000).map(lambda n: json.dumps({"type": "u" * n})),
+    st.integers(MAX_QUOTED_CHARS + 1, 15_000).map(
+        lambda n: json.dumps({"type": "response.cancel", "event_id": "i" * n})
+    ),
+    st.integers(MAX_QUOTED_CHARS + 1, 15_000).map(
+        lambda n: json.dumps({"type": "session.update", "session": {"k" * n: "v"}})
+    ),
+    st.binary(min_size=1, max_size=200).filter(not_utf8).map(RawText),
 )
+
+
+async def send(client: ClientPeer, message: Message) -> None:
+    """A message as the fuzz drew it: text, binary, or raw bytes sent as text."""
+    if isinstance(message, RawText):
+        await send_raw_text(client, bytes(message))
+    else:
+        client.channel.send(message)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +218,9 @@ def assert_error_event(event: dict[str, Any]) -> str:
     assert error["type"] == "invalid_request_error"
     assert isinstance(error["code"], str) and error["code"]
     assert isinstance(error["message"], str) and error["message"]
+    assert len(error["message"]) <= MAX_ERROR_MESSAGE_CHARS
+    for value in ("u", "i", "k", "x"):  # the long client values drawn above
+        assert value * (MAX_QUOTED_CHARS + 1) not in json.dumps(event)
     return str(error["code"])
 
 
@@ -207,7 +248,7 @@ def test_fuzzed_bad_events_each_get_one_error_and_change_nothing(
 
     async def send_and_wait(message: Message) -> list[dict[str, Any]]:
         n = len(client.events)
-        client.channel.send(message)
+        await send(client, message)
         await client.wait_event("error", timeout=ERROR_WAIT_S, after=n)
         return [e for _, e in client.events[n:]]
 
@@ -233,7 +274,7 @@ def test_fuzzed_bad_events_each_get_one_error_and_change_nothing(
     async def burst() -> list[dict[str, Any]]:
         n = len(client.events)
         for message in sent[:BURST]:
-            client.channel.send(message)
+            await send(client, message)
         return await wait_errors(client, min(BURST, len(sent)), n)
 
     errors = loop.run(burst(), 2 * BURST_WAIT_S)

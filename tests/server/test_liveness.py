@@ -61,14 +61,21 @@ class StuckEngines:
         return "hello there"
 
     async def stream(
-        self, messages: Sequence[Any], request_id: str, max_tokens: int
+        self,
+        messages: Sequence[Any],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[str]:
         if self.stuck == "llm":
             self.entered.set()
             await asyncio.Event().wait()  # no first token, ever
         yield "Hello to you. It is a fine day. "
 
-    async def prefill(self, messages: Sequence[Any], request_id: str) -> None:
+    async def prefill(
+        self, messages: Sequence[Any], request_id: str, *, cache_salt: str | None = None
+    ) -> None:
         return None
 
     async def abort(self, request_id: str) -> None:

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from models.tts import PiperTts, split_sentences
+from server.auth import NO_OWNER, token_digest
 from server.conditions import Conditions
 from server.config import Config
 from server.engine_queue import JobTag, ShedWork
 from server.history import CacheClass, ContextEntry, Role
 from server.metrics import Metrics
 from server.peer import PeerSession, partial_due, stable_words
-from server.pipeline import ReplyRequest, SessionScoped, TurnTrace, WarmsUp
+from server.pipeline import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
 from server.scheduler import DeadlineScheduler, SessionView
 from server.voice import FirstChunkCutter, VoicePipeline, to_messages
 
@@ -177,7 +178,9 @@ class _WarmEngines(_Engines):
         self.calls.append("tts")
         return super().synthesize(text)
 
-    async def stream(self, messages: Any, request_id: str, max_tokens: int) -> Any:
+    async def stream(
+        self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
+    ) -> Any:
         self.calls.append("llm")
         if self.llm_fails:
             raise ConnectionError("no replica answered")
@@ -213,13 +216,17 @@ class _HeldLlm(_Engines):
         self.release = asyncio.Event()
         self.prefills = 0
 
-    async def stream(self, messages: Any, request_id: str, max_tokens: int) -> Any:
+    async def stream(
+        self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
+    ) -> Any:
         self.writing.set()
         yield "Hello"
         await self.release.wait()
         yield " there."
 
-    async def prefill(self, messages: Any, request_id: str) -> Any:
+    async def prefill(
+        self, messages: Any, request_id: str, *, cache_salt: str | None = None
+    ) -> Any:
         self.prefills += 1
         return SimpleNamespace(cached_tokens=0)
 
@@ -251,6 +258,101 @@ async def test_prefix_warm_ups_are_shed_while_a_reply_is_written() -> None:
         assert engines.prefills == 2
     finally:
         await pipeline.close()
+
+
+def test_cache_salts_scope_owners_or_sessions_and_hide_both() -> None:
+    salts = CacheSalts(b"k" * 32)
+    ctx: tuple[ContextEntry, ...] = ()
+    conditions = Conditions("p", "joe", "a")
+    alice, bob = token_digest("alice-token-0123456789"), token_digest("bob-token-0123456789")
+
+    def salt(session: str, owner: str = NO_OWNER) -> str:
+        return salts.of(ReplyRequest(session, 0, ctx, conditions, owner=owner))
+
+    assert salt("s1") != salt("s2")  # no authentication: a scope per session
+    assert salt("s1", alice) == salt("s2", alice) != salt("s1", bob)  # a scope per token
+    assert salt("s1") == salt("s1") and salt("s1") != salts.internal("s1")
+    assert CacheSalts(b"j" * 32).of(ReplyRequest("s1", 0, ctx, conditions)) != salt("s1")
+    assert CacheSalts().internal("x") != CacheSalts().internal("x")  # a random key each
+    for value in (salt("s" * 32), salt("s1", alice)):
+        assert len(value) == 64 and int(value, 16) >= 0  # 256 bits, hex: vLLM takes it
+        assert "s" * 32 not in value and alice[:16] not in value
+
+
+class _SaltedLlm(_HeldLlm):
+    """Records the cache salt of each LLM call: (what, salt)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release.set()
+        self.salts: list[tuple[str, str | None]] = []
+
+    async def stream(
+        self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
+    ) -> Any:
+        self.salts.append(("stream", cache_salt))
+        yield "Hi."
+
+    async def prefill(
+        self, messages: Any, request_id: str, *, cache_salt: str | None = None
+    ) -> Any:
+        self.salts.append(("prefill", cache_salt))
+        return await super().prefill(messages, request_id)
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+
+async def test_every_llm_call_is_salted_with_its_requests_scope() -> None:
+    engines = _SaltedLlm()
+    salts = CacheSalts(b"k" * 32)
+    pipeline = VoicePipeline(
+        engines, engines, engines, split_sentences, max_tokens=4, first_chunk_words=6, salts=salts
+    )
+    owned = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"), owner="d" * 64)
+    try:
+        await pipeline.prefill(owned)
+        assert [c async for c in pipeline.reply(owned, TurnTrace(endpoint_ms=0))] == ["Hi."]
+        await pipeline.warm_up()
+    finally:
+        await pipeline.close()
+    mine = salts.of(owned)
+    assert engines.salts == [
+        ("prefill", mine),  # the warm-up fills the scope the reply reads
+        ("stream", mine),
+        ("stream", salts.internal("warm-up")),  # the start-up requests: a scope of their own
+        ("stream", salts.internal("warm-up")),
+    ]
+
+
+async def test_the_peer_hands_its_owner_to_the_pipeline() -> None:
+    no_detector: Any = None
+    peer = PeerSession(
+        "p" * 32, Config(), no_detector, None, Metrics(), lambda _: None, owner="d" * 64
+    )
+    try:
+        request = peer._request(0)
+    finally:
+        await peer.close()
+    assert (request.session_id, request.owner) == ("p" * 32, "d" * 64)
+
+
+def test_response_timings_describe_the_reply_only() -> None:
+    """What a client reads in ``response.timings``: its own reply's stage times and token
+    counts (cache hits in its own scope); nothing counted from other sessions."""
+    trace = TurnTrace(endpoint_ms=100.0, llm_first_token_ms=350.0, cached_tokens=64)
+    timings = trace.as_dict()
+    assert set(timings) == {
+        "asr_final_ms",
+        "llm_first_token_ms",
+        "first_chunk_text_ms",
+        "first_tts_ms",
+        "voice_to_voice_ms",
+        "cached_tokens",
+        "prompt_tokens",
+        "prefill_cached_tokens",
+    }
+    assert (timings["llm_first_token_ms"], timings["cached_tokens"]) == (250.0, 64)
 
 
 def test_a_partial_is_due_after_an_interval_or_at_once_at_a_pause() -> None:

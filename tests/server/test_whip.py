@@ -25,7 +25,13 @@ from server.rtc import DTLS_CIPHERS, add_outbound_track, dtls_cipher_names
 from server.signaling import REGISTRY_KEY
 from server.whip import (
     SDPFRAG_TYPE,
+    CandidateBudget,
+    CandidateFilter,
+    Scope,
+    TooManyCandidates,
+    address_scope,
     entity_tag,
+    filter_offer,
     ice_server_links,
     if_match_allows,
     is_ice_restart,
@@ -96,6 +102,78 @@ def test_ice_servers_become_link_headers() -> None:
         'credential="pa\\"ss"; credential-type="password"',
     ]
     assert ice_server_links(ice_servers(TransportConfig(), 0, "client")) == []
+
+
+@pytest.mark.parametrize(
+    ("host", "scope"),
+    [
+        ("127.0.0.1", Scope.LOOPBACK),
+        ("::1", Scope.LOOPBACK),
+        ("::ffff:127.0.0.1", Scope.LOOPBACK),
+        ("169.254.1.1", Scope.LINK_LOCAL),
+        ("fe80::1%eth0", Scope.LINK_LOCAL),
+        ("10.0.0.1", Scope.PRIVATE),
+        ("172.16.5.4", Scope.PRIVATE),
+        ("192.168.0.1", Scope.PRIVATE),
+        ("100.64.0.1", Scope.PRIVATE),
+        ("fd12::1", Scope.PRIVATE),
+        ("192.0.2.1", Scope.PRIVATE),  # documentation: reaches nobody public
+        ("1.2.3.4", Scope.GLOBAL),
+        ("2a00:1450::1", Scope.GLOBAL),
+        ("224.0.0.1", None),
+        ("ff02::1", None),
+        ("255.255.255.255", None),
+        ("0.0.0.0", None),
+        ("::", None),
+        ("240.0.0.1", None),
+        ("host.example", None),
+        ("abc.local", None),
+    ],
+)
+def test_address_scopes(host: str, scope: Scope | None) -> None:
+    assert address_scope(host) == scope
+
+
+def test_candidate_filter_follows_the_policy_and_the_clients_own_scope() -> None:
+    def allowed(policy: str, client: str) -> list[str]:
+        hosts = ["127.0.0.1", "fe80::1", "10.0.0.1", "x.local", "1.2.3.4", "224.0.0.1", "a.b"]
+        flt = CandidateFilter.for_client(policy, client)
+        return [h for h in hosts if flt.allows(f"candidate:1 1 udp 1 {h} 5000 typ host")]
+
+    everything = ["127.0.0.1", "fe80::1", "10.0.0.1", "x.local", "1.2.3.4"]
+    assert allowed("allow", "1.2.3.9") == everything
+    assert allowed("drop", "127.0.0.1") == ["1.2.3.4"]
+    assert allowed("auto", "127.0.0.1") == everything  # on this machine: as local as it gets
+    assert allowed("auto", "::1") == everything
+    assert allowed("auto", "192.168.1.7") == ["10.0.0.1", "x.local", "1.2.3.4"]
+    assert allowed("auto", "1.2.3.9") == ["1.2.3.4"]
+    assert allowed("auto", "unknown") == ["1.2.3.4"]
+
+
+def test_offer_candidates_are_filtered_before_aiortc_and_budgeted() -> None:
+    sdp = (
+        "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=mid:0\r\n"
+        "a=candidate:1 1 udp 5 10.0.0.1 5000 typ host\r\n"
+        "a=candidate:2 1 udp 5 1.2.3.4 5000 typ host\r\na=end-of-candidates\r\n"
+        "m=video 9 UDP/TLS/RTP/SAVPF 96\r\na=mid:1\r\n"
+        "a=candidate:2 1 udp 5 1.2.3.4 5000 typ host\r\n"
+    )
+    kept_sdp, kept = filter_offer(sdp, CandidateFilter(Scope.GLOBAL))
+    assert "10.0.0.1" not in kept_sdp and kept_sdp.count("1.2.3.4") == 2
+    assert "a=end-of-candidates" in kept_sdp and kept_sdp.endswith("\r\n")
+    assert kept == ("candidate:2 1 udp 5 1.2.3.4 5000 typ host",) * 2
+    assert filter_offer(sdp, CandidateFilter(Scope.LOOPBACK))[0] == sdp
+    with pytest.raises(BadRequest):
+        filter_offer(sdp.replace("5000 typ", "port typ"), CandidateFilter(Scope.LOOPBACK))
+    budget = CandidateBudget(2)
+    budget.admit(kept)  # the same candidate in two bundled sections: one
+    assert len(budget) == 1
+    with pytest.raises(TooManyCandidates) as refused:
+        budget.admit([CANDIDATE, "candidate:3 1 udp 5 1.2.3.5 5000 typ host"])
+    assert refused.value.status == 422 and "at most 2" in refused.value.message
+    assert len(budget) == 1  # a refusal changes nothing
+    budget.admit([CANDIDATE, "candidate:9 1 UDP 7 1.2.3.4 5000 typ host"])
+    assert len(budget) == 2
 
 
 # --- a real server in this process ------------------------------------------------------------
