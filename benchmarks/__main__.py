@@ -2,9 +2,11 @@
 
 Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
 namespace), the voice benchmark (embedded models), the prefix-cache probe and the avatar
-benchmarks (render cost, A/V offset, CPU of a speaking avatar), prints a summary table and writes
+benchmarks (render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions
+held open, a STUN spray, a peer that acknowledges nothing), prints a summary table and writes
 ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
-benchmarks cannot rot); figures from a smoke run are not for reporting.
+benchmarks cannot rot) and writes to ``benchmarks/results/smoke/``: its figures are not for
+reporting. The figures BENCHMARKS.md quotes are committed in ``benchmarks/reported/``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import Any
 
 from benchmarks import (
     asr_bench,
+    attacks,
     avatar_bench,
     avatar_sync,
     cache_probe,
     realtime_bench,
     scheduler_sim,
     transport_bench,
+    unacked_peer,
     voice_bench,
     workers_bench,
 )
@@ -32,8 +36,8 @@ from benchmarks.netns import isolate
 RESULTS = Path("benchmarks/results")
 
 
-def _load(name: str) -> dict[str, Any]:
-    data = json.loads((RESULTS / name).read_text())
+def _load(folder: Path, name: str) -> dict[str, Any]:
+    data = json.loads((folder / name).read_text())
     return data if isinstance(data, dict) else {"rows": data}
 
 
@@ -110,6 +114,22 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
                 f" / {c['cost'][part]['first_token_ms_median']}",
             )
         )
+    for run in results["attacks"]["hold_slots"]["runs"]:
+        rows.append(
+            (
+                f"sessions held open by {len(run['attackers'])} address(es): others admitted",
+                f"{run['others_created']} of {results['attacks']['hold_slots']['others_count']}",
+            )
+        )
+    for run in results["attacks"]["stun_spray"]["runs"]:
+        rows.append(
+            (
+                f"STUN spray {run['patches']}x{run['per_patch']}, {run['client']} client",
+                f"{run['stun_packets']} packets to {run['distinct_ports']} ports",
+            )
+        )
+    rss = results["unacked_peer"]["rss_mb"]
+    rows.append(("peer that acks nothing: RSS MB first / last", f"{rss[0][1]} / {rss[-1][1]}"))
     r = results["realtime"]
     for part in ("one_session", "two_sessions"):
         p = r[part]
@@ -172,40 +192,49 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     isolate("benchmarks", argv)
     quick = ["--quick"] if args.smoke else []
+    # a smoke run's figures are not for reporting: they go to a folder of their own
+    out = RESULTS / "smoke" if args.smoke else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     codes = {
-        "scheduler": scheduler_sim.main([*quick, "--out", str(RESULTS / "scheduler_sim.json")]),
-        "transport": transport_bench.main([*quick, "--out", str(RESULTS / "transport.json")]),
-        "voice": voice_bench.main([*quick, "--out", str(RESULTS / "voice.json")]),
-        "asr": asr_bench.main([*quick, "--out", str(RESULTS / "asr.json")]),
-        "cache_probe": cache_probe.main([*quick, "--out", str(RESULTS / "cache_probe.json")]),
-        "realtime": realtime_bench.main([*quick, "--out", str(RESULTS / "realtime.json")]),
+        "scheduler": scheduler_sim.main([*quick, "--out", str(out / "scheduler_sim.json")]),
+        "transport": transport_bench.main([*quick, "--out", str(out / "transport.json")]),
+        "voice": voice_bench.main([*quick, "--out", str(out / "voice.json")]),
+        "asr": asr_bench.main([*quick, "--out", str(out / "asr.json")]),
+        "cache_probe": cache_probe.main([*quick, "--out", str(out / "cache_probe.json")]),
+        "realtime": realtime_bench.main([*quick, "--out", str(out / "realtime.json")]),
         "avatar_render": avatar_bench.main(
-            [*(["--smoke"] if args.smoke else []), "--out", str(RESULTS / "avatar.json")]
+            [*(["--smoke"] if args.smoke else []), "--out", str(out / "avatar.json")]
         ),
-        "avatar_sync": avatar_sync.main([*quick, "--out", str(RESULTS / "avatar_sync.json")]),
+        "avatar_sync": avatar_sync.main([*quick, "--out", str(out / "avatar_sync.json")]),
         "workers": workers_bench.main(
-            [*(["--smoke"] if args.smoke else []), "--out", str(RESULTS / "workers.json")]
+            [*(["--smoke"] if args.smoke else []), "--out", str(out / "workers.json")]
+        ),
+        "attacks": attacks.main([*quick, "--out", str(out / "attacks.json")]),
+        "unacked_peer": unacked_peer.main(
+            [*(["--seconds", "10"] if args.smoke else []), "--out", str(out / "unacked_peer.json")]
         ),
     }
     results = {
-        "scheduler": _load("scheduler_sim.json"),
-        "transport": _load("transport.json"),
-        "voice": _load("voice.json"),
-        "asr": _load("asr.json"),
-        "cache_probe": _load("cache_probe.json"),
-        "realtime": _load("realtime.json"),
-        "avatar_render": _load("avatar.json"),
-        "avatar_sync": _load("avatar_sync.json"),
-        "workers": _load("workers.json") if (RESULTS / "workers.json").exists() else {},
+        "scheduler": _load(out, "scheduler_sim.json"),
+        "transport": _load(out, "transport.json"),
+        "voice": _load(out, "voice.json"),
+        "asr": _load(out, "asr.json"),
+        "cache_probe": _load(out, "cache_probe.json"),
+        "realtime": _load(out, "realtime.json"),
+        "avatar_render": _load(out, "avatar.json"),
+        "avatar_sync": _load(out, "avatar_sync.json"),
+        "workers": _load(out, "workers.json") if (out / "workers.json").exists() else {},
+        "attacks": _load(out, "attacks.json"),
+        "unacked_peer": _load(out, "unacked_peer.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    (RESULTS / "suite.json").write_text(json.dumps(results, indent=2))
+    (out / "suite.json").write_text(json.dumps(results, indent=2))
     print()
     for name, value in summary(results):
         print(f"{name:<58} {value}")
-    print(f"suite took {results['wall_s']} s; wrote {RESULTS / 'suite.json'}")
+    print(f"suite took {results['wall_s']} s; wrote {out / 'suite.json'}")
     failed = {name: code for name, code in codes.items() if code != 0}
     if failed:
         print(f"failed: {failed}", file=sys.stderr)

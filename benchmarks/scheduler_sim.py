@@ -4,11 +4,19 @@ Each simulated session converses in a closed loop: the user speaks, the turn end
 generates the reply chunk by chunk (one work item per sentence, service time proportional to the
 audio it produces), playback drains the buffer in real time, and sometimes the user barges in.
 The real schedulers from ``server.scheduler`` pick the work; time is simulated (no sleeping), so
-a run is deterministic for a seed.
+a run is deterministic for a seed and does not depend on the machine.
 
-Figures per policy: deadline misses (= playback underruns: a playing reply ran dry before its
-next chunk), time to first audio (end of turn -> first chunk ready), and compute spent on stale
-epochs (work started after the bump that made it stale, and in-flight work at the bump).
+Policies: ``edf`` (the server's default, :class:`DeadlineScheduler`), ``round_robin`` (plain: no
+stale-epoch drop, no lookahead budget, no abort of in-flight stale work) and
+``round_robin_aware`` (the same epochs, budget and abort as EDF: the server's own
+``scheduler.policy = round_robin``, so only the order differs from EDF).
+
+Figures per policy, both kinds of miss: underruns (a playing reply ran dry before its next chunk:
+count and total gap time) and first-audio misses (a reply's first audio came later than
+``SchedulerConfig.first_audio_target_ms`` after the end of the turn, including replies still
+waiting past it when the run ends); time to first audio (end of turn -> first chunk ready); and
+compute spent on stale epochs (work started after the bump that made it stale, and in-flight
+work at the bump).
 
 Run: ``.venv/bin/python -m benchmarks.scheduler_sim`` (``--quick`` for a short smoke run).
 """
@@ -16,16 +24,22 @@ Run: ``.venv/bin/python -m benchmarks.scheduler_sim`` (``--quick`` for a short s
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
-from dataclasses import asdict, dataclass, field
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from benchmarks import pct
 from server.chunk import Stage
 from server.config import SchedulerConfig
+from server.machine import this_machine
 from server.scheduler import (
     DeadlineScheduler,
     RoundRobinScheduler,
@@ -40,6 +54,9 @@ CHUNKS = (2, 5)  # sentences per reply
 CHUNK_MS = (1200.0, 2400.0)  # audio per sentence
 BARGE_P = 0.25  # share of replies the user interrupts
 BUDGET_MS = 2000.0
+SIZES = (8, 16, 32)
+LOADS = (1.0, 1.5, 2.0)
+SOURCES = ("server/scheduler.py", "benchmarks/scheduler_sim.py")
 
 
 class Policy(Enum):
@@ -72,20 +89,57 @@ class SimSession:
 
 @dataclass(frozen=True)
 class SimResult:
+    """Figures of one cell (policy x sessions x load), summed or pooled over its seeds.
+
+    ``turns``: user turns that ended (replies started). ``replies``: replies played to the end.
+    ``underruns``: gaps in playing replies (a miss of the playback deadline); ``underrun_ms``:
+    their total length. ``first_audio_misses``: replies whose first audio came later than
+    ``first_audio_target_ms`` after the end of the turn, ``first_audio_unserved`` of them still
+    waiting (past the target) when the run ended. TTFA percentiles pool the replies of all seeds.
+    ``wait_per_turn_ms``: all the time users waited on the bot (end of turn to first audio, the
+    wait of replies still without audio at the end, and gaps), divided by ``turns``.
+    """
+
     policy: str
     sessions: int
     overload: float
+    seeds: int
     duration_s: float
+    turns: int
     replies: int
     barge_ins: int
     underruns: int
     underrun_ms: float
+    first_audio_target_ms: float
+    first_audio_misses: int
+    first_audio_unserved: int
     ttfa_p50_ms: float
     ttfa_p95_ms: float
+    ttfa_mean_ms: float
+    wait_per_turn_ms: float
     stale_scheduled: int
     stale_compute_ms: float
     aborted_in_flight_ms: float
     engine_busy: float
+
+
+@dataclass
+class _Run:
+    """Raw tallies of one seed."""
+
+    duration_ms: float
+    turns: int = 0
+    replies: int = 0
+    barge_ins: int = 0
+    underruns: int = 0
+    underrun_ms: float = 0.0
+    unserved: int = 0  # still waiting past the first-audio target at the end
+    waiting_at_end_ms: float = 0.0  # how long the replies still without audio have waited
+    stale_scheduled: int = 0
+    stale_ms: float = 0.0
+    aborted_ms: float = 0.0
+    busy_ms: float = 0.0
+    ttfa: list[float] = field(default_factory=list)
 
 
 def _mean(bounds: tuple[float, float]) -> float:
@@ -98,19 +152,19 @@ def cost_per_audio_ms(sessions: int, overload: float) -> float:
     return overload * (_mean(USER_MS) + reply_ms) / (sessions * reply_ms)
 
 
-def _scheduler(policy: Policy) -> Scheduler:
+def _scheduler(policy: Policy, config: SchedulerConfig) -> Scheduler:
     if policy is Policy.EDF:
-        return DeadlineScheduler(SchedulerConfig())  # the server's defaults
+        return DeadlineScheduler(config)
     return RoundRobinScheduler(aware=policy is Policy.RR_AWARE)
 
 
-def simulate(
-    policy: Policy, n: int, overload: float, seed: int = 1, duration_ms: float = 120_000.0
-) -> SimResult:
-    """Run one closed-loop simulation and return its figures."""
+def _run(
+    policy: Policy, n: int, overload: float, seed: int, duration_ms: float, config: SchedulerConfig
+) -> _Run:
+    """Run one closed-loop simulation and return its raw tallies."""
     k = cost_per_audio_ms(n, overload)
     aware = policy is not Policy.RR
-    sched = _scheduler(policy)
+    sched = _scheduler(policy, config)
     sessions = [SimSession(f"s{i:02d}", random.Random(seed * 1000 + i)) for i in range(n)]
     by_id = {s.sid: s for s in sessions}
     for s in sessions:
@@ -120,11 +174,10 @@ def simulate(
     running: WorkItem | None = None
     run_started = run_end = 0.0
     next_id = 0
-    replies = barge_ins = underruns = stale_scheduled = 0
-    underrun_ms = stale_ms = aborted_ms = busy_ms = 0.0
-    ttfa: list[float] = []
+    out = _Run(duration_ms)
 
     def start_reply(s: SimSession, now: float) -> None:
+        out.turns += 1
         s.phase, s.turn_end = Phase.WAIT, now
         s.chunks_left = [s.rng.uniform(*CHUNK_MS) for _ in range(s.rng.randint(*CHUNKS))]
         total = sum(s.chunks_left)
@@ -148,19 +201,19 @@ def simulate(
                 s.played += step
                 short = TICK_MS - step
                 if s.barge_at is not None and s.played >= s.barge_at:
-                    barge_ins += 1
+                    out.barge_ins += 1
                     s.epoch += 1  # barge-in: everything older is stale
                     if aware and running is not None and running.session_id == s.sid:
-                        aborted_ms += now - run_started
+                        out.aborted_ms += now - run_started
                         running = None
                     to_user(s, now)
                 elif short > 0 and (s.chunks_left or s.queued):
-                    underrun_ms += short
+                    out.underrun_ms += short
                     if not s.in_gap:
-                        underruns += 1
+                        out.underruns += 1
                     s.in_gap = True
                 elif short > 0:
-                    replies += 1
+                    out.replies += 1
                     to_user(s, now)
                 else:
                     s.in_gap = False
@@ -178,11 +231,11 @@ def simulate(
             owner.queued = False
             if running.epoch == owner.epoch and owner.phase in (Phase.WAIT, Phase.PLAY):
                 if owner.phase is Phase.WAIT:
-                    ttfa.append(now - owner.turn_end)
+                    out.ttfa.append(now - owner.turn_end)
                     owner.phase = Phase.PLAY
                 owner.buffered += outputs[running.item_id]
             else:
-                stale_ms += running.est_cost_ms
+                out.stale_ms += running.est_cost_ms
             running = None
         # a plain engine keeps stale items; their sessions may queue again only when drained
         for s in sessions:
@@ -213,78 +266,184 @@ def simulate(
                 running = plan.run[0]
                 queue = [i for i in queue if i.item_id != running.item_id]
                 if running.epoch < by_id[running.session_id].epoch:
-                    stale_scheduled += 1
+                    out.stale_scheduled += 1
                 run_started, run_end = now, now + running.est_cost_ms
         if running is not None:
-            busy_ms += TICK_MS
+            out.busy_ms += TICK_MS
         now += TICK_MS
+    out.unserved = sum(
+        1
+        for s in sessions
+        if s.phase is Phase.WAIT and now - s.turn_end > config.first_audio_target_ms
+    )
+    out.waiting_at_end_ms = sum(now - s.turn_end for s in sessions if s.phase is Phase.WAIT)
+    return out
 
+
+def _summarise(
+    policy: Policy, n: int, overload: float, runs: list[_Run], config: SchedulerConfig
+) -> SimResult:
+    ttfa = [t for r in runs for t in r.ttfa]
+    target = config.first_audio_target_ms
+    late = sum(1 for t in ttfa if t > target)
+    unserved = sum(r.unserved for r in runs)
+    turns = sum(r.turns for r in runs)
+    waited = sum(ttfa) + sum(r.waiting_at_end_ms + r.underrun_ms for r in runs)
     return SimResult(
         policy=policy.value,
         sessions=n,
         overload=overload,
-        duration_s=duration_ms / 1000,
-        replies=replies,
-        barge_ins=barge_ins,
-        underruns=underruns,
-        underrun_ms=round(underrun_ms, 1),
+        seeds=len(runs),
+        duration_s=sum(r.duration_ms for r in runs) / 1000,
+        turns=turns,
+        replies=sum(r.replies for r in runs),
+        barge_ins=sum(r.barge_ins for r in runs),
+        underruns=sum(r.underruns for r in runs),
+        underrun_ms=round(sum(r.underrun_ms for r in runs), 1),
+        first_audio_target_ms=target,
+        first_audio_misses=late + unserved,
+        first_audio_unserved=unserved,
         ttfa_p50_ms=round(statistics.median(ttfa), 1) if ttfa else float("nan"),
         ttfa_p95_ms=round(pct(ttfa, 0.95), 1),
-        stale_scheduled=stale_scheduled,
-        stale_compute_ms=round(stale_ms, 1),
-        aborted_in_flight_ms=round(aborted_ms, 1),
-        engine_busy=round(busy_ms / duration_ms, 3),
+        ttfa_mean_ms=round(statistics.fmean(ttfa), 1) if ttfa else float("nan"),
+        wait_per_turn_ms=round(waited / turns, 1) if turns else float("nan"),
+        stale_scheduled=sum(r.stale_scheduled for r in runs),
+        stale_compute_ms=round(sum(r.stale_ms for r in runs), 1),
+        aborted_in_flight_ms=round(sum(r.aborted_ms for r in runs), 1),
+        engine_busy=round(statistics.fmean(r.busy_ms / r.duration_ms for r in runs), 3),
     )
 
 
+def simulate(
+    policy: Policy,
+    n: int,
+    overload: float,
+    seed: int = 1,
+    duration_ms: float = 120_000.0,
+    config: SchedulerConfig | None = None,
+) -> SimResult:
+    """Run one closed-loop simulation (one seed) and return its figures."""
+    return simulate_seeds(policy, n, overload, (seed,), duration_ms, config)
+
+
+def simulate_seeds(
+    policy: Policy,
+    n: int,
+    overload: float,
+    seeds: tuple[int, ...] | range,
+    duration_ms: float,
+    config: SchedulerConfig | None = None,
+) -> SimResult:
+    """One cell: the figures of ``seeds`` runs, summed (counts) or pooled (TTFA)."""
+    config = config or SchedulerConfig()  # the server's defaults
+    runs = [_run(policy, n, overload, seed, duration_ms, config) for seed in seeds]
+    return _summarise(policy, n, overload, runs, config)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def _git(*args: str) -> str:
+    found = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    return found.stdout.strip()
+
+
+def provenance() -> dict[str, Any]:
+    """Machine, commit and the hashes of the two source files the figures depend on (the
+    working tree may differ from the commit)."""
+    sources = {}
+    for name in SOURCES:
+        path = Path(name)
+        if path.exists():
+            sources[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    dirty = _git("status", "--porcelain", "--", *SOURCES)
+    return {
+        "machine": this_machine().to_dict(),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "sources_modified_since_commit": bool(dirty),
+        "source_sha256": sources,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short smoke run")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/scheduler_sim.json"))
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=None,
+        help="EDF's aging bound (default: the server's, SchedulerConfig.max_wait_ms)",
+    )
     args = parser.parse_args(argv)
-    sizes = (8,) if args.quick else (8, 16, 32)
+    started = time.monotonic()
+    config = SchedulerConfig()
+    if args.max_wait_ms is not None:
+        config = replace(config, max_wait_ms=args.max_wait_ms)
+    sizes = (8,) if args.quick else SIZES
     seeds = range(1, 2 if args.quick else args.seeds + 1)
     duration = 20_000.0 if args.quick else 180_000.0
-    results = []
+    print(f"machine: {this_machine().describe()} (simulated time: figures do not depend on it)")
     print(
-        f"{'N':>3} {'load':>4} {'policy':<18} {'misses':>6} {'miss ms':>8} {'ttfa p50':>8}"
-        f" {'ttfa p95':>8} {'stale sched':>11} {'stale ms':>8} {'aborted ms':>10}"
+        f"seeds {list(seeds)} x {duration / 1000:g} s per cell; first-audio target"
+        f" {config.first_audio_target_ms:g} ms; aging bound {config.max_wait_ms:g} ms"
     )
+    print(
+        f"{'N':>3} {'load':>4} {'policy':<18} {'underruns':>9} {'gap s':>7} {'FA miss':>7}"
+        f" {'turns':>5} {'ttfa p50':>8} {'ttfa p95':>8} {'wait/turn':>9}"
+        f" {'stale sched':>11} {'stale ms':>8} {'aborted ms':>10}"
+    )
+    rows: list[SimResult] = []
     for n in sizes:
-        for overload in (1.0, 1.5, 2.0):
-            row: dict[str, SimResult] = {}
+        for overload in LOADS:
+            cell: dict[str, SimResult] = {}
             for policy in Policy:
-                runs = [simulate(policy, n, overload, seed, duration) for seed in seeds]
-                merged = SimResult(
-                    policy=policy.value,
-                    sessions=n,
-                    overload=overload,
-                    duration_s=sum(r.duration_s for r in runs),
-                    replies=sum(r.replies for r in runs),
-                    barge_ins=sum(r.barge_ins for r in runs),
-                    underruns=sum(r.underruns for r in runs),
-                    underrun_ms=round(sum(r.underrun_ms for r in runs), 1),
-                    ttfa_p50_ms=round(statistics.median(r.ttfa_p50_ms for r in runs), 1),
-                    ttfa_p95_ms=round(statistics.median(r.ttfa_p95_ms for r in runs), 1),
-                    stale_scheduled=sum(r.stale_scheduled for r in runs),
-                    stale_compute_ms=round(sum(r.stale_compute_ms for r in runs), 1),
-                    aborted_in_flight_ms=round(sum(r.aborted_in_flight_ms for r in runs), 1),
-                    engine_busy=round(statistics.mean(r.engine_busy for r in runs), 3),
-                )
-                row[policy.value] = merged
-                results.append(asdict(merged))
+                r = simulate_seeds(policy, n, overload, seeds, duration, config)
+                cell[policy.value] = r
+                rows.append(r)
                 print(
-                    f"{n:>3} {overload:>4} {policy.value:<18} {merged.underruns:>6}"
-                    f" {merged.underrun_ms:>8.0f} {merged.ttfa_p50_ms:>8.0f}"
-                    f" {merged.ttfa_p95_ms:>8.0f} {merged.stale_scheduled:>11}"
-                    f" {merged.stale_compute_ms:>8.0f} {merged.aborted_in_flight_ms:>10.0f}"
+                    f"{n:>3} {overload:>4} {policy.value:<18} {r.underruns:>9}"
+                    f" {r.underrun_ms / 1000:>7.1f} {r.first_audio_misses:>7} {r.turns:>5}"
+                    f" {r.ttfa_p50_ms:>8.0f} {r.ttfa_p95_ms:>8.0f} {r.wait_per_turn_ms:>9.0f}"
+                    f" {r.stale_scheduled:>11}"
+                    f" {r.stale_compute_ms:>8.0f} {r.aborted_in_flight_ms:>10.0f}"
                 )
-            edf, rr = row["edf"], row["round_robin"]
-            ratio = edf.underruns / rr.underruns if rr.underruns else float("nan")
-            print(f"    EDF/RR misses = {ratio:.2f}")
+            edf = cell[Policy.EDF.value]
+            for other in (Policy.RR, Policy.RR_AWARE):
+                o = cell[other.value]
+                print(
+                    f"    EDF/{other.value}: underruns {_ratio(edf.underruns, o.underruns)},"
+                    f" gap time {_ratio(edf.underrun_ms, o.underrun_ms)},"
+                    f" first-audio misses {_ratio(edf.first_audio_misses, o.first_audio_misses)}"
+                )
+    result = {
+        "benchmark": "scheduler_sim",
+        "command": " ".join([".venv/bin/python -m benchmarks.scheduler_sim", *argv]),
+        "pipeline": (
+            "simulated time (no sleeping, deterministic for a seed); the real DeadlineScheduler"
+            " and RoundRobinScheduler from server/scheduler.py pick the work"
+        ),
+        **provenance(),
+        "scenario": {
+            "tick_ms": TICK_MS,
+            "user_ms": USER_MS,
+            "chunks_per_reply": CHUNKS,
+            "chunk_audio_ms": CHUNK_MS,
+            "barge_in_share": BARGE_P,
+            "budget_ms": BUDGET_MS,
+            "first_audio_target_ms": config.first_audio_target_ms,
+            "max_wait_ms": config.max_wait_ms,
+            "seeds": list(seeds),
+            "duration_s_per_seed": duration / 1000,
+        },
+        "wall_s": round(time.monotonic() - started, 1),
+        "rows": [asdict(r) for r in rows],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -38,6 +39,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STATS_KEPT = 256  # finished requests whose stats last_stats() still answers
 SALT_MAX_CHARS = 128  # vLLM's limit on a cache_salt
 SALT_FORBIDDEN = frozenset("@/\\\x00")  # characters vLLM's server refuses in a cache_salt
+OPEN_MARK = "\ue000"  # a private-use character: where an open message's words end
+LAST_WORD = re.compile(r"\s*\S+\s*$")
 
 
 class LlmError(Exception):
@@ -126,6 +129,64 @@ async def _one_token(
     return stats
 
 
+def settled_words(content: str) -> str:
+    """The words of a message still being said, less the last one, which may still grow (a
+    recogniser may continue " park" as " parking"); a character prefix of ``content``."""
+    return LAST_WORD.sub("", content)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ChatPrompts:
+    """Chat messages as prompt token ids, by a model's tokenizer and chat template."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._tokenizer = tokenizer
+
+    def _template(self, messages: Sequence[Message]) -> str:
+        text = self._tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        if not isinstance(text, str):
+            raise LlmError("the chat template did not render to text")
+        return text
+
+    def _ids(self, text: str) -> list[int]:
+        return [int(i) for i in self._tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    def render(self, messages: Sequence[Message]) -> list[int]:
+        """Prompt token ids: the chat template with the assistant turn opened."""
+        return self._ids(self._template(messages))
+
+    def render_open(self, messages: Sequence[Message]) -> list[int]:
+        """Prompt token ids of a chat whose last message is still being said: the template up
+        to that message's :func:`settled_words`, the turn left open.
+
+        They are a prefix of :meth:`render`'s ids of any chat whose last message starts with
+        this one's words: the cut lies where a space (or the first word) begins, and byte-level
+        BPE's split (GPT-2's) never merges across it. Kept to the ids :meth:`render` of
+        ``messages`` shares, in case a template rewrites the words.
+        """
+        if not messages:
+            raise LlmError("no message to leave open")
+        *before, last = messages
+        content = last["content"]
+        text = self._template([*before, {**last, "content": content + OPEN_MARK}])
+        end = text.find(OPEN_MARK)
+        if end < 0 or text.count(OPEN_MARK) != 1:
+            raise LlmError("the chat template does not keep a message's words in place")
+        cut = end - (len(content) - len(settled_words(content)))
+        ids = self._ids(text[:cut])
+        return ids[: _common_prefix(ids, self.render(messages))]
+
+
 def _elapsed_ms(since: float) -> float:
     return (time.perf_counter() - since) * 1000.0
 
@@ -150,7 +211,9 @@ class VllmOptions:
     max_model_len: int = 2048  # tokens, prompt and reply together
     enforce_eager: bool = True  # no graph compilation (start in ~30 s on CPU)
     enable_prefix_caching: bool = True
-    block_size: int = 32  # tokens per KV block; a multiple of 32 on CPU
+    # tokens per KV block, the prefix cache's unit; vLLM 0.32's CPU attention takes only
+    # multiples of 32 (16 fails at start: "No common block size for 16")
+    block_size: int = 32
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE when unset
     dtype: Literal["bfloat16", "float32", "auto"] = "bfloat16"
     temperature: float = 0.0  # 0 = greedy
@@ -181,9 +244,7 @@ class VllmEngine:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            self._tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-                str(self.model_dir)
-            )
+            self.prompts = ChatPrompts(AutoTokenizer.from_pretrained(str(self.model_dir)))
             args = AsyncEngineArgs(
                 model=str(self.model_dir),
                 dtype=self.options.dtype,
@@ -207,13 +268,7 @@ class VllmEngine:
 
     def render(self, messages: Sequence[Message]) -> list[int]:
         """Prompt token ids: the chat template with the assistant turn opened."""
-        text = self._tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
-        )
-        if not isinstance(text, str):
-            raise LlmError("the chat template did not render to text")
-        ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
-        return [int(i) for i in ids]
+        return self.prompts.render(messages)
 
     def stream(
         self,
@@ -238,12 +293,22 @@ class VllmEngine:
         generation = self._generate(messages, request_id, 1, cache_salt)
         return await _one_token(generation, self._stats, request_id)
 
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> GenerationStats:
+        """Warm the prefix cache while the last message is still being said: the prompt of
+        :meth:`ChatPrompts.render_open`, a token prefix of the one stream() will send once the
+        message is complete, so that reply reuses its whole blocks. One token is generated."""
+        generation = self._generate(messages, request_id, 1, cache_salt, open_turn=True)
+        return await _one_token(generation, self._stats, request_id)
+
     async def _generate(
         self,
         messages: Sequence[Message],
         request_id: str,
         max_tokens: int,
         cache_salt: str | None,
+        open_turn: bool = False,
     ) -> AsyncGenerator[str, None]:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -252,7 +317,7 @@ class VllmEngine:
             raise LlmError("the engine is closed")
         check_salt(cache_salt)
         started = time.perf_counter()
-        ids = self.render(messages)
+        ids = self.prompts.render_open(messages) if open_turn else self.render(messages)
         room = self.options.max_model_len - len(ids)
         if room < 1:
             raise LlmError(

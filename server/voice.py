@@ -11,7 +11,7 @@ import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +22,7 @@ from server.conditions import Conditions
 from server.config import PipelineConfig, SchedulerConfig
 from server.engine_queue import EngineQueue, JobTag, ShedWork
 from server.errors import RuntimeErrorBase
-from server.history import ContextEntry
+from server.history import CacheClass, ContextEntry
 from server.media import MEDIA_RATE_HZ, resample
 from server.pipeline import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
 from server.scheduler import SessionView, make_scheduler
@@ -76,6 +76,17 @@ class Llm(Protocol):
     def last_stats(self, request_id: str) -> Any: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PrefillsOpenTurn(Protocol):
+    """An LLM that warms the prefix cache with a chat whose last message is still being
+    said: the prompt stops inside it, a token prefix of the reply's prompt once it is said
+    (models.llm.VllmEngine.prefill_open)."""
+
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any: ...
 
 
 class WordLike(Protocol):
@@ -170,6 +181,8 @@ class VoicePipeline:
         self.asr_queue = EngineQueue("asr", make_scheduler(config), clock, deadlines=config)
         self.tts_queue = EngineQueue("tts", make_scheduler(config), clock, deadlines=config)
         self._salts = salts or CacheSalts()
+        # False: prefill() warms nothing (partial transcripts without LLM warm-ups: an ablation)
+        self.warm_prefix = True
         self._ids = itertools.count(1)
         self._replying = 0  # replies whose text is being written now
 
@@ -222,13 +235,26 @@ class VoicePipeline:
 
     async def prefill(self, request: ReplyRequest) -> int:
         """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs, and
-        it is shed (ShedWork) while a reply is being written: it would slow that reply."""
+        it is shed (ShedWork) while a reply is being written: it would slow that reply.
+
+        With the user's turn in progress (a ``CURRENT`` entry last), an LLM that can leaves
+        that turn open (:class:`PrefillsOpenTurn`): the reply's prompt then extends the
+        warm-up's, and reuses its whole blocks. Other LLMs get the whole prompt as it is now,
+        whose blocks before the user's words are reused. Both are salted like the reply.
+        """
+        if not self.warm_prefix:
+            return 0
         if self._replying:
             raise ShedWork("llm: prefix warm-up shed while a reply is written")
         rid = f"{request.session_id[:8]}-warm-{next(self._ids)}"
+        salt = self._salts.of(request)
+        open_turn = bool(request.context) and request.context[-1].cache_class is CacheClass.CURRENT
         try:
             messages = to_messages(request.context)
-            stats = await self._llm.prefill(messages, rid, cache_salt=self._salts.of(request))
+            if open_turn and isinstance(self._llm, PrefillsOpenTurn):
+                stats = await self._llm.prefill_open(messages, rid, cache_salt=salt)
+            else:
+                stats = await self._llm.prefill(messages, rid, cache_salt=salt)
         except Exception as exc:
             log.warning("warm-up %s failed: %s: %s", rid, type(exc).__name__, exc)
             return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +21,7 @@ from server.metrics import Metrics
 from server.peer import PeerSession, partial_due, stable_words
 from server.pipeline import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
 from server.scheduler import DeadlineScheduler, SessionView
-from server.voice import FirstChunkCutter, VoicePipeline, to_messages
+from server.voice import FirstChunkCutter, PrefillsOpenTurn, VoicePipeline, to_messages
 
 
 def feed_all(cutter: FirstChunkCutter, text: str, step: int = 3) -> list[str]:
@@ -323,6 +324,47 @@ async def test_every_llm_call_is_salted_with_its_requests_scope() -> None:
         ("stream", salts.internal("warm-up")),  # the start-up requests: a scope of their own
         ("stream", salts.internal("warm-up")),
     ]
+
+
+class _OpenTurnLlm(_SaltedLlm):
+    """Also warms a chat whose last message is still being said (PrefillsOpenTurn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[Any] = []
+
+    async def prefill_open(
+        self, messages: Any, request_id: str, *, cache_salt: str | None = None
+    ) -> Any:
+        self.salts.append(("prefill_open", cache_salt))
+        self.opened.append(list(messages))
+        return SimpleNamespace(cached_tokens=32)
+
+
+async def test_a_turn_in_progress_is_warmed_open_under_the_replys_salt() -> None:
+    """The user's turn in progress (a CURRENT entry last) goes to prefill_open, so that the
+    reply's prompt extends the warm-up's; a committed context goes whole, as before; and with
+    ``warm_prefix`` off (the ablation's partials-only mode) nothing reaches the LLM."""
+    engines = _OpenTurnLlm()
+    assert isinstance(engines, PrefillsOpenTurn)
+    salts = CacheSalts(b"k" * 32)
+    pipeline = VoicePipeline(
+        engines, engines, engines, split_sentences, max_tokens=4, first_chunk_words=6, salts=salts
+    )
+    persona = ContextEntry(CacheClass.ANCHOR, Role.SYSTEM, "persona")
+    words = ContextEntry(CacheClass.CURRENT, Role.USER, "Tell me about")
+    speaking = ReplyRequest("s" * 32, 0, (persona, words), Conditions("p", "joe", "a"))
+    committed = replace(speaking, context=(persona, replace(words, cache_class=CacheClass.RECENT)))
+    try:
+        assert await pipeline.prefill(speaking) == 32
+        assert await pipeline.prefill(committed) == 0
+        pipeline.warm_prefix = False
+        assert await pipeline.prefill(speaking) == 0
+    finally:
+        await pipeline.close()
+    salt = salts.of(speaking)
+    assert engines.salts == [("prefill_open", salt), ("prefill", salt)]
+    assert engines.opened == [to_messages(speaking.context)]
 
 
 async def test_the_peer_hands_its_owner_to_the_pipeline() -> None:

@@ -1,0 +1,203 @@
+"""Incremental prefill at the peer level: a real aiortc peer speaks (espeak-ng) to the real
+server app in this process (real VAD, real partial loop), whose reply pipeline is the real
+:class:`~server.voice.VoicePipeline` on recording stand-in engines: a scripted recogniser (one
+more word of the question per 150 ms of audio heard), an LLM that records every call, and a
+TTS that answers with a short tone.
+
+While the user speaks, the partial loop must warm the LLM with the stable words, the user turn
+left open (``prefill_open``); the reply's prompt must extend every warm-up's prompt token for
+token under the embedded model's tokenizer and chat template, in the same cache scope.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestServer
+
+from models.llm import ChatPrompts, Message
+from models.prepare import prepare_llm
+from models.tts import split_sentences
+from server.app import create_app
+from server.config import load_config
+from server.voice import VoicePipeline
+from server.wiring import detector_factory
+from tests.support.peers import Peer
+from tests.support.speech import silence, speak
+from tests.support.tone_pipeline import tone
+
+log = logging.getLogger(__name__)
+
+pytestmark = [pytest.mark.usefixtures("client_ice"), pytest.mark.timeout(120)]
+
+QUESTION = (
+    "Tell me about the history of the old city by the river, and which of its buildings I"
+    " should visit first on a short trip"
+)
+WORD_MS = 150  # the scripted recogniser hears one more word per 150 ms of audio
+
+
+class ScriptedAsr:
+    """The question's first words, as many as the audio heard allows; records the prefixes
+    (stable words) the peer asked it to continue from."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[str] = []
+
+    def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str:
+        self.prefixes.append(prefix)
+        words = QUESTION.split()
+        heard = min(len(words), int(len(pcm) / 16 // WORD_MS))
+        return " ".join(words[:heard])
+
+
+@dataclass(frozen=True)
+class Call:
+    kind: str  # "prefill_open", "prefill" or "stream"
+    messages: list[Message]
+    salt: str | None
+    at: float = field(default_factory=time.monotonic)
+
+
+class RecordingLlm:
+    """Records every call; writes a two-sentence reply."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any:
+        self.calls.append(Call("prefill_open", [dict(m) for m in messages], cache_salt))
+        return SimpleNamespace(cached_tokens=0)
+
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any:
+        self.calls.append(Call("prefill", [dict(m) for m in messages], cache_salt))
+        return SimpleNamespace(cached_tokens=0)
+
+    async def stream(
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[str]:
+        self.calls.append(Call("stream", [dict(m) for m in messages], cache_salt))
+        for piece in ("It is very old. ", "Visit the cathedral first."):
+            yield piece
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def last_stats(self, request_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+class ToneTts:
+    def synthesize(self, text: str) -> Any:
+        return SimpleNamespace(pcm=tone(300), words=(), phonemes=())
+
+
+@pytest.fixture(scope="module")
+def prompts() -> ChatPrompts:
+    from transformers import AutoTokenizer
+
+    return ChatPrompts(AutoTokenizer.from_pretrained(str(prepare_llm())))
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
+    config = load_config(
+        overrides={
+            "transport.video": "false",
+            "transport.ice_host_addresses": "127.0.0.1",
+            "pipeline.incremental": "true",
+            "pipeline.partial_interval_ms": "200",
+        }
+    )
+    asr, llm = ScriptedAsr(), RecordingLlm()
+    pipeline = VoicePipeline(
+        asr, llm, ToneTts(), split_sentences, max_tokens=20, first_chunk_words=6
+    )
+    app = create_app(config, detector_factory(config), pipeline)
+    site = TestServer(app, host="127.0.0.1")
+    await site.start_server()
+    try:
+        yield f"http://127.0.0.1:{site.port}", llm, asr
+    finally:
+        await site.close()
+        await pipeline.close()
+
+
+def _words(messages: list[Message]) -> str:
+    assert messages[-1]["role"] == "user"
+    return messages[-1]["content"]
+
+
+async def test_the_partial_loop_warms_the_prompt_the_reply_extends(
+    server: tuple[str, RecordingLlm, ScriptedAsr], peers: list[Peer], prompts: ChatPrompts
+) -> None:
+    url, llm, asr = server
+    peer = Peer(url, video=False)
+    peers.append(peer)
+    await peer.connect()
+    peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(300)]))
+    stopped = await peer.wait_event("input_audio_buffer.speech_stopped", timeout=30)
+    stopped_at = next(t for t, e in peer.events if e is stopped)
+    done = await peer.wait_event("response.done", timeout=30)
+    assert done["status"] == "completed"
+    final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
+    assert final["transcript"] == QUESTION
+
+    warm_ups = [c for c in llm.calls if c.kind == "prefill_open"]
+    (reply,) = [c for c in llm.calls if c.kind == "stream"]
+    assert [c.kind for c in llm.calls if c.kind != "prefill_open"] == ["stream"]
+    assert len(warm_ups) >= 3, llm.calls
+    # while the user spoke (before the endpoint's event left the server), before the reply
+    assert all(c.at < stopped_at for c in warm_ups)
+    assert llm.calls.index(reply) > llm.calls.index(warm_ups[-1])
+    # each warm-up holds the stable words the peer was told of, growing with the speech
+    delta = "conversation.item.input_audio_transcription.delta"
+    stable = {e["stable"] for _, e in peer.events if e.get("type") == delta}
+    said = [_words(c.messages) for c in warm_ups]
+    assert set(said) <= stable and said == sorted(said, key=len)
+    assert len(said[-1].split()) >= len(QUESTION.split()) // 2
+    assert set(said) <= set(asr.prefixes)  # and the recogniser continued from them
+    # the reply's prompt extends every warm-up's, token for token, in the same cache scope
+    reply_ids = prompts.render(reply.messages)
+    assert _words(reply.messages) == QUESTION
+    for call in warm_ups:
+        assert call.salt == reply.salt is not None
+        assert QUESTION.startswith(_words(call.messages))
+        ids = prompts.render_open(call.messages)
+        assert reply_ids[: len(ids)] == ids and len(ids) < len(reply_ids)
+    last = prompts.render_open(warm_ups[-1].messages)
+    log.warning(
+        "warm-ups %s; reply prompt %d tokens, the last warm-up's %d",
+        said,
+        len(reply_ids),
+        len(last),
+    )
+    assert len(last) > len(prompts.render_open(warm_ups[0].messages))
+
+
+def test_the_stand_in_asr_continues_from_its_prefix() -> None:
+    asr = ScriptedAsr()
+    second = np.zeros(16_000, np.int16)
+    assert asr.transcribe(second) == " ".join(QUESTION.split()[:6])
+    assert asr.transcribe(np.zeros(160_000, np.int16), prefix="Tell me") == QUESTION
