@@ -1,5 +1,7 @@
 """Benchmarks: ``python -m benchmarks`` runs the suite (see benchmarks/__main__.py)."""
 
+import subprocess
+
 from server.metrics import quantile
 
 
@@ -9,13 +11,14 @@ def pct(values: list[float], q: float) -> float:
     return float("nan") if found is None else found
 
 
+def git(*args: str) -> str:
+    """What ``git ARGS`` prints (stripped); empty when it fails."""
+    found = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
+    return found.stdout.strip()
+
+
 def source_commit() -> str:
     """The commit the benchmark ran (short hash), ``+changes`` when tracked files differed from
     it: a figure from an uncommitted tree says so."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
-
     head = git("rev-parse", "--short", "HEAD")
     return f"{head}+changes" if git("status", "--porcelain", "--untracked-files=no") else head

@@ -28,7 +28,6 @@ import hashlib
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -36,7 +35,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from benchmarks import pct
+from benchmarks import git, pct
 from server.chunk import Stage
 from server.config import SchedulerConfig
 from server.machine import this_machine
@@ -344,11 +343,6 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None
 
 
-def _git(*args: str) -> str:
-    found = subprocess.run(["git", *args], capture_output=True, text=True, check=False)
-    return found.stdout.strip()
-
-
 def provenance() -> dict[str, Any]:
     """Machine, commit and the hashes of the two source files the figures depend on (the
     working tree may differ from the commit)."""
@@ -357,10 +351,10 @@ def provenance() -> dict[str, Any]:
         path = Path(name)
         if path.exists():
             sources[name] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    dirty = _git("status", "--porcelain", "--", *SOURCES)
+    dirty = git("status", "--porcelain", "--", *SOURCES)
     return {
         "machine": this_machine().to_dict(),
-        "commit": _git("rev-parse", "--short", "HEAD"),
+        "commit": git("rev-parse", "--short", "HEAD"),
         "sources_modified_since_commit": bool(dirty),
         "source_sha256": sources,
     }

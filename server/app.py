@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 CONFIG_KEY = web.AppKey("config", Config)
 STARTED_KEY = web.AppKey("started_monotonic", float)
 METRICS_KEY = web.AppKey("metrics", Metrics)
+STATIC_ROOT_KEY = web.AppKey("static_root", Path)  # the demo page folder, resolved
 # what the start-up calibration measured and predicted (None: no reply pipeline)
 CALIBRATION_KEY: web.AppKey[dict[str, object] | None] = web.AppKey("calibration")
 
@@ -115,7 +116,7 @@ def task_census() -> dict[str, int]:
 
 async def static_file(request: web.Request) -> web.FileResponse:
     """A file of the demo page folder; a missing one is a JSON 404 like every other error."""
-    root = web_root(request.app[CONFIG_KEY]).resolve()
+    root = request.app[STATIC_ROOT_KEY]
     path = (root / request.match_info["filename"]).resolve()
     if not path.is_relative_to(root) or not path.is_file():
         raise NotFound("no such file")
@@ -222,5 +223,6 @@ def create_app(
         app.router.add_get("/debug/sessions", debug_sessions)
     add_routes(app, config)
     if web_root(config).is_dir():
+        app[STATIC_ROOT_KEY] = web_root(config).resolve()  # once, not per request
         app.router.add_get("/static/{filename:.+}", static_file)
     return app
