@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 BLOCK = 32  # --block-size of the server
-LONG = 1700  # tokens: a reply that takes the tiny model ~2 s, unless it is aborted
+LONG = 12_000  # tokens: a reply that takes the tiny model >10 s, unless it is aborted
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +352,7 @@ async def test_server_errors_are_llm_errors_and_not_retried(
         await llm.close()
     assert llm.replica_status()[0].failures == 0
     llm = RemoteVllm(RemoteOptions(base_url=vllm.url, model="tiny", more_urls=(refused_url,)))
-    too_long: list[Message] = [{"role": "user", "content": TEXT * 40}]
+    too_long: list[Message] = [{"role": "user", "content": TEXT * 400}]  # > 16,384 tokens
     try:
         with pytest.raises(LlmError, match="answered 400") as caught:
             await collect(llm.stream(too_long, "long-1", max_tokens=8))

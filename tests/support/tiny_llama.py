@@ -112,7 +112,7 @@ def _save_model(tok: Tokenizer, out: Path) -> None:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=16384,  # room for the remote abort tests' long replies
         tie_word_embeddings=False,
         bos_token_id=_special_id(tok, BOS),
         eos_token_id=_special_id(tok, EOS),

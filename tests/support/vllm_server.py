@@ -50,7 +50,7 @@ class VllmServer:
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--dtype", "bfloat16",
-            "--max-model-len", "2048",
+            "--max-model-len", "16384",
             "--block-size", "32",
             "--max-num-seqs", "4",
             "--enforce-eager",
