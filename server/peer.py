@@ -119,12 +119,16 @@ def partial_due(
     """Whether the partial loop decodes now: an interval after the last partial began, or at
     once when the speaker paused (quiet for PAUSE_MS) after audio the last partial did not
     hear, so that the decode hearing all the speech runs during the end-of-turn wait and is
-    the final transcript at the endpoint. ``samples``/``covered``: 16 kHz samples of the
+    the final transcript at the endpoint. Never when all the audio the last partial did not
+    hear is silence (the end-of-turn wait): that decode would find nothing new and hold the
+    recogniser while the reply starts. ``samples``/``covered``: 16 kHz samples of the
     utterance and of the last partial's audio."""
     if samples <= covered or samples < MIN_PARTIAL_SAMPLES:
         return False
     pause_start = samples - int(quiet_ms * 16)
-    return since_last_ms >= interval_ms or (quiet_ms >= PAUSE_MS and covered < pause_start)
+    if covered >= pause_start:
+        return False
+    return since_last_ms >= interval_ms or quiet_ms >= PAUSE_MS
 
 
 def stable_words(previous: str, current: str) -> str:

@@ -407,6 +407,10 @@ def test_a_partial_is_due_after_an_interval_or_at_once_at_a_pause() -> None:
     # ... but not again once a partial heard everything up to the pause
     covered = 2 * second - 1600
     assert not partial_due(20, 300, quiet_ms=100, samples=2 * second, covered=covered)
+    # ... nor after another interval of the end-of-turn silence: nothing new to hear
+    assert not partial_due(900, 300, quiet_ms=500, samples=2 * second, covered=2 * second - 8000)
+    # speech again after the pause: due as usual
+    assert partial_due(300, 300, quiet_ms=0, samples=2 * second + 800, covered=2 * second)
     # nothing new, or too short to transcribe: never
     assert not partial_due(900, 300, quiet_ms=0, samples=second, covered=second)
     assert not partial_due(900, 300, quiet_ms=0, samples=4_000, covered=0)
