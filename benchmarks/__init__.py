@@ -1,7 +1,9 @@
 """Benchmarks: ``python -m benchmarks`` runs the suite (see benchmarks/__main__.py)."""
 
 import subprocess
+from typing import Any
 
+from server.machine import this_machine
 from server.metrics import quantile
 
 
@@ -22,3 +24,11 @@ def source_commit() -> str:
     it: a figure from an uncommitted tree says so."""
     head = git("rev-parse", "--short", "HEAD")
     return f"{head}+changes" if git("status", "--porcelain", "--untracked-files=no") else head
+
+
+def stamped(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` with the machine (CPU model, ISA flags) and the commit it ran, unless the
+    benchmark set them itself: every result file says where it came from."""
+    results.setdefault("machine", this_machine().to_dict())
+    results.setdefault("commit", source_commit())
+    return results

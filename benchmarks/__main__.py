@@ -3,7 +3,8 @@
 Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
 namespace), the voice benchmark (embedded models), the prefix-cache probe and the avatar
 benchmarks (render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions
-held open, a STUN spray, a peer that acknowledges nothing), prints a summary table and writes
+held open, a STUN spray, a peer that acknowledges nothing), the prefill ablation and the WHIP
+connect times (aiortc and GStreamer), prints a summary table and writes
 ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
 benchmarks cannot rot) and writes to ``benchmarks/results/smoke/``: its figures are not for
 reporting. The figures BENCHMARKS.md quotes are committed in ``benchmarks/reported/``.
@@ -24,11 +25,14 @@ from benchmarks import (
     avatar_bench,
     avatar_sync,
     cache_probe,
+    prefill_ablation,
     realtime_bench,
     scheduler_sim,
+    stamped,
     transport_bench,
     unacked_peer,
     voice_bench,
+    whip_connect,
     workers_bench,
 )
 from benchmarks.netns import isolate
@@ -150,8 +154,15 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
     render = results["avatar_render"]["summary"]
     rows.append(
         (
-            "avatar render CPU ms/frame 512x512 p50/p95 (drawn frames)",
+            "avatar render CPU ms/frame 512x512 p50/p95, drawn frames",
             f"{render['steady_drawn_cpu']['p50_ms']} / {render['steady_drawn_cpu']['p95_ms']}",
+        )
+    )
+    rows.append(
+        (
+            "avatar render: cache hit p50 ms, hit rate, mean ms/frame",
+            f"{render['steady_hit_cpu']['p50_ms']}, {render['frame_cache_hit_rate']},"
+            f" {render['steady_cpu_mean_ms']}",
         )
     )
     sync = results["avatar_sync"]
@@ -175,13 +186,43 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
                 " / ".join(str(workers[k]["capacity_5ms_median"]) for k in sorted(workers)),
             )
         )
-    sims = [r for r in results["scheduler"]["rows"] if r["policy"] in ("edf", "round_robin")]
+    sims = results["scheduler"]["rows"]
+    policies = ("edf", "round_robin", "round_robin_aware")
     for load in sorted({r["overload"] for r in sims}):
-        edf = sum(r["underruns"] for r in sims if r["policy"] == "edf" and r["overload"] == load)
-        rr = sum(
-            r["underruns"] for r in sims if r["policy"] == "round_robin" and r["overload"] == load
+        for key, label in (
+            ("underruns", "underruns"),
+            ("first_audio_misses", "first-audio misses"),
+        ):
+            totals = [
+                sum(r[key] for r in sims if r["policy"] == p and r["overload"] == load)
+                for p in policies
+            ]
+            rows.append(
+                (
+                    f"scheduler {label} EDF / plain RR / aware RR at {load}x",
+                    " / ".join(str(t) for t in totals),
+                )
+            )
+    ablation = results["prefill_ablation"]
+    for mode in prefill_ablation.MODES:
+        if mode in ablation:
+            m = ablation[mode]
+            rows.append(
+                (
+                    f"prefill ablation {mode}: cached tokens, v2v p50 ms",
+                    f"{m['cached_tokens_p50']}, {m['voice_to_voice_ms']['p50']}",
+                )
+            )
+    whip = results["whip_connect"]["results"]
+    rows.append(
+        (
+            "WHIP connect median ms: aiortc full / trickle, gst full / trickle",
+            " / ".join(
+                str(whip[k]["median_ms"])
+                for k in ("aiortc/full", "aiortc/trickle", "gstreamer/full", "gstreamer/trickle")
+            ),
         )
-        rows.append((f"scheduler misses EDF / RR at {load}x", f"{edf} / {rr}"))
+    )
     return rows
 
 
@@ -214,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         "unacked_peer": unacked_peer.main(
             [*(["--seconds", "10"] if args.smoke else []), "--out", str(out / "unacked_peer.json")]
         ),
+        "prefill_ablation": prefill_ablation.main(
+            [*quick, "--out", str(out / "prefill_ablation.json")]
+        ),
+        "whip_connect": whip_connect.main([*quick, "--out", str(out / "whip_connect.json")]),
     }
     results = {
         "scheduler": _load(out, "scheduler_sim.json"),
@@ -227,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         "workers": _load(out, "workers.json") if (out / "workers.json").exists() else {},
         "attacks": _load(out, "attacks.json"),
         "unacked_peer": _load(out, "unacked_peer.json"),
+        "prefill_ablation": _load(out, "prefill_ablation.json"),
+        "whip_connect": _load(out, "whip_connect.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    (out / "suite.json").write_text(json.dumps(results, indent=2))
+    (out / "suite.json").write_text(json.dumps(stamped(results), indent=2))
     print()
     for name, value in summary(results):
         print(f"{name:<58} {value}")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct
+from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import cpu_seconds, keep_talking
 from models.avatar import ProceduralAvatar
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(run(args.quick))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(stamped(results), indent=2))
     s = results["av_offset"]
     print(f"A/V offset (video later +) p50 {s['offset_p50_ms']} ms, all {s['offset_ms']}")
     print(f"  correlation at best lag {s['correlation']}")

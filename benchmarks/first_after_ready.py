@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import stamped
 from benchmarks.netns import isolate
 from benchmarks.voice_bench import ask, synthesize_questions
 from server.client import ClientPeer
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {this_machine().describe()}")
     results = asyncio.run(run(3 if args.quick else 10))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(stamped(results), indent=2))
     print(
         f"first {results['first_voice_to_voice_ms']} ms, last {results['last_voice_to_voice_ms']}"
         f" ms (ratio {results['ratio_first_vs_last']}); avatar warm-up"

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct
+from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from server.client import ClientPeer
 from server.rtc import pin_host_addresses
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     isolate("benchmarks.transport_bench", argv)
     results = asyncio.run(run(args.quick))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(stamped(results), indent=2))
     print(f"wrote {args.out}")
     return 0 if results["server_exit_code"] == 0 else 1
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct
+from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import session_stats
 from server.client import ClientPeer
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     results = asyncio.run(run(args.quick))
     results["wall_s"] = round(time.monotonic() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(stamped(results), indent=2))
     print(f"ratio p50 incremental/baseline: {results['ratio_incremental_vs_baseline_p50']}")
     print(f"wrote {args.out}")
     return 0

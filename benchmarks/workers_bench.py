@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import cpu_seconds, talking_session
 from server.router import worker_of
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or (None if args.smoke else OUT)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2))
+        out.write_text(json.dumps(stamped(results), indent=2))
         print(f"wrote {out}")
     return 0 if all(r["server_exit_code"] == 0 for r in results["runs"]) else 1
 
