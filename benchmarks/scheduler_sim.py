@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import git, pct
-from server.chunk import Stage
 from server.config import SchedulerConfig
 from server.machine import this_machine
 from server.scheduler import (
     DeadlineScheduler,
     RoundRobinScheduler,
     Scheduler,
-    SessionView,
     WorkItem,
 )
+from server.session_view import SessionView
+from server.stage import Stage
 
 TICK_MS = 5.0
 USER_MS = (1000.0, 3000.0)  # user speech + pause before the turn ends

@@ -12,10 +12,9 @@ import ipaddress
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from server.config import MIN_TOKEN_CHARS
 from server.errors import ConfigError, Forbidden, Unauthorized
-
-MIN_TOKEN_CHARS = 16
-NO_OWNER = ""  # the owner of sessions created while authentication is off
+from server.owner import NO_OWNER
 
 
 def token_digest(token: str) -> str:

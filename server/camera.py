@@ -16,7 +16,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from server.clock import Clock
 from server.config import VisionConfig
 from server.face import Attention
-from server.tracks import frames
+from server.inbound import frames
 from server.vision import FrameSampler, PresenceTracker, VisionModel, small_size
 
 

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from enum import Enum, IntEnum
+from enum import Enum
 from typing import Generic, TypeVar
 
 from server.errors import InvalidTransition
+from server.stage import Stage
 
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")
-
-
-class Stage(IntEnum):
-    """Pipeline stages, in data-flow order."""
-
-    ASR = 1
-    LLM = 2
-    TTS = 3
-    AVATAR = 4
-    PLAYBACK = 5
 
 
 class ChunkState(Enum):

@@ -35,9 +35,9 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.ice import TURN_SCHEMES, IceServer
+from server.inbound import frames
 from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, resample
 from server.rtc import pin_host_addresses, rtc_configuration
-from server.tracks import frames
 
 log = logging.getLogger("client")
 PCM = npt.NDArray[np.int16]

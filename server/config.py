@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from server.auth import MIN_TOKEN_CHARS
 from server.errors import ConfigError
 
 ENV_PREFIX = "AVATAR_"
@@ -23,6 +22,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULER_POLICIES = ("edf", "round_robin")
 ASR_WINDOWS = ("audio", "full")
 PRIVATE_CANDIDATES = ("auto", "allow", "drop")
+MIN_TOKEN_CHARS = 16  # a bearer token is at least this long
 
 
 def _setting(default: Any, help: str, **rules: Any) -> Any:

@@ -15,11 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from server.chunk import Stage
 from server.clock import Clock
 from server.config import SchedulerConfig
 from server.errors import RuntimeErrorBase
-from server.scheduler import Scheduler, SessionView, WorkItem, latest_start_ms
+from server.scheduler import Scheduler, WorkItem, latest_start_ms
+from server.session_view import SessionView
+from server.stage import Stage
 
 log = logging.getLogger(__name__)
 

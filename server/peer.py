@@ -25,11 +25,9 @@ import numpy.typing as npt
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from server.auth import NO_OWNER
 from server.avatar import AvatarRenderer
 from server.avatar_video import AvatarVideo
 from server.camera import CameraStage
-from server.chunk import Stage
 from server.clock import Clock, MonotonicClock
 from server.config import Config
 from server.engine_queue import JobTag, ShedWork, StaleWork
@@ -37,9 +35,11 @@ from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.events import ResponseDone
 from server.face import FaceAnimator
 from server.ice import ice_servers
+from server.inbound import frames
 from server.lipsync import LipSync, cues_for
 from server.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.metrics import Metrics, quantile
+from server.owner import NO_OWNER
 from server.pipeline import ReplyRequest, ReportsLoad, SessionScoped, TurnPipeline, TurnTrace
 from server.protocol import (
     ClientEvent,
@@ -57,14 +57,10 @@ from server.rtc import (
     rtc_configuration,
     tune_audio_jitter,
 )
-from server.scheduler import SessionView
 from server.session import BargeIn, ChunkAudio, Session
-from server.tracks import (
-    MediaClock,
-    PacedAudioTrack,
-    PacedVideoTrack,
-    frames,
-)
+from server.session_view import SessionView
+from server.stage import Stage
+from server.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
 from server.turn import TurnState
 from server.vad import PAUSE_MS, TurnDetector, VadEvent, VadEventKind
 from server.vision import PresenceTracker, VisionModel, presence_note

@@ -19,13 +19,13 @@ from typing import Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from server.auth import NO_OWNER
 from server.chunk import PhonemeTiming, WordTiming
 from server.conditions import Conditions
 from server.config import Config, PipelineConfig
 from server.engine_queue import JobTag
 from server.errors import ConfigError
 from server.history import ContextEntry
+from server.owner import NO_OWNER
 
 
 @dataclass(frozen=True)

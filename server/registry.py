@@ -16,11 +16,12 @@ from typing import Any
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from server.auth import NO_OWNER, is_loopback
+from server.auth import is_loopback
 from server.avatar import AvatarRenderer
 from server.config import Config
 from server.errors import BadRequest, NotFound, ServerFull, TooManyRequests
 from server.metrics import Metrics
+from server.owner import NO_OWNER
 from server.peer import PeerSession, PeerState
 from server.pipeline import TurnPipeline
 from server.procstats import trim_heap

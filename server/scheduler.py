@@ -13,25 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from server.chunk import Stage
 from server.config import SchedulerConfig
+from server.session_view import SessionView
+from server.stage import Stage
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SessionView:
-    """What the scheduler knows of a session at one instant.
-
-    ``slack_ms``: buffered playback ahead of its cursor (time until it underruns).
-    ``waiting_since_ms``: end of the user's turn while the reply has not started playing.
-    """
-
-    session_id: str
-    epoch: int
-    slack_ms: float
-    budget_ms: float
-    waiting_since_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from server.chunk import (
     Chunk,
     ChunkState,
     PhonemeTiming,
-    Stage,
     StageMessage,
     WordTiming,
     transition_chunk,
@@ -39,7 +38,8 @@ from server.events import (
 from server.history import History, TokenCounter, Turn, approx_tokens
 from server.media import ms_to_samples, samples_to_ms
 from server.playback import PCM, PlaybackBuffer, Pull
-from server.scheduler import SessionView
+from server.session_view import SessionView
+from server.stage import Stage
 from server.turn import TurnDeadlines, TurnMachine, TurnState
 
 log = logging.getLogger(__name__)

@@ -9,29 +9,18 @@ waits on the buffer: on underrun it sends silence / the idle frame.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import av
 import numpy as np
 import numpy.typing as npt
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
-from av.frame import Frame
-from av.packet import Packet
 
 from server.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, VIDEO_TIME_BASE
 
 PCM = npt.NDArray[np.int16]
-
-
-async def frames(track: MediaStreamTrack) -> AsyncIterator[Frame | Packet[Any]]:
-    """Every frame a remote track delivers, until the track ends."""
-    while True:
-        try:
-            yield await track.recv()
-        except MediaStreamError:
-            return
 
 
 class MediaClock:

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from server.chunk import PhonemeTiming, Stage, WordTiming
+from server.chunk import PhonemeTiming, WordTiming
 from server.clock import Clock, MonotonicClock
 from server.conditions import Conditions
 from server.config import PipelineConfig, SchedulerConfig
@@ -25,7 +25,9 @@ from server.errors import RuntimeErrorBase
 from server.history import CacheClass, ContextEntry
 from server.media import MEDIA_RATE_HZ, resample
 from server.pipeline import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
-from server.scheduler import SessionView, make_scheduler
+from server.scheduler import make_scheduler
+from server.session_view import SessionView
+from server.stage import Stage
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,10 @@ from aiohttp.test_utils import TestServer
 from models.llm import RemoteOptions, RemoteVllm, VllmEngine, VllmOptions
 from models.prepare import prepare_llm
 from models.tts import split_sentences
-from server.auth import NO_OWNER, token_digest
+from server.auth import token_digest
 from server.conditions import Conditions
 from server.history import CacheClass, ContextEntry, Role
+from server.owner import NO_OWNER
 from server.pipeline import ReplyRequest, TurnTrace
 from server.voice import VoicePipeline
 

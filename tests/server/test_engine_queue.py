@@ -8,11 +8,12 @@ import threading
 
 import pytest
 
-from server.chunk import Stage
 from server.clock import FakeClock
 from server.config import SchedulerConfig
 from server.engine_queue import EngineQueue, JobTag, ShedWork, StaleWork
-from server.scheduler import DeadlineScheduler, SessionView
+from server.scheduler import DeadlineScheduler
+from server.session_view import SessionView
+from server.stage import Stage
 
 
 class Views:

@@ -12,13 +12,14 @@ import pytest
 from models.avatar import ProceduralAvatar
 from server.avatar import Expression, FaceState, Viseme, viseme_of
 from server.avatar_video import AvatarVideo
-from server.chunk import PhonemeTiming, Stage
+from server.chunk import PhonemeTiming
 from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.face import BLINK_MS, Attention, FaceAnimator
 from server.lipsync import ATTACK_SAMPLES, LipSync, cues_for
 from server.media import ms_to_samples, samples_to_ms
 from server.session import ChunkAudio, Session
+from server.stage import Stage
 from server.tracks import MediaClock
 from server.turn import TurnState
 from tests.support.tone_pipeline import tone, tone_phonemes

@@ -22,7 +22,7 @@ from server.config import Config
 from server.engine_queue import JobTag
 from server.metrics import Metrics
 from server.peer import PeerSession
-from server.scheduler import SessionView
+from server.session_view import SessionView
 from server.turn import TurnState
 from server.vad import VadEvent, VadEventKind
 from server.voice import VoicePipeline

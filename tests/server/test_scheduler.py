@@ -4,15 +4,15 @@ from collections import Counter
 
 import pytest
 
-from server.chunk import Stage
 from server.config import SchedulerConfig
 from server.scheduler import (
     DeadlineScheduler,
     RoundRobinScheduler,
-    SessionView,
     WorkItem,
     make_scheduler,
 )
+from server.session_view import SessionView
+from server.stage import Stage
 
 
 def item(n: int, sid: str, epoch: int = 0, cost: float = 50.0, at: float = 0.0) -> WorkItem:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.chunk import Stage, WordTiming
+from server.chunk import WordTiming
 from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.errors import InvalidConditionUpdate, InvalidTransition
@@ -10,6 +10,7 @@ from server.events import ConditionsApplied, ItemTruncated, ResponseDone
 from server.history import Role
 from server.media import FRAME_SAMPLES, ms_to_samples
 from server.session import ChunkAudio, Session, heard_prefix
+from server.stage import Stage
 from server.turn import TurnState
 from tests.conftest import tone
 

@@ -12,15 +12,17 @@ import numpy as np
 import pytest
 
 from models.tts import PiperTts, split_sentences
-from server.auth import NO_OWNER, token_digest
+from server.auth import token_digest
 from server.conditions import Conditions
 from server.config import Config
 from server.engine_queue import JobTag, ShedWork
 from server.history import CacheClass, ContextEntry, Role
 from server.metrics import Metrics
+from server.owner import NO_OWNER
 from server.peer import PeerSession, partial_due, stable_words
 from server.pipeline import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
-from server.scheduler import DeadlineScheduler, SessionView
+from server.scheduler import DeadlineScheduler
+from server.session_view import SessionView
 from server.voice import FirstChunkCutter, PrefillsOpenTurn, VoicePipeline, to_messages
 
 
