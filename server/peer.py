@@ -195,6 +195,7 @@ class PeerSession:
         self._trace: TurnTrace | None = None
         self._partials: asyncio.Task[None] | None = None
         self._decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
+        self._warming: asyncio.Task[None] | None = None  # the partial loop's LLM warm-up
         self._partial = _Partial(0, "")
         self._stable = ""
         self._prefill_cached = 0
@@ -425,7 +426,18 @@ class PeerSession:
     # --- while the user speaks: partial transcripts and prefill -------------------------------
     async def _partial_loop(self, pipeline: TurnPipeline) -> None:
         """Re-decode the growing utterance every interval, continuing after the words two
-        partials agreed on (its stable words); push the stable words into the LLM."""
+        partials agreed on (its stable words); push the stable words into the LLM. A warm-up
+        runs beside the decodes, one at a time: waiting for it would delay the decode at the
+        speaker's pause, the one that becomes the final transcript."""
+        try:
+            await self._decode_partials(pipeline)
+        finally:  # the turn ended: a warm-up still running is of no use to its reply
+            task, self._warming = self._warming, None
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _decode_partials(self, pipeline: TurnPipeline) -> None:
         interval_ms = self.config.pipeline.partial_interval_ms
         last_ms = self.clock.now_ms()
         while True:
@@ -459,15 +471,23 @@ class PeerSession:
             if len(stable) > len(self._stable):
                 self._stable = stable
                 self.session.set_user_transcript(stable)
-                request = self._request(self.session.epoch)
-                try:
-                    cached = await pipeline.prefill(request)
-                except ShedWork:  # a reply is being written: the warm-up would slow it
-                    self._metrics.work_shed.labels("prefill").inc()
-                    continue
-                self._prefill_cached = max(self._prefill_cached, cached)
-                # heard_until only grows: what was heard when the decode began is still heard
-                self.session.advance_prefilled(max(self.session.cursors.prefilled_until, heard))
+                if self._warming is None or self._warming.done():
+                    if self._warming is not None:
+                        await self._warming  # done: its outcome was handled in _warm
+                    warm = self._warm(pipeline, self._request(self.session.epoch), heard)
+                    self._warming = asyncio.get_running_loop().create_task(warm)
+
+    async def _warm(self, pipeline: TurnPipeline, request: ReplyRequest, heard: int) -> None:
+        """Push the stable words into the LLM's prefix cache (``heard``: input samples heard
+        when the decode that found them began)."""
+        try:
+            cached = await pipeline.prefill(request)
+        except ShedWork:  # a reply is being written: the warm-up would slow it
+            self._metrics.work_shed.labels("prefill").inc()
+            return
+        self._prefill_cached = max(self._prefill_cached, cached)
+        # heard_until only grows: what was heard when the decode began is still heard
+        self.session.advance_prefilled(max(self.session.cursors.prefilled_until, heard))
 
     async def _stop_partials(self) -> None:
         task, self._partials = self._partials, None

@@ -11,6 +11,8 @@ token under the embedded model's tokenizer and chat template, in the same cache 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -52,9 +54,11 @@ class ScriptedAsr:
 
     def __init__(self) -> None:
         self.prefixes: list[str] = []
+        self.called_at: list[float] = []  # time.monotonic() of each call
 
     def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str:
         self.prefixes.append(prefix)
+        self.called_at.append(time.monotonic())
         words = QUESTION.split()
         heard = min(len(words), int(len(pcm) / 16 // WORD_MS))
         return " ".join(words[:heard])
@@ -108,6 +112,27 @@ class RecordingLlm:
         pass
 
 
+class SlowWarmUpLlm(RecordingLlm):
+    """A warm-up of the open turn takes WARM_S (an LLM busy with other sessions); records when
+    each one began and ended (ended: done or cancelled)."""
+
+    WARM_S = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warm_ups: list[tuple[float, float]] = []
+
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any:
+        began = time.monotonic()
+        try:
+            await asyncio.sleep(self.WARM_S)
+            return await super().prefill_open(messages, request_id, cache_salt=cache_salt)
+        finally:
+            self.warm_ups.append((began, time.monotonic()))
+
+
 class ToneTts:
     def synthesize(self, text: str) -> Any:
         return SimpleNamespace(pcm=tone(300), words=(), phonemes=())
@@ -120,8 +145,9 @@ def prompts() -> ChatPrompts:
     return ChatPrompts(AutoTokenizer.from_pretrained(str(prepare_llm())))
 
 
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
+@contextlib.asynccontextmanager
+async def serving(llm: RecordingLlm) -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
+    """The real app on loopback, its voice pipeline on ``llm``, the scripted ASR and a tone TTS."""
     config = load_config(
         overrides={
             "transport.video": "false",
@@ -130,7 +156,7 @@ async def server() -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
             "pipeline.partial_interval_ms": "200",
         }
     )
-    asr, llm = ScriptedAsr(), RecordingLlm()
+    asr = ScriptedAsr()
     pipeline = VoicePipeline(
         asr, llm, ToneTts(), split_sentences, max_tokens=20, first_chunk_words=6
     )
@@ -142,6 +168,12 @@ async def server() -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
     finally:
         await site.close()
         await pipeline.close()
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
+    async with serving(RecordingLlm()) as served:
+        yield served
 
 
 def _words(messages: list[Message]) -> str:
@@ -201,3 +233,29 @@ def test_the_stand_in_asr_continues_from_its_prefix() -> None:
     second = np.zeros(16_000, np.int16)
     assert asr.transcribe(second) == " ".join(QUESTION.split()[:6])
     assert asr.transcribe(np.zeros(160_000, np.int16), prefix="Tell me") == QUESTION
+
+
+async def test_the_recogniser_keeps_decoding_while_a_warm_up_runs(peers: list[Peer]) -> None:
+    """A slow warm-up must not hold the partial loop: the decode at the speaker's pause is the
+    final transcript, and waiting for the LLM would leave the endpoint to decode it again."""
+    llm = SlowWarmUpLlm()
+    async with serving(llm) as (url, _, asr):
+        peer = Peer(url, video=False)
+        peers.append(peer)
+        await peer.connect()
+        peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(300)]))
+        done = await peer.wait_event("response.done", timeout=30)
+        assert done["status"] == "completed"
+        final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
+        assert final["transcript"] == QUESTION
+        await peer.close()
+    assert llm.warm_ups, "no warm-up began"
+    during = [t for t in asr.called_at if any(a < t < b for a, b in llm.warm_ups)]
+    log.warning(
+        "%d warm-ups of %.1f s; %d of %d decodes ran during one",
+        len(llm.warm_ups),
+        llm.WARM_S,
+        len(during),
+        len(asr.called_at),
+    )
+    assert len(during) >= 2, (llm.warm_ups, asr.called_at)
