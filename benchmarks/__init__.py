@@ -29,6 +29,8 @@ def source_commit() -> str:
 def stamped(results: dict[str, Any]) -> dict[str, Any]:
     """``results`` with the machine (CPU model, ISA flags) and the commit it ran, unless the
     benchmark set them itself: every result file says where it came from."""
-    results.setdefault("machine", this_machine().to_dict())
+    machine = results.setdefault("machine", {})
+    if isinstance(machine, dict):  # a benchmark's own fields (cpus, python) stay beside these
+        machine.update({k: v for k, v in this_machine().to_dict().items() if k not in machine})
     results.setdefault("commit", source_commit())
     return results

@@ -22,7 +22,9 @@ cached), the LLM's first token after the final transcript (``llm_first_token_ms 
 asr_final_ms``), the final transcript and voice-to-voice (after the end-of-turn decision);
 medians.
 
-Run: ``.venv/bin/python -m benchmarks.prefill_ablation`` (``--quick`` for a smoke run).
+Run: ``.venv/bin/python -m benchmarks.prefill_ablation`` (``--quick`` for a smoke run;
+``--modes partials_prefill --questions 5`` for one mode on the first questions, e.g. to compare
+two commits' transcripts).
 """
 
 from __future__ import annotations
@@ -132,13 +134,13 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(count: int, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     from benchmarks.voice_bench import conversation, synthesize_questions
     from server.rtc import pin_host_addresses
     from tests.support.server_process import ServerProcess
 
     pin_host_addresses(["127.0.0.1"])
-    texts = QUESTIONS[:2] if quick else QUESTIONS
+    texts = QUESTIONS[:count]
     questions = synthesize_questions(texts)
     results: dict[str, Any] = {
         "machine": this_machine().to_dict(),
@@ -146,7 +148,7 @@ async def run(quick: bool) -> dict[str, Any]:
         "speech_s": [round(len(q) / 48_000, 1) for q in questions],
         "block_size": VllmOptions().block_size,
     }
-    for mode in MODES:
+    for mode in modes:
         server = ServerProcess(mode_settings(mode)).start(timeout=300)
         try:
             turns = await conversation(server.url, questions)
@@ -164,7 +166,7 @@ def table(results: dict[str, Any]) -> list[str]:
         f"{'mode':<17} {'cached':>6} {'prompt':>6} {'computed':>8} {'LLM 1st after final':>19}"
         f" {'ASR final':>9} {'voice-to-voice':>14}"
     ]
-    for mode in MODES:
+    for mode in (m for m in MODES if m in results):
         m = results[mode]
         lines.append(
             f"{mode:<17} {m['cached_tokens_p50']:>6} {m['prompt_tokens_p50']:>6}"
@@ -180,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 questions (a smoke run)")
+    parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="the first N")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument(
         "--out", type=Path, default=Path("benchmarks/results/prefill_ablation.json")
     )
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     isolate("benchmarks.prefill_ablation", argv)
     print(f"machine: {this_machine().describe()}")
     started = time.monotonic()
-    results = asyncio.run(run(args.quick))
+    results = asyncio.run(run(2 if args.quick else args.questions, tuple(args.modes)))
     results["wall_s"] = round(time.monotonic() - started, 1)
     results["commit"] = source_commit()
     args.out.parent.mkdir(parents=True, exist_ok=True)

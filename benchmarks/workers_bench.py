@@ -39,7 +39,7 @@ from typing import Any
 
 from benchmarks import stamped
 from benchmarks.netns import isolate
-from benchmarks.transport_bench import cpu_seconds, talking_session
+from benchmarks.transport_bench import cpu_seconds, server_pids, settled, talking_session
 from server.router import worker_of
 from server.rtc import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
@@ -47,25 +47,6 @@ from tests.support.server_process import TONE_PIPELINE, ServerProcess
 LIMITS_MS = (5.0, 40.0)  # audio frame lateness p99 limits a step may pass
 STOP_P99_MS = 250.0  # a step this late ends the run: bigger steps only get worse
 OUT = Path("benchmarks/results/workers.json")
-
-
-def server_pids(server: ServerProcess) -> list[int]:
-    """The server's processes: the supervisor and its workers (or the one server)."""
-    assert server.proc is not None
-    return [server.proc.pid, *server.worker_pids().values()]
-
-
-async def settled(server: ServerProcess, timeout: float = 60.0) -> float:
-    """Wait until the idle server's processes use < 5 % of a core (start-up work, e.g. model
-    warm-up threads, is over); returns the last idle figure (% of a core)."""
-    pids = server_pids(server)
-    deadline = time.monotonic() + timeout
-    while True:
-        cpu0 = sum(cpu_seconds(p) for p in pids)
-        await asyncio.sleep(1.0)
-        idle = 100 * (sum(cpu_seconds(p) for p in pids) - cpu0)
-        if idle < 5.0 or time.monotonic() > deadline:
-            return round(idle, 1)
 
 
 async def step(server: ServerProcess, sessions: int, seconds: float) -> dict[str, Any]:
