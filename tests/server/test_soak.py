@@ -180,6 +180,19 @@ async def wait_gone(server: ServerProcess, ids: set[str], timeout_s: float) -> f
     return time.monotonic() - started
 
 
+async def wait_closed(server: ServerProcess, session_id: str, timeout_s: float) -> dict[str, Any]:
+    """The session's figures once it is listed as closed: the registry takes a session out of
+    the live list when its close begins and records it when the close has finished (seconds
+    on a slow machine), so "not live" comes first (TimeoutError after ``timeout_s``)."""
+    started = time.monotonic()
+    timeout_s = within(timeout_s)
+    while (found := await asyncio.to_thread(server.session, session_id, ("closed",))) is None:
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"session not listed as closed after {timeout_s} s")
+        await asyncio.sleep(0.1)
+    return found
+
+
 async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess) -> None:
     clients = await VanishingClients.start(server, 1, video_every=0)
     (session_id,) = clients.session_ids
@@ -188,8 +201,8 @@ async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess
     # aiortc's own consent checks would take ~30 s; the reaper acts after the timeout
     reaped_after_s = await wait_gone(server, {session_id}, timeout_s=15)
     print(f"vanished client reaped {reaped_after_s:.2f} s after SIGKILL")
-    closed = await asyncio.to_thread(server.session, session_id, ("closed",))
-    assert closed is not None and closed["state"] == "closed"
+    closed = await wait_closed(server, session_id, timeout_s=10)
+    assert closed["state"] == "closed"
     assert (await asyncio.to_thread(server.debug_sessions))["reaped_total"] >= 1
 
 
