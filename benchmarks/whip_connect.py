@@ -59,7 +59,7 @@ from server.client import ClientPeer, save_wav
 from server.machine import this_machine
 from server.rtc import pin_host_addresses
 from server.whip import SDPFRAG_TYPE
-from tests.support.offers import first_mid
+from tests.support.offers import first_mid, sdpfrag, without_candidates
 from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
 from tests.support.speech import silence
 
@@ -100,36 +100,6 @@ class Series:
             "failures": len(self.errors),
             "errors": self.errors,
         }
-
-
-def without_candidates(sdp: str) -> tuple[str, list[str], str, str]:
-    """A trickling client's offer: ``sdp`` without candidate lines, with the candidates of its
-    first media section (max-bundle: the only ones needed) and its ICE ufrag and password."""
-    kept: list[str] = []
-    candidates: list[str] = []
-    ufrag = pwd = ""
-    section = -1
-    for line in sdp.splitlines():
-        if line.startswith("m="):
-            section += 1
-        if line.startswith("a=candidate:"):
-            if section == 0:
-                candidates.append(line[2:])
-            continue
-        if line.startswith("a=end-of-candidates"):
-            continue
-        if not ufrag and line.startswith("a=ice-ufrag:"):
-            ufrag = line.split(":", 1)[1]
-        if not pwd and line.startswith("a=ice-pwd:"):
-            pwd = line.split(":", 1)[1]
-        kept.append(line)
-    return "\r\n".join(kept) + "\r\n", candidates, ufrag, pwd
-
-
-def sdpfrag(ufrag: str, pwd: str, mid: str, lines: list[str]) -> str:
-    """An RFC 8840 fragment of ``lines`` for the media section ``mid``."""
-    head = [f"a=ice-ufrag:{ufrag}", f"a=ice-pwd:{pwd}", "m=audio 9 UDP/TLS/RTP/SAVPF 0"]
-    return "\r\n".join([*head, f"a=mid:{mid}", *lines]) + "\r\n"
 
 
 async def aiortc_connect(url: str, trickle: bool) -> float:

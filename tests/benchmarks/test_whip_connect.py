@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.netns import MARK
-from benchmarks.whip_connect import PAIRS, Series, main, sdpfrag, table, without_candidates
+from benchmarks.whip_connect import PAIRS, Series, main, table
+from tests.support.offers import sdpfrag, without_candidates
 
 OFFER = (
     "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"

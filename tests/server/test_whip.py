@@ -39,6 +39,7 @@ from server.whip import (
 )
 from server.wiring import detector_factory
 from tests.support.in_process import running
+from tests.support.offers import first_mid, sdpfrag, without_candidates
 from tests.support.pace import within
 from tests.support.peers import Peer
 
@@ -203,35 +204,14 @@ class TrickleClient:
 
     async def offer_without_candidates(self) -> str:
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        kept: list[str] = []
-        section = -1
-        for line in self.pc.localDescription.sdp.splitlines():
-            if line.startswith("m="):
-                section += 1
-            if line.startswith("a=candidate:"):
-                if section == 0:
-                    self.candidates.append(line[2:])
-                continue
-            if line.startswith("a=end-of-candidates"):
-                continue
-            if section == 0 and line.startswith("a=mid:"):
-                self.mid = line[6:]
-            if not self.ufrag and line.startswith("a=ice-ufrag:"):
-                self.ufrag = line.split(":", 1)[1]
-            if not self.pwd and line.startswith("a=ice-pwd:"):
-                self.pwd = line.split(":", 1)[1]
-            kept.append(line)
+        sdp = self.pc.localDescription.sdp
+        offer, self.candidates, self.ufrag, self.pwd = without_candidates(sdp)
+        self.mid = first_mid(sdp)
         assert self.candidates, "aiortc gathered no candidate"
-        return "\r\n".join(kept) + "\r\n"
+        return offer
 
     def fragment(self, lines: list[str], ufrag: str | None = None) -> str:
-        head = [
-            f"a=ice-ufrag:{ufrag or self.ufrag}",
-            f"a=ice-pwd:{self.pwd}",
-            "m=audio 9 UDP/TLS/RTP/SAVPF 0",
-            f"a=mid:{self.mid}",
-        ]
-        return "\r\n".join(head + lines) + "\r\n"
+        return sdpfrag(ufrag or self.ufrag, self.pwd, self.mid, lines)
 
     async def close(self) -> None:
         self.mic.stop()

@@ -46,3 +46,33 @@ def with_candidates(sdp: str, candidates: list[str]) -> str:
     end = next((i for i in range(first + 1, len(lines)) if lines[i].startswith("m=")), len(lines))
     lines[end:end] = [f"a={c}" for c in candidates]
     return "\r\n".join(lines) + "\r\n"
+
+
+def without_candidates(sdp: str) -> tuple[str, list[str], str, str]:
+    """A trickling client's offer: ``sdp`` without candidate lines, with the candidates of its
+    first media section (max-bundle: the only ones needed) and its ICE ufrag and password."""
+    kept: list[str] = []
+    candidates: list[str] = []
+    ufrag = pwd = ""
+    section = -1
+    for line in sdp.splitlines():
+        if line.startswith("m="):
+            section += 1
+        if line.startswith("a=candidate:"):
+            if section == 0:
+                candidates.append(line[2:])
+            continue
+        if line.startswith("a=end-of-candidates"):
+            continue
+        if not ufrag and line.startswith("a=ice-ufrag:"):
+            ufrag = line.split(":", 1)[1]
+        if not pwd and line.startswith("a=ice-pwd:"):
+            pwd = line.split(":", 1)[1]
+        kept.append(line)
+    return "\r\n".join(kept) + "\r\n", candidates, ufrag, pwd
+
+
+def sdpfrag(ufrag: str, pwd: str, mid: str, lines: list[str]) -> str:
+    """An RFC 8840 fragment of ``lines`` for the media section ``mid``."""
+    head = [f"a=ice-ufrag:{ufrag}", f"a=ice-pwd:{pwd}", "m=audio 9 UDP/TLS/RTP/SAVPF 0"]
+    return "\r\n".join([*head, f"a=mid:{mid}", *lines]) + "\r\n"
