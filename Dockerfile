@@ -23,6 +23,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY server ./server
 COPY models ./models
+COPY client ./client
 COPY web ./web
 
 # an editable install, as scripts/setup.sh makes: the server finds web/ and .cache/ under /app

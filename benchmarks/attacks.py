@@ -49,9 +49,9 @@ from aioice.ice import StunProtocol
 
 from benchmarks import source_commit
 from benchmarks.netns import isolate
+from server.http.signaling import REGISTRY_KEY
+from server.http.whip import SDPFRAG_TYPE
 from server.machine import this_machine
-from server.signaling import REGISTRY_KEY
-from server.whip import SDPFRAG_TYPE
 from tests.support.in_process import running
 from tests.support.offers import first_mid, host_candidate, trickle_offer
 

@@ -31,10 +31,10 @@ import cv2
 
 from benchmarks import pct, stamped
 from models.avatar import ProceduralAvatar
-from server.avatar import Expression, FaceState, Viseme
-from server.face import FaceAnimator
-from server.lipsync import LipSync, VisemeCue
-from server.media import ms_to_samples
+from server.avatar.face import FaceAnimator
+from server.avatar.lipsync import LipSync, VisemeCue
+from server.avatar.seam import Expression, FaceState, Viseme
+from server.runtime.media import ms_to_samples
 
 FPS = 25
 FRAME_MS = 1000 / FPS

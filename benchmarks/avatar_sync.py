@@ -29,10 +29,10 @@ import numpy.typing as npt
 from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import cpu_seconds, keep_talking
+from client.cli import ClientPeer
 from models.avatar import ProceduralAvatar
-from server.avatar import FaceState, Viseme
-from server.client import ClientPeer
-from server.rtc import pin_host_addresses
+from server.avatar.seam import FaceState, Viseme
+from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 from tests.support.speech import rms
 

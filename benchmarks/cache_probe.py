@@ -35,14 +35,14 @@ from benchmarks import source_commit
 from models.llm import GenerationStats, LlmEngine, Message, VllmEngine
 from models.prepare import prepare_llm
 from models.tts import split_sentences
-from server.auth import token_digest
 from server.clock import MonotonicClock
-from server.conditions import Conditions
 from server.config import RuntimeConfig
-from server.history import CacheClass, ContextEntry, Role
+from server.http.auth import token_digest
 from server.machine import this_machine
-from server.pipeline import ReplyRequest, TurnTrace
-from server.voice import VoicePipeline
+from server.pipeline.seams import ReplyRequest, TurnTrace
+from server.pipeline.voice import VoicePipeline
+from server.runtime.conditions import Conditions
+from server.runtime.history import CacheClass, ContextEntry, Role
 
 PERSONA = RuntimeConfig().persona
 LONG_PERSONA = (

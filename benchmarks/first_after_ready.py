@@ -23,9 +23,9 @@ from typing import Any
 from benchmarks import stamped
 from benchmarks.netns import isolate
 from benchmarks.voice_bench import ask, synthesize_questions
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from server.machine import this_machine
-from server.rtc import pin_host_addresses
+from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import ServerProcess
 
 QUESTION = "What is the capital of France?"

@@ -44,7 +44,7 @@ from server.machine import this_machine
 
 if TYPE_CHECKING:
     from server.config import Config
-    from server.voice import VoicePipeline
+    from server.pipeline.voice import VoicePipeline
 
 QUESTIONS = [
     "I am planning a trip to the mountains next month with two friends and I would like to know"
@@ -74,7 +74,7 @@ SETTINGS = {
 
 async def partials_only(config: Config) -> VoicePipeline:
     """The server's voice pipeline with its LLM warm-ups off (mode ``partials``)."""
-    from server.wiring import voice_pipeline
+    from server.pipeline.wiring import voice_pipeline
 
     pipeline = await voice_pipeline(config)
     pipeline.warm_prefix = False
@@ -136,7 +136,7 @@ def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def run(count: int, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     from benchmarks.voice_bench import conversation, synthesize_questions
-    from server.rtc import pin_host_addresses
+    from server.rtc.settings import pin_host_addresses
     from tests.support.server_process import ServerProcess
 
     pin_host_addresses(["127.0.0.1"])

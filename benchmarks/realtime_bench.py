@@ -45,9 +45,9 @@ import numpy.typing as npt
 from benchmarks import pct, source_commit
 from benchmarks.netns import isolate
 from benchmarks.voice_bench import QUESTIONS, synthesize_questions
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from server.machine import this_machine
-from server.rtc import pin_host_addresses
+from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
 

@@ -38,14 +38,14 @@ from typing import Any
 from benchmarks import git, pct
 from server.config import SchedulerConfig
 from server.machine import this_machine
-from server.scheduler import (
+from server.runtime.session_view import SessionView
+from server.runtime.stage import Stage
+from server.scheduling.scheduler import (
     DeadlineScheduler,
     RoundRobinScheduler,
     Scheduler,
     WorkItem,
 )
-from server.session_view import SessionView
-from server.stage import Stage
 
 TICK_MS = 5.0
 USER_MS = (1000.0, 3000.0)  # user speech + pause before the turn ends
@@ -55,7 +55,7 @@ BARGE_P = 0.25  # share of replies the user interrupts
 BUDGET_MS = 2000.0
 SIZES = (8, 16, 32)
 LOADS = (1.0, 1.5, 2.0)
-SOURCES = ("server/scheduler.py", "benchmarks/scheduler_sim.py")
+SOURCES = ("server/scheduling/scheduler.py", "benchmarks/scheduler_sim.py")
 
 
 class Policy(Enum):
@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([".venv/bin/python -m benchmarks.scheduler_sim", *argv]),
         "pipeline": (
             "simulated time (no sleeping, deterministic for a seed); the real DeadlineScheduler"
-            " and RoundRobinScheduler from server/scheduler.py pick the work"
+            " and RoundRobinScheduler from server/scheduling/scheduler.py pick the work"
         ),
         **provenance(),
         "scenario": {

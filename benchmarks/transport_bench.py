@@ -30,8 +30,8 @@ import numpy.typing as npt
 
 from benchmarks import pct, stamped
 from benchmarks.netns import isolate
-from server.client import ClientPeer
-from server.rtc import pin_host_addresses
+from client.cli import ClientPeer
+from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 from tests.support.speech import rms, silence, speak, voiced_span_ms
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from benchmarks import source_commit
 from benchmarks.netns import isolate
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from server.machine import this_machine
-from server.rtc import pin_host_addresses
+from server.rtc.settings import pin_host_addresses
 from tests.support.hostile_peers import stop_acknowledging
 from tests.support.server_process import ServerProcess
 

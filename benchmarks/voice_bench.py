@@ -27,9 +27,9 @@ import numpy.typing as npt
 from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import session_stats
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from server.machine import this_machine
-from server.rtc import pin_host_addresses
+from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import ServerProcess
 from tests.support.speech import silence
 

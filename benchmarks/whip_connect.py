@@ -6,7 +6,7 @@ The figure README's "Integrating" section quotes (median, POST -> ``connected``)
 WebRTC stacks and two ways of sending candidates, against a real server process (the tone
 reply pipeline of tests/support: no models) on loopback:
 
-- ``aiortc``: the project's client (``server.client.ClientPeer``: its peer connection, ``events``
+- ``aiortc``: the project's client (``client.cli.ClientPeer``: its peer connection, ``events``
   data channel and microphone track; ``close()`` DELETEs the resource). The benchmark does the
   WHIP exchange itself, as tests/server/test_whip.py does, because ``ClientPeer.connect`` neither
   exposes the moment of its POST nor waits for ``connected`` (it waits for the data channel).
@@ -55,10 +55,10 @@ from aiortc import RTCSessionDescription
 
 from benchmarks import pct, source_commit
 from benchmarks.netns import isolate
-from server.client import ClientPeer, save_wav
+from client.cli import ClientPeer, save_wav
+from server.http.whip import SDPFRAG_TYPE
 from server.machine import this_machine
-from server.rtc import pin_host_addresses
-from server.whip import SDPFRAG_TYPE
+from server.rtc.settings import pin_host_addresses
 from tests.support.offers import first_mid, sdpfrag, without_candidates
 from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
 from tests.support.speech import silence

@@ -40,8 +40,8 @@ from typing import Any
 from benchmarks import stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import cpu_seconds, server_pids, settled, talking_session
-from server.router import worker_of
-from server.rtc import pin_host_addresses
+from server.fleet.router import worker_of
+from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 
 LIMITS_MS = (5.0, 40.0)  # audio frame lateness p99 limits a step may pass

@@ -2,9 +2,9 @@
 
 :class:`ProceduralAvatar` implements the server's ``AvatarRenderer`` seam structurally (this
 package does not import ``server``): ``render(state)`` reads ``state.viseme`` (the Oculus
-viseme id, 0..14, as in ``server.avatar.Viseme``), ``state.expression`` (an enum whose
+viseme id, 0..14, as in ``server.avatar.seam.Viseme``), ``state.expression`` (an enum whose
 ``.value`` is ``idle``/``listening``/``thinking``/``speaking``, or that string), and the
-floats of ``server.avatar.FaceState``.
+floats of ``server.avatar.seam.FaceState``.
 
 How it stays cheap (about 1 ms a frame at 512x512): the backdrop, bust and head are drawn
 once per look, 3-4x supersampled; eyes, brows and mouth are sprites drawn per quantised pose
@@ -80,7 +80,7 @@ HAIR_FRONT_MOVES = (0.15, 0.35)
 
 
 class FaceLike(Protocol):
-    """What the renderer reads of a face state (``server.avatar.FaceState`` has it all)."""
+    """What the renderer reads of a face state (``server.avatar.seam.FaceState`` has it all)."""
 
     @property
     def appearance(self) -> str: ...

@@ -266,7 +266,7 @@ def mouth(look: Look, scale: float, shape: MouthShape, n: int = 33) -> Sprite:
     return pen.sprite()
 
 
-# The Oculus visemes by wire id (the order of server.avatar.Viseme; a server test checks it)
+# The Oculus visemes by wire id (the order of server.avatar.seam.Viseme; a server test checks it)
 VISEME_NAMES: tuple[str, ...] = ("sil", "PP", "FF", "TH", "DD", "kk", "CH", "SS", "nn", "RR")
 VISEME_NAMES += ("aa", "E", "I", "O", "U")
 # the full shape of each viseme, by id

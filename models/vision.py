@@ -83,7 +83,9 @@ def _load_cascade(path: Path) -> _Cascade:
 
 
 class HaarFaceDetector:
-    """The largest frontal face in an RGB frame, or None. Satisfies ``server.vision.VisionModel``.
+    """The largest frontal face in an RGB frame, or None.
+
+    Satisfies ``server.vision.sampling.VisionModel``.
 
     Works on a grey copy shrunk so its longer side is <= ``max_side`` px; faces narrower than
     ``min_face_px`` at that size are not found. Thread-safe: each thread gets its own cascade

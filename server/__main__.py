@@ -15,18 +15,19 @@ from typing import Any
 
 from aiohttp import web
 
-from server import __version__, logfilter
-from server.app import create_app
-from server.auth import exposure_warning
-from server.avatar import AvatarRenderer
-from server.avatar_video import frame_cost_ms
-from server.calibration import Calibration, StageCosts, adapt, calibrate
+from server import __version__
+from server.avatar.seam import AvatarRenderer
+from server.avatar.video import frame_cost_ms
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
+from server.fleet.workers import become_worker, run_supervisor
+from server.http import logfilter
+from server.http.app import create_app
+from server.http.auth import exposure_warning
 from server.machine import this_machine
-from server.pipeline import Tunable, TurnPipeline, WarmsUp, load_pipeline
-from server.wiring import avatar_renderer, detector_factory, vision_model
-from server.workers import become_worker, run_supervisor
+from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate
+from server.pipeline.seams import Tunable, TurnPipeline, WarmsUp, load_pipeline
+from server.pipeline.wiring import avatar_renderer, detector_factory, vision_model
 
 log = logging.getLogger("server")
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="TOML configuration file")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (server.log_level)")
     parser.add_argument("--workers", help="worker processes (server.workers)")
-    # set by the supervisor (server/workers.py) for its workers: the inherited listening
+    # set by the supervisor (server/fleet/workers.py) for its workers: the inherited listening
     # socket, the worker's index (its session-id prefix) and the supervisor's pid
     parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)

@@ -287,7 +287,7 @@ class PipelineConfig:
     """What answers the user: a factory ``module:function`` returning a TurnPipeline."""
 
     factory: str = _setting(
-        "server.wiring:voice_pipeline",
+        "server.pipeline.wiring:voice_pipeline",
         "Import path (module:function) of the reply pipeline; empty: listen only (no replies).",
     )
     llm_model: str = _setting(
@@ -383,7 +383,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
     # the dotted names the operator set (file, environment, --set); the calibration chooses
-    # the others that follow the machine (server/calibration.py)
+    # the others that follow the machine (server/pipeline/calibration.py)
     explicit: frozenset[str] = frozenset()
 
 

@@ -15,10 +15,10 @@ import pytest
 from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.machine import this_machine
-from server.media import ms_to_samples
-from server.playback import PCM
-from server.rtc import pin_host_addresses
-from server.session import Session
+from server.rtc.settings import pin_host_addresses
+from server.runtime.media import ms_to_samples
+from server.runtime.playback import PCM
+from server.runtime.session import Session
 from tests.support import pace
 from tests.support.peers import Peer
 

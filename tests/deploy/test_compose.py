@@ -27,7 +27,7 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from server.config import load_config
-from server.ice import ice_servers, rest_credential
+from server.rtc.ice import ice_servers, rest_credential
 from tests.support.coturn import stun_answers
 from tests.support.server_process import ROOT, free_port, terminate
 

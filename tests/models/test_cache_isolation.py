@@ -30,12 +30,12 @@ from aiohttp.test_utils import TestServer
 from models.llm import RemoteOptions, RemoteVllm, VllmEngine, VllmOptions
 from models.prepare import prepare_llm
 from models.tts import split_sentences
-from server.auth import token_digest
-from server.conditions import Conditions
-from server.history import CacheClass, ContextEntry, Role
+from server.http.auth import token_digest
 from server.owner import NO_OWNER
-from server.pipeline import ReplyRequest, TurnTrace
-from server.voice import VoicePipeline
+from server.pipeline.seams import ReplyRequest, TurnTrace
+from server.pipeline.voice import VoicePipeline
+from server.runtime.conditions import Conditions
+from server.runtime.history import CacheClass, ContextEntry, Role
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from models.tts import PiperTts
-from server.avatar import VISEME_OPENING, Viseme
-from server.chunk import PhonemeTiming
-from server.lipsync import cues_for
+from server.avatar.lipsync import cues_for
+from server.avatar.seam import VISEME_OPENING, Viseme
+from server.runtime.chunk import PhonemeTiming
 
 SENTENCE = "Hello there, how are you doing on this fine morning?"
 

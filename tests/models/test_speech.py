@@ -17,7 +17,7 @@ from models.tts import (
     flush_sentences,
     split_sentences,
 )
-from server.media import resample
+from server.runtime.media import resample
 from tests.support.text import edit_distance
 
 SENTENCES = (

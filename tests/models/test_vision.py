@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from models.vision import DetectedFace, HaarFaceDetector
-from server.vision import FrameSampler, Presence, PresenceTracker, VisionModel
+from server.vision.sampling import FrameSampler, Presence, PresenceTracker, VisionModel
 from tests.support.faces import draw_face
 
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 
+from client.cli import ClientPeer
 from models.asr import WhisperAsr
 from models.tts import PiperTts
-from server.client import ClientPeer
-from server.media import resample
+from server.runtime.media import resample
 from tests.support.pace import within
 from tests.support.peers import Peer
 from tests.support.server_process import ServerProcess, metric_value

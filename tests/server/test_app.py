@@ -8,7 +8,7 @@ import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from server.app import LOWEST_PRIORITY, warm_avatar
+from server.http.app import LOWEST_PRIORITY, warm_avatar
 from tests.support.server_process import ServerProcess
 
 

@@ -9,12 +9,12 @@ import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from server.auth import BearerAuth, CorsPolicy, exposure_warning, token_digest
 from server.clock import FakeClock
 from server.config import load_config
 from server.errors import ConfigError, Unauthorized
-from server.ratelimit import RateLimiter
-from server.signaling import REGISTRY_KEY
+from server.http.auth import BearerAuth, CorsPolicy, exposure_warning, token_digest
+from server.http.ratelimit import RateLimiter
+from server.http.signaling import REGISTRY_KEY
 from tests.support.in_process import running
 
 TOKEN_A = "token-a-0123456789abcdef"

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from tests.support.faces import StillCamera, draw_face
 from tests.support.pace import within
 from tests.support.peers import Peer

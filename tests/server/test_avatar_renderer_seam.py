@@ -1,11 +1,11 @@
-"""The procedural avatar (models/) fits the server's AvatarRenderer seam (server/avatar.py)."""
+"""The procedural avatar (models/) fits the server's AvatarRenderer seam (server/avatar/seam.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from models.avatar import EXPRESSIONS, VISEME_NAMES, VISEME_SHAPES, ProceduralAvatar
-from server.avatar import VISEME_OPENING, AvatarRenderer, Expression, FaceState, Viseme
+from server.avatar.seam import VISEME_OPENING, AvatarRenderer, Expression, FaceState, Viseme
 
 
 def test_procedural_avatar_is_an_avatar_renderer() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from server.calibration import REFERENCE, StageCosts, adapt, calibrate, with_settings
 from server.config import Config, load_config
+from server.pipeline.calibration import REFERENCE, StageCosts, adapt, calibrate, with_settings
 
 FAST = StageCosts(
     asr_ms=90,

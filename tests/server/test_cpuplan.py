@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from server.cpuplan import plan_cpus, this_process_plan
+from server.pipeline.cpuplan import plan_cpus, this_process_plan
 
 
 @pytest.mark.parametrize(

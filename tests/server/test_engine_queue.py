@@ -10,10 +10,10 @@ import pytest
 
 from server.clock import FakeClock
 from server.config import SchedulerConfig
-from server.engine_queue import EngineQueue, JobTag, ShedWork, StaleWork
-from server.scheduler import DeadlineScheduler
-from server.session_view import SessionView
-from server.stage import Stage
+from server.runtime.session_view import SessionView
+from server.runtime.stage import Stage
+from server.scheduling.engine_queue import EngineQueue, JobTag, ShedWork, StaleWork
+from server.scheduling.scheduler import DeadlineScheduler
 
 
 class Views:

@@ -25,8 +25,8 @@ import pytest
 from aiohttp import web
 from aiortc import RTCDataChannel
 
-from server.peer import PeerSession
-from server.signaling import REGISTRY_KEY
+from server.http.signaling import REGISTRY_KEY
+from server.rtc.peer import PeerSession
 from tests.support.hostile_peers import send_channel_open, send_raw_text, stop_acknowledging
 from tests.support.in_process import running
 from tests.support.pace import within
@@ -115,7 +115,7 @@ async def test_unacknowledging_peer_is_closed_at_the_queue_cap(
             f"session still open after {sent} bad events: {queued} bytes queued towards the peer"
         )
         assert peak <= QUEUE_CAP_BYTES, peak
-        lines = [r.getMessage() for r in caplog.records if r.name == "server.peer"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "server.rtc.peer"]
         assert any(session_id[:8] in line and "closing the session" in line for line in lines)
         print(f"unacked peer: closed after {sent} bad events, peak queue {peak} bytes")
 

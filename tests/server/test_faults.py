@@ -18,7 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from tests.support.fault_pipeline import ARM_PREFIX, FAULT_PREFIX, Fault
 from tests.support.pace import within
 from tests.support.peers import Peer, keep_talking

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.client import ClientPeer
-from server.rtc import pin_host_addresses
+from client.cli import ClientPeer
+from server.rtc.settings import pin_host_addresses
 from tests.support.hostile_peers import send_raw_text
 from tests.support.loop_thread import LoopThread
 from tests.support.pace import within

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.client import save_wav
+from client.cli import save_wav
 from tests.support.server_process import TONE_PIPELINE, ServerProcess
 from tests.support.speech import silence, speak
 

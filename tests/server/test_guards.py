@@ -1,4 +1,4 @@
-"""The checks every request passes before it is routed (server/guards.py), the debug listing
+"""The checks every request passes before it is routed (server/http/guards.py), the debug listing
 by owner, the access log's short ids, a worker's command line without secrets; on the real
 app served in-process."""
 
@@ -11,9 +11,9 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 from yarl import URL
 
 from server.config import load_config
-from server.guards import WORKER_KEY_HEADER, HostAllowlist, has_dot_segment, host_name
-from server.logfilter import ShortSessionIds, short_session_ids
-from server.workers import WORKER_KEY_ENV, split_secrets, worker_command
+from server.fleet.workers import WORKER_KEY_ENV, split_secrets, worker_command
+from server.http.guards import WORKER_KEY_HEADER, HostAllowlist, has_dot_segment, host_name
+from server.http.logfilter import ShortSessionIds, short_session_ids
 from tests.support.in_process import running
 
 TOKEN_A = "token-a-0123456789abcdef"

@@ -6,7 +6,7 @@ import pytest
 
 from server.config import TransportConfig, load_config
 from server.errors import ConfigError
-from server.ice import IceServer, ice_servers, rest_credential
+from server.rtc.ice import IceServer, ice_servers, rest_credential
 
 STUN = "stun:stun.example.net:3478"
 TURN = "turn:turn.example.net:3478?transport=udp"

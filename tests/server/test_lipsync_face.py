@@ -10,18 +10,18 @@ import numpy.typing as npt
 import pytest
 
 from models.avatar import ProceduralAvatar
-from server.avatar import Expression, FaceState, Viseme, viseme_of
-from server.avatar_video import AvatarVideo
-from server.chunk import PhonemeTiming
+from server.avatar.face import BLINK_MS, Attention, FaceAnimator
+from server.avatar.lipsync import ATTACK_SAMPLES, LipSync, cues_for
+from server.avatar.seam import Expression, FaceState, Viseme, viseme_of
+from server.avatar.video import AvatarVideo
 from server.clock import FakeClock
 from server.config import RuntimeConfig
-from server.face import BLINK_MS, Attention, FaceAnimator
-from server.lipsync import ATTACK_SAMPLES, LipSync, cues_for
-from server.media import ms_to_samples, samples_to_ms
-from server.session import ChunkAudio, Session
-from server.stage import Stage
-from server.tracks import MediaClock
-from server.turn import TurnState
+from server.rtc.tracks import MediaClock
+from server.runtime.chunk import PhonemeTiming
+from server.runtime.media import ms_to_samples, samples_to_ms
+from server.runtime.session import ChunkAudio, Session
+from server.runtime.stage import Stage
+from server.runtime.turn import TurnState
 from tests.support.tone_pipeline import tone, tone_phonemes
 
 FRAME = 960  # 20 ms of 48 kHz audio

@@ -1,4 +1,6 @@
-"""A turn never hangs: every turn state but listening ends within its deadline (server/turn.py).
+"""A turn never hangs: every turn state but listening ends within its deadline.
+
+The deadlines are in server/runtime/turn.py.
 
 The peer runs the real VoicePipeline with its engine queues; the engines are stand-ins that
 block at one stage (an ASR stuck behind another session's job, or stuck running; an LLM that
@@ -19,13 +21,13 @@ import pytest
 from models.tts import split_sentences
 from server.clock import FakeClock
 from server.config import Config
-from server.engine_queue import JobTag
 from server.metrics import Metrics
-from server.peer import PeerSession
-from server.session_view import SessionView
-from server.turn import TurnState
-from server.vad import VadEvent, VadEventKind
-from server.voice import VoicePipeline
+from server.pipeline.turn_detector import VadEvent, VadEventKind
+from server.pipeline.voice import VoicePipeline
+from server.rtc.peer import PeerSession
+from server.runtime.session_view import SessionView
+from server.runtime.turn import TurnState
+from server.scheduling.engine_queue import JobTag
 
 THINKING_MS = 20_000  # the default deadline of thinking (runtime.thinking_timeout_ms)
 SPEECH = np.full(16_000, 500, np.int16)  # 1 s at 16 kHz: long enough to be transcribed

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.media import FRAME_SAMPLES, ms_to_samples
-from server.playback import PlaybackBuffer
+from server.runtime.media import FRAME_SAMPLES, ms_to_samples
+from server.runtime.playback import PlaybackBuffer
 from tests.conftest import tone
 
 

@@ -1,6 +1,7 @@
 """Incremental prefill at the peer level: a real aiortc peer speaks (espeak-ng) to the real
 server app in this process (real VAD, real partial loop), whose reply pipeline is the real
-:class:`~server.voice.VoicePipeline` on recording stand-in engines: a scripted recogniser (one
+:class:`~server.pipeline.voice.VoicePipeline`
+on recording stand-in engines: a scripted recogniser (one
 more word of the question per 150 ms of audio heard), an LLM that records every call, and a
 TTS that answers with a short tone.
 
@@ -29,10 +30,10 @@ from aiohttp.test_utils import TestServer
 from models.llm import ChatPrompts, Message
 from models.prepare import prepare_llm
 from models.tts import split_sentences
-from server.app import create_app
 from server.config import load_config
-from server.voice import VoicePipeline
-from server.wiring import detector_factory
+from server.http.app import create_app
+from server.pipeline.voice import VoicePipeline
+from server.pipeline.wiring import detector_factory
 from tests.support.peers import Peer
 from tests.support.speech import silence, speak
 from tests.support.tone_pipeline import tone

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from server.signaling import REGISTRY_KEY
-from server.whip import SDPFRAG_TYPE
+from server.http.signaling import REGISTRY_KEY
+from server.http.whip import SDPFRAG_TYPE
 from tests.support.in_process import running
 from tests.support.offers import first_mid, host_candidate, trickle_offer, with_candidates
 

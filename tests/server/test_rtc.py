@@ -7,11 +7,11 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from models.vad import SileroVad, WebRtcGate
 from server.config import Config, TransportConfig, VadConfig
-from server.ice import ice_servers
 from server.metrics import Metrics
-from server.peer import PeerSession
-from server.rtc import audio_jitter_prefetch, pin_host_addresses, rtc_configuration
-from server.vad import TurnDetector
+from server.pipeline.turn_detector import TurnDetector
+from server.rtc.ice import ice_servers
+from server.rtc.peer import PeerSession
+from server.rtc.settings import audio_jitter_prefetch, pin_host_addresses, rtc_configuration
 
 
 async def test_server_peer_releases_inbound_audio_after_one_packet() -> None:

@@ -5,14 +5,14 @@ from collections import Counter
 import pytest
 
 from server.config import SchedulerConfig
-from server.scheduler import (
+from server.runtime.session_view import SessionView
+from server.runtime.stage import Stage
+from server.scheduling.scheduler import (
     DeadlineScheduler,
     RoundRobinScheduler,
     WorkItem,
     make_scheduler,
 )
-from server.session_view import SessionView
-from server.stage import Stage
 
 
 def item(n: int, sid: str, epoch: int = 0, cost: float = 50.0, at: float = 0.0) -> WorkItem:

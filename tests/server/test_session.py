@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from server.chunk import WordTiming
 from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.errors import InvalidConditionUpdate, InvalidTransition
-from server.events import ConditionsApplied, ItemTruncated, ResponseDone
-from server.history import Role
-from server.media import FRAME_SAMPLES, ms_to_samples
-from server.session import ChunkAudio, Session, heard_prefix
-from server.stage import Stage
-from server.turn import TurnState
+from server.runtime.chunk import WordTiming
+from server.runtime.events import ConditionsApplied, ItemTruncated, ResponseDone
+from server.runtime.history import Role
+from server.runtime.media import FRAME_SAMPLES, ms_to_samples
+from server.runtime.session import ChunkAudio, Session, heard_prefix
+from server.runtime.stage import Stage
+from server.runtime.turn import TurnState
 from tests.conftest import tone
 
 

@@ -14,8 +14,8 @@ import time
 import aiohttp
 import pytest
 
-from server.ratelimit import client_key
-from server.signaling import REGISTRY_KEY
+from server.http.ratelimit import client_key
+from server.http.signaling import REGISTRY_KEY
 from tests.support.in_process import running
 from tests.support.offers import trickle_offer
 from tests.support.pace import within

@@ -17,7 +17,7 @@ import av
 import numpy as np
 import pytest
 
-from server.client import load_wav, save_wav
+from client.cli import load_wav, save_wav
 from tests.support.pace import within
 from tests.support.peers import Peer
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
@@ -275,7 +275,7 @@ def test_command_line_peer_records_a_reply(server: ServerProcess, tmp_path: Path
         [
             sys.executable,
             "-m",
-            "server.client",
+            "client.cli",
             "--url",
             server.url,
             "--wav",

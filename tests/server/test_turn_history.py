@@ -4,8 +4,8 @@ import pytest
 
 from server.clock import FakeClock
 from server.errors import InvalidTransition
-from server.history import CacheClass, History, Role
-from server.turn import TRANSITIONS, TurnDeadlines, TurnMachine, TurnState
+from server.runtime.history import CacheClass, History, Role
+from server.runtime.turn import TRANSITIONS, TurnDeadlines, TurnMachine, TurnState
 
 
 def test_every_state_has_a_way_back_to_listening() -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from server.vision import (
+from server.vision.sampling import (
     FaceObservation,
     FrameSampler,
     Presence,
@@ -154,7 +154,7 @@ def test_old_samples_are_ignored() -> None:
 
 def test_camera_lost_makes_presence_unknown(caplog: pytest.LogCaptureFixture) -> None:
     tracker = PresenceTracker("session-1")
-    with caplog.at_level(logging.INFO, logger="server.vision"):
+    with caplog.at_level(logging.INFO, logger="server.vision.sampling"):
         feed(tracker, 0, 500, 100, CENTRE)
         assert tracker.camera_lost(600)
     assert tracker.presence is Presence.UNKNOWN

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from models.tts import PiperTts, split_sentences
-from server.auth import token_digest
-from server.conditions import Conditions
 from server.config import Config
-from server.engine_queue import JobTag, ShedWork
-from server.history import CacheClass, ContextEntry, Role
+from server.http.auth import token_digest
 from server.metrics import Metrics
 from server.owner import NO_OWNER
-from server.peer import PeerSession, partial_due, stable_words
-from server.pipeline import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
-from server.scheduler import DeadlineScheduler
-from server.session_view import SessionView
-from server.voice import FirstChunkCutter, PrefillsOpenTurn, VoicePipeline, to_messages
+from server.pipeline.seams import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
+from server.pipeline.voice import FirstChunkCutter, PrefillsOpenTurn, VoicePipeline, to_messages
+from server.rtc.peer import PeerSession, partial_due, stable_words
+from server.runtime.conditions import Conditions
+from server.runtime.history import CacheClass, ContextEntry, Role
+from server.runtime.session_view import SessionView
+from server.scheduling.engine_queue import JobTag, ShedWork
+from server.scheduling.scheduler import DeadlineScheduler
 
 
 def feed_all(cutter: FirstChunkCutter, text: str, step: int = 3) -> list[str]:

@@ -14,16 +14,13 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
 from aiortc.rtcdtlstransport import RTCCertificate
 
-from server.app import create_app
-from server.client import ScriptedMic
+from client.cli import ScriptedMic
 from server.config import TransportConfig, load_config
 from server.errors import BadRequest, PayloadTooLarge
-from server.ice import ice_servers
-from server.peer import PeerSession, PeerState
-from server.registry import SessionRegistry
-from server.rtc import DTLS_CIPHERS, add_outbound_track, dtls_cipher_names
-from server.signaling import REGISTRY_KEY
-from server.whip import (
+from server.http.app import create_app
+from server.http.registry import SessionRegistry
+from server.http.signaling import REGISTRY_KEY
+from server.http.whip import (
     SDPFRAG_TYPE,
     CandidateBudget,
     CandidateFilter,
@@ -37,7 +34,10 @@ from server.whip import (
     is_ice_restart,
     parse_sdpfrag,
 )
-from server.wiring import detector_factory
+from server.pipeline.wiring import detector_factory
+from server.rtc.ice import ice_servers
+from server.rtc.peer import PeerSession, PeerState
+from server.rtc.settings import DTLS_CIPHERS, add_outbound_track, dtls_cipher_names
 from tests.support.in_process import running
 from tests.support.offers import first_mid, sdpfrag, without_candidates
 from tests.support.pace import within

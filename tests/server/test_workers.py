@@ -30,10 +30,10 @@ from benchmarks.workers_bench import capacity
 from server.clock import FakeClock
 from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
-from server.guards import WORKER_KEY_HEADER
+from server.fleet.router import create_router, join_objects, merge_expositions, worker_of
+from server.fleet.workers import Supervisor, Worker, WorkerState
+from server.http.guards import WORKER_KEY_HEADER
 from server.metrics import Metrics
-from server.router import create_router, join_objects, merge_expositions, worker_of
-from server.workers import Supervisor, Worker, WorkerState
 from tests.support.pace import within
 from tests.support.peers import Peer
 from tests.support.server_process import (

@@ -46,7 +46,7 @@ def chromium_args(
     microphone_wav: Path | None, loop: bool = True, grant_media: bool = True
 ) -> list[str]:
     """Flags; the fake microphone plays ``microphone_wav`` (mono 16-bit PCM, as
-    ``server.client.save_wav`` writes it; looped unless ``loop`` is False). Without
+    ``client.cli.save_wav`` writes it; looped unless ``loop`` is False). Without
     ``grant_media`` no permission prompt is answered for the page (headless: denied)."""
     args = [a for a in BASE_ARGS if grant_media or a != GRANT_MEDIA]
     if microphone_wav is not None:

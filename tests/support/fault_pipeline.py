@@ -18,11 +18,11 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from server.conditions import Conditions
 from server.config import Config
-from server.engine_queue import JobTag
-from server.history import Role
-from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
+from server.runtime.conditions import Conditions
+from server.runtime.history import Role
+from server.scheduling.engine_queue import JobTag
 from tests.support.tone_pipeline import TonePipeline
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from aiortc.rtcsctptransport import (
     RTCSctpTransport,
 )
 
-from server.client import ClientPeer
+from client.cli import ClientPeer
 
 
 def _sctp(peer: ClientPeer) -> RTCSctpTransport:

@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from server.app import create_app
 from server.config import load_config
-from server.ratelimit import RateLimiter
-from server.signaling import LIMITER_KEY
-from server.wiring import detector_factory
+from server.http.app import create_app
+from server.http.ratelimit import RateLimiter
+from server.http.signaling import LIMITER_KEY
+from server.pipeline.wiring import detector_factory
 
 
 @asynccontextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from server.client import ScriptedMic
+from client.cli import ScriptedMic
 
 
 async def trickle_offer() -> str:

@@ -1,4 +1,4 @@
-"""What test clients do on a call, beyond ``server.client.ClientPeer`` itself."""
+"""What test clients do on a call, beyond ``client.cli.ClientPeer`` itself."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from server.client import ClientPeer
+from client.cli import ClientPeer
 from tests.support.pace import within
 
 

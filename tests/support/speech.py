@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from server.client import load_wav
+from client.cli import load_wav
 
 
 @functools.cache

@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import numpy.typing as npt
 
-from server.chunk import PhonemeTiming, WordTiming
-from server.conditions import Conditions
 from server.config import Config
-from server.engine_queue import JobTag
-from server.media import ms_to_samples
-from server.pipeline import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
+from server.runtime.chunk import PhonemeTiming, WordTiming
+from server.runtime.conditions import Conditions
+from server.runtime.media import ms_to_samples
+from server.scheduling.engine_queue import JobTag
 
 TONE_HZ = 440.0
 AMPLITUDE = 8000

@@ -16,8 +16,8 @@ import asyncio
 import sys
 import time
 
-from server.client import ClientPeer
-from server.rtc import pin_host_addresses
+from client.cli import ClientPeer
+from server.rtc.settings import pin_host_addresses
 from tests.support.peers import Peer
 
 HEARD_TIMEOUT_S = 15.0

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from playwright.sync_api import Page
 
-from server.client import save_wav
+from client.cli import save_wav
 from tests.support.browser import chromium, events, open_page, wait_for
 from tests.support.server_process import ROOT, ServerProcess
 from tests.support.speech import silence, speak

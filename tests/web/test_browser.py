@@ -19,7 +19,7 @@ import numpy.typing as npt
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
-from server.client import save_wav
+from client.cli import save_wav
 from tests.support import pace
 from tests.support.browser import (
     PHONE,

@@ -17,8 +17,8 @@ import numpy.typing as npt
 
 from models.asr import WhisperAsr
 from server.config import Config
-from server.cpuplan import this_process_plan
-from server.engine_queue import JobTag
+from server.pipeline.cpuplan import this_process_plan
+from server.scheduling.engine_queue import JobTag
 from tests.support.tone_pipeline import TonePipeline
 
 MIN_UTTERANCE_SAMPLES = 1600  # 100 ms at 16 kHz: shorter is not a word

@@ -1,0 +1,3 @@
+"""The command-line client: a WebRTC peer that talks to the avatar server (reference code for
+integrators).
+"""

@@ -1,0 +1,115 @@
+"""The avatar's video source: the face for media time t, rendered off the event loop.
+
+The frame for time t shows the viseme of the audio at output position t (the playback buffer
+knows what was handed out and what is queued), in the appearance of the chunk playing then.
+After a barge-in the buffer holds nothing, so the next frame is the listening face; during an
+underrun the face keeps its idle motion with the mouth at rest: never a frozen or black frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+from server.avatar.face import Attention, FaceAnimator
+from server.avatar.lipsync import LipSync
+from server.avatar.seam import AvatarRenderer, Expression, FaceState, Viseme
+from server.runtime.media import VIDEO_TIME_BASE, ms_to_samples
+from server.runtime.session import Session
+from server.runtime.turn import TurnState
+
+EXPRESSIONS = {
+    TurnState.LISTENING: Expression.IDLE,
+    TurnState.USER_SPEAKING: Expression.LISTENING,
+    TurnState.THINKING: Expression.THINKING,
+    TurnState.AGENT_SPEAKING: Expression.SPEAKING,
+}
+
+
+class AvatarVideo:
+    """A :class:`server.rtc.tracks.FrameSource` that draws the avatar of one session."""
+
+    def __init__(
+        self,
+        session: Session,
+        lipsync: LipSync,
+        animator: FaceAnimator,
+        renderer: AvatarRenderer,
+        attention: Callable[[], Attention | None] = lambda: None,
+        shed: Callable[[], bool] = lambda: False,
+        on_shed: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``shed``: whether optional work must give way now; then, while the face is idle
+        (no speech playing), every other frame repeats the last one instead of drawing a new
+        one (``on_shed`` counts each)."""
+        self._session = session
+        self._shed = shed
+        self._on_shed = on_shed
+        self._last_rgb: npt.NDArray[np.uint8] | None = None
+        self._speaking = False
+        self._lipsync = lipsync
+        self._animator = animator
+        self._renderer = renderer
+        self._attention = attention
+        self.last_state: FaceState | None = None
+        self.frames = 0
+
+    def state_at(self, media_ms: float) -> FaceState:
+        """What the face shows at ``media_ms`` (ms on the session media clock)."""
+        session = self._session
+        appearance = session.conditions.appearance
+        expression = EXPRESSIONS[session.state]
+        viseme, weight = Viseme.SIL, 0.0
+        located = session.playback.locate(ms_to_samples(media_ms))
+        self._speaking = located is not None
+        if located is not None and session.state is not TurnState.USER_SPEAKING:
+            chunk_id, offset = located
+            expression = Expression.SPEAKING
+            viseme, weight = self._lipsync.at(chunk_id, offset)
+            appearance = self._lipsync.appearance(chunk_id) or appearance
+        state = self._animator.face(
+            media_ms, appearance, expression, viseme, weight, self._attention()
+        )
+        self.last_state = state
+        return state
+
+    async def __call__(self, media_ms: float) -> av.VideoFrame:
+        state = self.state_at(media_ms)
+        idle = not self._speaking
+        if idle and self.frames % 2 and self._last_rgb is not None and self._shed():
+            rgb = self._last_rgb  # half rate while idle under load
+            self._on_shed()
+        else:
+            render = self._renderer.render
+            rgb = await asyncio.get_running_loop().run_in_executor(None, render, state)
+            self._last_rgb = rgb
+        self.frames += 1
+        return av.VideoFrame.from_ndarray(rgb, format="rgb24")
+
+
+def frame_cost_ms(renderer: AvatarRenderer, fps: int, frames: int = 5) -> float:
+    """Median time (ms) to draw one avatar frame and VP8-encode it, as a live track does.
+    Blocking and CPU heavy: call it in a worker thread. The first frame (the default look's
+    sprites drawn) is not counted."""
+    from aiortc.codecs.vpx import Vp8Encoder
+
+    encoder = Vp8Encoder()
+    state = FaceState(renderer.appearances[0], expression=Expression.SPEAKING)
+    times = []
+    for i in range(frames + 1):
+        started = time.perf_counter()
+        rgb = renderer.render(replace(state, viseme_weight=(i % 3) / 2, blink=(i % 2) * 0.5))
+        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        frame.pts = i * round(1 / (fps * VIDEO_TIME_BASE))
+        frame.time_base = VIDEO_TIME_BASE
+        encoder.encode(frame)
+        if i:
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)

@@ -1,0 +1,1 @@
+"""Several worker processes behind one port: the supervisor and its router."""

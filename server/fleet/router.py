@@ -1,0 +1,434 @@
+"""The public HTTP front of several workers (server/fleet/workers.py).
+
+Requests go where sessions live.
+
+- ``POST /offer`` and ``POST /whip`` go to the least-loaded ready worker. A worker that answers
+  503 (full) is skipped; when every worker is full the last 503 (JSON, ``Retry-After``) is
+  returned. The per-address session rate limit (429) is kept here for the machine (each
+  worker keeps it too, as a second line).
+- ``/whip/<id>`` (DELETE, PATCH, OPTIONS, ...) goes to the worker named by the id's ``wk-``
+  prefix; an id that names no running worker is 404 (a worker that died took its sessions along).
+- ``GET /healthz`` and ``GET /metrics`` cover every worker (metrics labelled ``worker="k"``, plus
+  ``avatar_worker_up`` and ``avatar_worker_restarts_total``); ``GET /debug/sessions`` joins the
+  workers' lists.
+- Anything else (``/``, ``/static/``, ``OPTIONS /whip``, ...) goes to a ready worker.
+
+Requests pass the checks of server/http/guards.py first (no dot segments, an allowed ``Host``).
+They and their responses pass through unchanged except hop-by-hop headers (and a request's
+``Content-Encoding``: its body goes on as aiohttp decoded it); the path goes on exactly as it
+was routed, and every request carries the workers' key. The client's ``Host`` is kept, so
+a worker builds its URLs for the public address, and an absolute ``Location`` naming a worker is
+rewritten to the router. The router's own errors are JSON like server/http/signaling.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from server import __version__
+from server.config import Config
+from server.errors import NotFound, RequestError, ServerFull
+from server.http.guards import WORKER_KEY_HEADER, request_guards
+from server.http.signaling import add_session_limit, json_errors, limit_session_rate, read_limited
+
+log = logging.getLogger(__name__)
+
+PROXY_TIMEOUT_S = 30.0  # a worker's answer to one signaling request
+SCRAPE_TIMEOUT_S = 2.0  # a worker's /metrics or /debug/sessions
+HEALTHZ_WAIT_S = 0.5  # /healthz waits this long for fresh figures, then answers with the last
+WORKER_ID = re.compile(r"w(\d+)-")  # the prefix of a worker's session ids
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+DROP_FROM_RESPONSE = HOP_BY_HOP | {"date", "server"}  # the router's own are sent
+# the body read from the client is already decoded (gzip, deflate, ...): sent on as it is
+DROP_FROM_REQUEST = HOP_BY_HOP | {"content-encoding"}
+URL_HEADERS = ("Location", "Content-Location")
+
+
+class WorkerUnavailable(RequestError):
+    """No worker could answer (it refused the connection, failed or timed out)."""
+
+    status = 502
+    code = "worker_unavailable"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A worker's answer, to be passed on."""
+
+    status: int
+    reason: str | None
+    headers: CIMultiDict[str]
+    body: bytes
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.status, reason=self.reason, body=self.body, headers=self.headers
+        )
+
+
+class Upstream(Protocol):
+    """One worker as the router sees it (server.fleet.workers.Worker)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def accepting(self) -> bool: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    def placed(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class Pool(Protocol):
+    """The workers (server.fleet.workers.Supervisor)."""
+
+    @property
+    def workers(self) -> Sequence[Upstream]: ...
+
+    async def poll(self) -> None:
+        """Refresh every worker's load and liveness now. Concurrent calls share one poll, and
+        a caller that is cancelled (timed out) leaves it running for the others."""
+        ...
+
+
+def worker_of(session_id: str) -> int | None:
+    """The worker index in a session id (``w2-...`` -> 2), or None."""
+    match = WORKER_ID.match(session_id)
+    return int(match.group(1)) if match else None
+
+
+def _labelled(sample: str, worker: str) -> str:
+    """A Prometheus sample line with ``worker="k"`` as its first label."""
+    brace, space = sample.find("{"), sample.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        rest = sample[brace + 1 :]
+        sep = "" if rest.startswith("}") else ","
+        return f'{sample[: brace + 1]}worker="{worker}"{sep}{rest}'
+    return f'{sample[:space]}{{worker="{worker}"}}{sample[space:]}'
+
+
+def merge_expositions(parts: Sequence[tuple[str, str]]) -> str:
+    """Several Prometheus text expositions as one: each family once, samples labelled by worker.
+
+    ``parts``: ``(worker label, text)``. HELP/TYPE come from the first text naming a family.
+    """
+    headers: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for worker, text in parts:
+        family: str | None = None
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line.split(" ", 3)[2]
+                kind = line[:6]
+                if family not in headers:
+                    headers[family], samples[family] = [], []
+                if not any(h.startswith(kind) for h in headers[family]):
+                    headers[family].append(line)
+                continue
+            if line.startswith("#"):
+                continue
+            name = re.split(r"[{ ]", line, maxsplit=1)[0]
+            if family is None or not name.startswith(family):
+                family = name
+                headers.setdefault(family, [])
+                samples.setdefault(family, [])
+            samples[family].append(_labelled(line, worker))
+    out: list[str] = []
+    for family, lines in headers.items():
+        out += lines
+        out += samples[family]
+    return "\n".join(out) + "\n" if out else ""
+
+
+def pool_metrics(workers: Sequence[Upstream]) -> str:
+    """The supervisor's own figures in Prometheus text."""
+    lines = [
+        "# HELP avatar_worker_up Worker takes new sessions (1) or not (0).",
+        "# TYPE avatar_worker_up gauge",
+        *(f'avatar_worker_up{{worker="{w.index}"}} {int(w.accepting)}' for w in workers),
+        "# HELP avatar_worker_restarts_total Restarts of a worker after it exited.",
+        "# TYPE avatar_worker_restarts_total counter",
+        *(f'avatar_worker_restarts_total{{worker="{w.index}"}} {w.restarts}' for w in workers),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class Router:
+    """Routes HTTP requests to the pool's workers."""
+
+    def __init__(self, config: Config, pool: Pool, worker_key: str = "") -> None:
+        self.config = config
+        self.pool = pool
+        self._key = {WORKER_KEY_HEADER: worker_key} if worker_key else {}
+        self.started = time.monotonic()
+        self._http: aiohttp.ClientSession | None = None
+        self._turn = 0  # rotates ties between equally loaded workers
+        self._pending: dict[int, int] = {}  # offers on their way to a worker, by index
+
+    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        # no keep-alive: a restarted worker never meets a connection of its predecessor
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False
+        )
+        yield
+        await self._http.close()
+
+    # ----- helpers
+
+    async def _body(self, request: web.Request) -> bytes:
+        return await read_limited(request, self.config.transport.max_body_bytes)
+
+    def _by_load(self) -> list[Upstream]:
+        """Ready workers, least-loaded first (offers in flight count; ties rotate)."""
+        ready = [w for w in self.pool.workers if w.accepting]
+        n = max(1, len(self.pool.workers))
+        turn = self._turn
+        self._turn += 1
+        return sorted(
+            ready,
+            key=lambda w: (w.sessions + self._pending.get(w.index, 0), (w.index - turn) % n),
+        )
+
+    def _forwarded_for(self, request: web.Request) -> str:
+        """X-Forwarded-For whose last entry is the client, as server/http/signaling.py reads it.
+
+        The workers trust the router (127.0.0.1). The router trusts ``server.trusted_proxies``:
+        behind one of them the list passes as it is, else the peer's address is appended.
+        """
+        forwarded = request.headers.get("X-Forwarded-For")
+        remote = request.remote or "unknown"
+        if forwarded and remote in self.config.server.trusted_proxies:
+            return forwarded
+        return f"{forwarded}, {remote}" if forwarded else remote
+
+    async def _forward(self, request: web.Request, worker: Upstream, body: bytes) -> Answer:
+        """Send ``request`` (with ``body``) to ``worker``; its answer as the router's answer."""
+        assert self._http is not None
+        headers: CIMultiDict[str] = CIMultiDict(
+            (k, v) for k, v in request.headers.items() if k.lower() not in DROP_FROM_REQUEST
+        )
+        headers.pop(WORKER_KEY_HEADER, None)
+        headers.update(self._key)
+        headers["Host"] = request.host
+        headers["X-Forwarded-For"] = self._forwarded_for(request)
+        if request.remote not in self.config.server.trusted_proxies:  # else theirs pass on
+            headers["X-Forwarded-Proto"] = request.scheme
+            headers["X-Forwarded-Host"] = request.host
+        send_body = bool(body) or request.method not in ("GET", "HEAD", "OPTIONS", "DELETE")
+        try:
+            async with self._http.request(
+                request.method,
+                # the path exactly as routed here: nothing normalised on the way
+                URL(f"{worker.url}{request.raw_path}", encoded=True),
+                headers=headers,
+                data=body if send_body else None,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=PROXY_TIMEOUT_S),
+            ) as resp:
+                payload = await resp.read()
+                out: CIMultiDict[str] = CIMultiDict(
+                    (k, v) for k, v in resp.headers.items() if k.lower() not in DROP_FROM_RESPONSE
+                )
+                status, reason = resp.status, resp.reason
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning(
+                "worker %d: %s %s failed: %r", worker.index, request.method, request.path, exc
+            )
+            raise WorkerUnavailable(f"worker {worker.index} did not answer") from exc
+        public = f"{request.scheme}://{request.host}"
+        for name in URL_HEADERS:
+            if name in out and out[name].startswith(worker.url):
+                out[name] = public + out[name][len(worker.url) :]
+        return Answer(status, reason, out, payload)
+
+    async def _fresh(self) -> None:
+        """Refresh the workers' figures, waiting at most HEALTHZ_WAIT_S: a hung worker must
+        not hang /healthz (the pool's poll goes on and its figures serve the next call)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.pool.poll(), HEALTHZ_WAIT_S)
+
+    async def _scrape(
+        self, worker: Upstream, path: str, request: web.Request
+    ) -> tuple[int, bytes] | None:
+        """GET ``path`` of a worker (with the caller's credentials): (status, body), or None if
+        it does not answer."""
+        assert self._http is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        headers.update(self._key)
+        try:
+            timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+            url = f"{worker.url}{path}"
+            async with self._http.get(url, headers=headers, timeout=timeout) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    # ----- handlers
+
+    async def place(self, request: web.Request) -> web.Response:
+        """A new session (``POST /offer``, ``POST /whip``) on the least-loaded worker with room."""
+        limit_session_rate(request)
+        body = await self._body(request)
+        candidates = self._by_load()
+        if not candidates:
+            raise ServerFull("no worker is ready", self.config.transport.retry_after_s)
+        full: Answer | None = None
+        for worker in candidates:
+            self._pending[worker.index] = self._pending.get(worker.index, 0) + 1
+            try:
+                answer = await self._forward(request, worker, body)
+            except WorkerUnavailable:
+                continue
+            finally:
+                self._pending[worker.index] -= 1
+            if answer.status == 503:
+                full = answer  # at its session limit: try the next one
+                continue
+            if answer.status < 300:
+                worker.placed()
+            return answer.response()
+        if full is not None:
+            return full.response()
+        raise WorkerUnavailable("no worker answered")
+
+    async def to_owner(self, request: web.Request) -> web.Response:
+        """A request for one session (``/whip/<id>``) to the worker that holds it."""
+        index = worker_of(request.match_info["session_id"])
+        owner = next((w for w in self.pool.workers if w.index == index), None)
+        if owner is None or not owner.alive:
+            raise NotFound("no such session")
+        return (await self._forward(request, owner, await self._body(request))).response()
+
+    async def to_any(self, request: web.Request) -> web.Response:
+        """Anything else (the page, static files, preflights) to a ready worker."""
+        candidates = self._by_load() or [w for w in self.pool.workers if w.alive]
+        if not candidates:
+            raise ServerFull("no worker is ready", self.config.transport.retry_after_s)
+        return (await self._forward(request, candidates[0], await self._body(request))).response()
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """200 while at least one worker takes sessions (status ``ok`` or ``degraded``)."""
+        await self._fresh()
+        workers = list(self.pool.workers)
+        ready = sum(w.accepting for w in workers)
+        described = [w.describe() for w in workers]
+        status = "ok" if ready == len(workers) else "degraded" if ready else "unavailable"
+        return web.json_response(
+            {
+                "status": status,
+                "version": __version__,
+                "uptime_s": round(time.monotonic() - self.started, 3),
+                "sessions": sum(w.sessions for w in workers),
+                "tasks": sum(int(d.get("tasks", 0)) for d in described),
+                "workers": described,
+            },
+            status=200 if ready else 503,
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Every worker's metrics labelled ``worker="k"``, and the supervisor's own."""
+        workers = [w for w in self.pool.workers if w.accepting]  # a hung one would only delay
+        scraped = await asyncio.gather(*(self._scrape(w, "/metrics", request) for w in workers))
+        parts = [
+            (str(w.index), got[1].decode())
+            for w, got in zip(workers, scraped, strict=True)
+            if got is not None and got[0] == 200
+        ]
+        body = merge_expositions(parts) + pool_metrics(self.pool.workers)
+        return web.Response(text=body, content_type="text/plain", charset="utf-8")
+
+    async def debug_sessions(self, request: web.Request) -> web.Response:
+        """The workers' ``/debug/sessions`` joined; a worker's refusal (401, 404) as it is."""
+        workers = [w for w in self.pool.workers if w.accepting]
+        body = await self._body(request)
+        answers = await asyncio.gather(
+            *(self._forward(request, w, body) for w in workers), return_exceptions=True
+        )
+        replies = [a for a in answers if isinstance(a, Answer)]
+        joined = [json.loads(a.body) for a in replies if a.status == 200]
+        if joined:
+            return web.json_response(join_objects(joined))
+        if replies:
+            return replies[0].response()
+        raise WorkerUnavailable("no worker answered")
+
+
+def join_objects(objects: Sequence[Any]) -> dict[str, Any]:
+    """JSON objects of several workers as one: lists concatenated, numbers summed, objects
+    joined the same way (e.g. the task census); anything else as the first worker has it."""
+    out: dict[str, Any] = {}
+    for obj in objects:
+        if not isinstance(obj, dict):
+            continue
+        for key, value in obj.items():
+            if isinstance(value, list):
+                out[key] = [*out.get(key, []), *value]
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                out[key] = out.get(key, 0) + value
+            elif isinstance(value, dict):
+                out[key] = join_objects([out.get(key, {}), value])
+            else:
+                out.setdefault(key, value)
+    return out
+
+
+def create_router(config: Config, pool: Pool, worker_key: str = "") -> web.Application:
+    """The public application of a supervisor; ``worker_key`` goes with every request to a
+    worker (server/http/guards.py)."""
+    router = Router(config, pool, worker_key)
+    app = web.Application(middlewares=[*request_guards(config), json_errors])
+    # the session rate limit per client address is kept here, for the whole machine (each
+    # worker keeps the same limit on the addresses the router forwards, as a second line)
+    add_session_limit(app, config)
+    app.cleanup_ctx.append(router.lifecycle)
+    app.router.add_get("/healthz", router.healthz)
+    app.router.add_get("/metrics", router.metrics)
+    app.router.add_get("/debug/sessions", router.debug_sessions)
+    app.router.add_post("/offer", router.place)
+    app.router.add_post("/whip", router.place)
+    app.router.add_route("*", "/whip/{session_id}", router.to_owner)
+    app.router.add_route("*", "/whip/{session_id}/{tail:.*}", router.to_owner)
+    app.router.add_route("*", "/{tail:.*}", router.to_any)
+    return app

@@ -1,0 +1,3 @@
+"""The HTTP edge: the application, signaling (/offer, WHIP), auth, rate limits, guards, the session
+registry.
+"""

@@ -1,0 +1,394 @@
+"""HTTP signaling: ``POST /offer`` (JSON) and WHIP (RFC 9725) on ``/whip``; ``GET
+/ice-servers`` gives a browser its STUN/TURN servers before it makes the offer.
+
+WHIP: ``POST /whip`` (SDP offer) -> ``201`` with the answer, ``Location``, ``ETag`` and ICE
+servers as ``Link`` headers; ``PATCH /whip/<id>`` with ``application/trickle-ice-sdpfrag``
+adds trickled candidates (``204``; an ICE restart is refused with ``422``; a stale ``If-Match``
+gets ``412``); ``DELETE /whip/<id>`` ends the session; ``OPTIONS`` on both answers CORS
+preflights and names the methods.
+
+Who may call: bearer tokens when configured (a resource obeys only the token that created
+it), browser origins by the CORS policy, session creation by a per-address token bucket and a
+per-client share of the live sessions (server/http/registry.py), trickle PATCHes by a per-session
+token bucket. Remote ICE candidates, in the offer and in PATCHes, pass the candidate filter
+and the session's candidate cap (server/http/whip.py) before aiortc sees them.
+Typed errors are translated to HTTP here, at the edge, always with a JSON ``{"error": ...}``
+body. Bodies are checked (type, size, SDP shape) before any peer is created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from server.clock import MonotonicClock
+from server.config import Config, TransportConfig
+from server.errors import (
+    BadRequest,
+    Forbidden,
+    PayloadTooLarge,
+    PreconditionFailed,
+    RequestError,
+    TooManyRequests,
+    UnprocessableContent,
+    UnsupportedMediaType,
+)
+from server.http.auth import BearerAuth, CorsPolicy, check_owner
+from server.http.ratelimit import RateLimiter, client_key
+from server.http.registry import SessionRegistry
+from server.http.whip import (
+    SDP_TYPE,
+    SDPFRAG_TYPE,
+    CandidateBudget,
+    CandidateFilter,
+    entity_tag,
+    filter_offer,
+    ice_server_links,
+    ice_ufrag,
+    if_match_allows,
+    is_ice_restart,
+    parse_sdpfrag,
+)
+from server.rtc.ice import IceServer, ice_servers
+from server.rtc.settings import add_remote_candidates, remote_candidates_complete
+
+log = logging.getLogger(__name__)
+
+REGISTRY_KEY = web.AppKey("registry", SessionRegistry)
+AUTH_KEY = web.AppKey("auth", BearerAuth)
+CORS_KEY = web.AppKey("cors", CorsPolicy)
+LIMITER_KEY = web.AppKey("session_rate", RateLimiter)
+PATCH_LIMITER_KEY = web.AppKey("patch_rate", RateLimiter)  # keyed by session id
+TRANSPORT_KEY = web.AppKey("transport", TransportConfig)
+PROXIES_KEY = web.AppKey("trusted_proxies", frozenset)
+
+MAX_MEDIA_SECTIONS = 16  # m-lines in one offer (each becomes a transceiver)
+CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
+CORS_REQUEST_HEADERS = "Authorization, Content-Type, If-Match"
+CORS_EXPOSED = "Location, ETag, Link, Retry-After, Accept-Patch, Accept-Post, WWW-Authenticate"
+CORS_MAX_AGE_S = 600
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(
+    status: int, message: str, code: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response({"error": message, "code": code}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as JSON: typed runtime errors and aiohttp's own HTTP errors."""
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return error_response(exc.status, exc.message, exc.code, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return error_response(exc.status, exc.reason, exc.reason.lower().replace(" ", "_"), headers)
+
+
+@web.middleware
+async def cors_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Browser origins: an allowed one gets CORS headers (preflights their own), any other is
+    refused with 403 before the request does anything. Requests without Origin pass as is."""
+    origin = request.headers.get("Origin")
+    if origin is None or CORS_KEY not in request.app:
+        return await handler(request)
+    if not request.app[CORS_KEY].allows(origin, request.host):
+        return error_response(403, f"origin {origin} is not allowed", Forbidden.code)
+    response = await handler(request)
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
+    response.headers.add("Vary", "Origin")
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+        response.headers["Access-Control-Allow-Headers"] = CORS_REQUEST_HEADERS
+        response.headers["Access-Control-Max-Age"] = str(CORS_MAX_AGE_S)
+    return response
+
+
+def authenticate(request: web.Request) -> str:
+    """The caller's identity (token digest, or '' with authentication off); 401 otherwise."""
+    return request.app[AUTH_KEY].authenticate(request.headers.get("Authorization"))
+
+
+def client_address(request: web.Request) -> str:
+    """The client's address: the peer, or what a trusted proxy says in X-Forwarded-For."""
+    remote = request.remote or "unknown"
+    forwarded = request.headers.get("X-Forwarded-For")
+    if forwarded and remote in request.app[PROXIES_KEY]:
+        return forwarded.split(",")[-1].strip() or remote
+    return remote
+
+
+def limit_session_rate(request: web.Request) -> None:
+    """The per-address session rate limit: 429 (with Retry-After) when the address is over it
+    (an IPv6 client is its /64)."""
+    address = client_key(client_address(request))
+    decision = request.app[LIMITER_KEY].take(address)
+    if not decision.allowed:
+        log.info("session rate limit hit by %s", address)
+        raise TooManyRequests(
+            "too many sessions created from this address; retry later", decision.retry_after_s
+        )
+
+
+def admit_session(request: web.Request) -> str:
+    """Gate of session creation: the address's rate limit (429), then the token (401)."""
+    limit_session_rate(request)
+    return authenticate(request)
+
+
+async def read_limited(request: web.Request, limit: int) -> bytes:
+    """The request body if it has at most ``limit`` bytes (413 otherwise; 400 if unreadable)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"body larger than {limit} bytes")
+    body = b""
+    try:
+        while len(body) <= limit:  # read() may return part of a body sent in pieces
+            chunk = await request.content.read(limit + 1 - len(body))
+            if not chunk:
+                break
+            body += chunk
+    except web.RequestPayloadError:  # e.g. a Content-Encoding the body is not in
+        raise BadRequest("cannot read the body (Content-Encoding or framing)") from None
+    if len(body) > limit:
+        raise PayloadTooLarge(f"body larger than {limit} bytes")
+    return body
+
+
+async def read_body(request: web.Request, content_type: str) -> str:
+    """The request body as text if it has ``content_type`` and fits the size limit."""
+    if request.content_type != content_type:
+        raise UnsupportedMediaType(
+            f"expected Content-Type {content_type}, got {request.content_type or 'none'}"
+        )
+    body = await read_limited(request, request.app[TRANSPORT_KEY].max_body_bytes)
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("body is not UTF-8") from None
+
+
+def check_sdp(sdp: object, max_lines: int) -> str:
+    """A cheap shape check before aiortc sees it: an SDP offer has v=0 and media sections,
+    at most ``max_lines`` lines and ``MAX_MEDIA_SECTIONS`` media sections."""
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise BadRequest("missing SDP")
+    lines = sdp.strip().splitlines()
+    if len(lines) > max_lines:
+        raise PayloadTooLarge(f"SDP has {len(lines)} lines; at most {max_lines}")
+    sections = sum(1 for line in lines if line.startswith("m="))
+    if lines[0].strip() != "v=0" or not sections:
+        raise BadRequest("malformed SDP: expected 'v=0' and at least one 'm=' line")
+    if sections > MAX_MEDIA_SECTIONS:
+        raise BadRequest(f"SDP has {sections} media sections; at most {MAX_MEDIA_SECTIONS}")
+    return sdp
+
+
+def _max_lines(request: web.Request) -> int:
+    return request.app[TRANSPORT_KEY].max_sdp_lines
+
+
+def candidate_filter(request: web.Request) -> CandidateFilter:
+    """Which remote candidates this client may name (``transport.private_candidates``)."""
+    policy = request.app[TRANSPORT_KEY].private_candidates
+    return CandidateFilter.for_client(policy, client_address(request))
+
+
+async def create_session(request: web.Request, sdp: str, owner: str) -> tuple[str, str]:
+    """A session for the offer ``sdp``: its candidates filtered and counted before aiortc sees
+    them (422 past the cap), then created within the client's share; (session id, answer)."""
+    sdp, kept = filter_offer(sdp, candidate_filter(request))
+    budget = CandidateBudget(request.app[TRANSPORT_KEY].max_remote_candidates)
+    budget.admit(kept)
+    client = client_key(client_address(request))
+    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner, client, budget)
+    return session_id, answer.sdp
+
+
+async def post_offer(request: web.Request) -> web.Response:
+    """``{"sdp", "type": "offer"}`` -> ``{"sdp", "type": "answer", "session_id"}``."""
+    owner = admit_session(request)
+    text = await read_body(request, "application/json")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise BadRequest("body is not valid JSON") from None
+    if not isinstance(data, dict) or data.get("type") != "offer":
+        raise BadRequest('expected a JSON object with "type": "offer"')
+    sdp = check_sdp(data.get("sdp"), _max_lines(request))
+    session_id, answer = await create_session(request, sdp, owner)
+    return web.json_response({"sdp": answer, "type": "answer", "session_id": session_id})
+
+
+def _client_ice_servers(request: web.Request) -> tuple[IceServer, ...]:
+    """The ICE servers for a client (issued TURN credentials are fresh for each request)."""
+    return ice_servers(request.app[TRANSPORT_KEY], time.time(), "client")
+
+
+def _ice_links(request: web.Request) -> list[tuple[str, str]]:
+    return [("Link", link) for link in ice_server_links(_client_ice_servers(request))]
+
+
+async def get_ice_servers(request: web.Request) -> web.Response:
+    """``{"iceServers": [...]}`` for a browser's ``RTCPeerConnection``, asked before its offer
+    (WHIP clients get the same in ``Link`` headers); needs the token when tokens are set."""
+    authenticate(request)
+    servers = [server.to_json() for server in _client_ice_servers(request)]
+    return web.json_response({"iceServers": servers}, headers={"Cache-Control": "no-store"})
+
+
+async def options_ice_servers(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Allow": "OPTIONS, GET"})
+
+
+async def post_whip(request: web.Request) -> web.Response:
+    """WHIP (RFC 9725): SDP offer in, 201 with the SDP answer and the resource's Location."""
+    owner = admit_session(request)
+    sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
+    session_id, answer = await create_session(request, sdp, owner)
+    ufrag = ice_ufrag(sdp)
+    headers = CIMultiDict(
+        [
+            ("Location", f"/whip/{session_id}"),
+            ("ETag", entity_tag(session_id, ufrag or "")),
+            ("Accept-Patch", SDPFRAG_TYPE),
+            *_ice_links(request),
+        ]
+    )
+    return web.Response(status=201, body=answer.encode(), content_type=SDP_TYPE, headers=headers)
+
+
+def limit_patch_rate(request: web.Request, session_id: str) -> None:
+    """The per-session PATCH rate limit: 429 (with Retry-After) when the session is over it."""
+    decision = request.app[PATCH_LIMITER_KEY].take(session_id)
+    if not decision.allowed:
+        log.info("session %s: trickle PATCH rate limit hit", session_id[:8])
+        raise TooManyRequests(
+            "too many PATCH requests for this session; retry later", decision.retry_after_s
+        )
+
+
+async def patch_whip(request: web.Request) -> web.Response:
+    """Trickle ICE: the client's later candidates (``204``). ICE restarts: ``422``; past the
+    session's candidate cap: ``422``; past its PATCH rate: ``429``. A refused PATCH adds
+    nothing; candidates the filter drops are left out silently (the server would never
+    reach them)."""
+    caller = authenticate(request)
+    registry = request.app[REGISTRY_KEY]
+    session_id = request.match_info["session_id"]
+    peer = registry.get(session_id)
+    check_owner(peer.owner, caller)
+    limit_patch_rate(request, session_id)
+    text = await read_body(request, SDPFRAG_TYPE)
+    remote = peer.pc.remoteDescription
+    ufrag = ice_ufrag(remote.sdp if remote is not None else "")
+    etag = entity_tag(session_id, ufrag or "")
+    if not if_match_allows(request.headers.get("If-Match"), etag):
+        raise PreconditionFailed(f"If-Match does not match the resource's ETag {etag}")
+    fragment = parse_sdpfrag(text, _max_lines(request))
+    if is_ice_restart(fragment, ufrag):
+        raise UnprocessableContent(
+            "ICE restarts are not supported (aiortc cannot restart ICE): end this session "
+            "with DELETE and POST a new offer",
+            {"ETag": etag},
+        )
+    if fragment.candidate_count and remote_candidates_complete(peer.pc):
+        raise UnprocessableContent("the client already signalled end-of-candidates")
+    mids = {t.mid for t in peer.pc.getTransceivers()} | {None}
+    if peer.pc.sctp is not None:
+        mids.add(peer.pc.sctp.mid)
+    for media in fragment.media:
+        if media.mid not in mids:
+            raise BadRequest(f"the session has no media section with mid {media.mid!r}")
+    allowed = candidate_filter(request)
+    kept = [tuple(c for c in m.candidates if allowed.allows(c)) for m in fragment.media]
+    registry.candidates(session_id).admit(c for cs in kept for c in cs)  # 422 past the cap
+    added = 0
+    for media, candidates in zip(fragment.media, kept, strict=True):
+        try:
+            added += await add_remote_candidates(
+                peer.pc,
+                candidates,
+                mid=media.mid,
+                mline_index=media.mline_index,
+                end_of_candidates=media.end_of_candidates,
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    dropped = fragment.candidate_count - sum(len(cs) for cs in kept)
+    log.info("session %s: %d trickled candidates (%d dropped)", session_id[:8], added, dropped)
+    return web.Response(status=204, headers={"ETag": etag})
+
+
+async def delete_whip(request: web.Request) -> web.Response:
+    """End the session: 404 for an unknown id, 403 for a token other than its creator's."""
+    caller = authenticate(request)
+    registry = request.app[REGISTRY_KEY]
+    session_id = request.match_info["session_id"]
+    check_owner(registry.get(session_id).owner, caller)
+    await registry.close(session_id)
+    return web.Response(status=200)
+
+
+async def options_whip(request: web.Request) -> web.Response:
+    """The endpoint's methods; its ICE servers too, for callers who may use them."""
+    headers: CIMultiDict[str] = CIMultiDict([("Allow", "OPTIONS, POST"), ("Accept-Post", SDP_TYPE)])
+    try:
+        authenticate(request)
+    except RequestError:
+        pass  # a browser preflight carries no token: no TURN credentials for it
+    else:
+        headers.extend(_ice_links(request))
+    return web.Response(status=204, headers=headers)
+
+
+async def options_resource(request: web.Request) -> web.Response:
+    return web.Response(
+        status=204, headers={"Allow": "OPTIONS, PATCH, DELETE", "Accept-Patch": SDPFRAG_TYPE}
+    )
+
+
+async def options_offer(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers={"Allow": "OPTIONS, POST"})
+
+
+def add_session_limit(app: web.Application, config: Config) -> None:
+    """What ``limit_session_rate`` needs: the rate limiter and the proxies trusted to name the
+    client (server/fleet/router.py keeps the limit too, once for all workers)."""
+    app[PROXIES_KEY] = frozenset(config.server.trusted_proxies)
+    app[LIMITER_KEY] = RateLimiter(
+        config.transport.session_rate_per_min,
+        config.transport.session_burst,
+        MonotonicClock(),
+    )
+
+
+def add_routes(app: web.Application, config: Config) -> None:
+    """Signaling routes and what they need: limits, tokens, origins, the rate limiter."""
+    app[TRANSPORT_KEY] = config.transport
+    app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
+    app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
+    add_session_limit(app, config)
+    app[PATCH_LIMITER_KEY] = RateLimiter(
+        config.transport.patch_rate_per_min, config.transport.patch_burst, MonotonicClock()
+    )
+    app.router.add_get("/ice-servers", get_ice_servers)
+    app.router.add_route("OPTIONS", "/ice-servers", options_ice_servers)
+    app.router.add_post("/offer", post_offer)
+    app.router.add_route("OPTIONS", "/offer", options_offer)
+    app.router.add_post("/whip", post_whip)
+    app.router.add_route("OPTIONS", "/whip", options_whip)
+    app.router.add_patch("/whip/{session_id}", patch_whip)
+    app.router.add_delete("/whip/{session_id}", delete_whip)
+    app.router.add_route("OPTIONS", "/whip/{session_id}", options_resource)

@@ -1,0 +1,3 @@
+"""The reply pipeline: the engine seams, the voice pipeline, the turn detector, the CPU plan,
+calibration and the composition root.
+"""

@@ -1,0 +1,228 @@
+"""Calibration at start: what this machine's stages cost, what a reply will take, how many
+sessions fit, and the settings the operator left unset chosen to match.
+
+Inputs are the engines' warm-up figures (``VoicePipeline.warm_up``: ASR, LLM first token and
+speed, TTS real-time factor) and one avatar frame rendered and encoded. Everything here is a
+pure function of them, so a stage that failed (None) falls back to the reference machine's
+figure and says so.
+
+The prediction, in ms after the end-of-turn decision:
+
+    final transcript left   (with partials: what the last partial has not finished when the
+                             end-of-turn wait is over; without: one whole call)
+  + LLM first token
+  + the first chunk's tokens at the measured speed
+  + speech for the first chunk (its duration x the TTS real-time factor)
+  + one 20 ms audio frame
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from server.config import Config
+from server.pipeline.turn_detector import PAUSE_MS
+
+log = logging.getLogger(__name__)
+
+# the reference machine (2-core AMD EPYC with AVX-512), used where a stage failed to measure
+REFERENCE = {
+    "asr_ms": 90.0,  # a 2.3 s utterance
+    "asr_audio_ms": 2300.0,
+    "llm_first_token_ms": 60.0,
+    "llm_tokens_per_s": 60.0,
+    "tts_rtf": 0.07,
+    "frame_ms": 4.0,
+}
+UTTERANCE_S = 3.0  # a typical question
+REPLY_TOKENS = 40  # a typical reply (llm_max_tokens caps it)
+TOKENS_PER_WORD = 1.3
+SPEECH_S_PER_WORD = 0.33  # the joe voice speaks ~3 words a second
+FRAME_MS = 20.0  # one outbound audio frame
+UTILISATION = 0.7  # the share of the cores sessions may plan on (the rest: loop, spikes)
+VIDEO_SHARE = 0.25  # at most this share of one core (or of less CPU) per session for video
+MIN_FPS = 10
+SMALLER_VIDEO = 384  # px, when even MIN_FPS does not fit VIDEO_SHARE
+MAX_PARTIAL_INTERVAL_MS = 2000
+PARTIAL_ASR_SHARE = 0.4  # of the recogniser's time that regular partials may take
+FIRST_CHUNK_MS = 120.0  # the LLM's time for the first chunk's words
+MIN_FIRST_CHUNK_WORDS = 3  # fewer breaks the first sentence's prosody
+# a turn: the user speaks UTTERANCE_S, the avatar answers REPLY_TOKENS; a session also waits
+IDLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Measured costs (ms unless named); None where the stage failed or was not measured."""
+
+    asr_ms: float | None = None
+    asr_audio_ms: float | None = None
+    llm_first_token_ms: float | None = None
+    llm_tokens_per_s: float | None = None
+    tts_ms: float | None = None
+    tts_audio_ms: float | None = None
+    frame_ms: float | None = None  # render and VP8-encode one avatar frame
+
+    @classmethod
+    def from_warm_up(cls, times: Mapping[str, float | None], frame_ms: float | None) -> StageCosts:
+        return cls(
+            asr_ms=times.get("asr_again_ms"),
+            asr_audio_ms=times.get("asr_audio_ms"),
+            llm_first_token_ms=times.get("llm_first_token_ms"),
+            llm_tokens_per_s=times.get("llm_tokens_per_s"),
+            tts_ms=times.get("tts_ms"),
+            tts_audio_ms=times.get("tts_audio_ms"),
+            frame_ms=frame_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the machine can do, as measured at start."""
+
+    cpus: float  # CPU time the process may use (cores, or its cgroup quota)
+    asr_call_ms: float  # a final transcript of a UTTERANCE_S question
+    llm_first_token_ms: float
+    llm_tokens_per_s: float
+    tts_rtf: float
+    frame_ms: float
+    predicted_voice_to_voice_ms: float
+    capacity: int  # sessions in conversation at once
+    fallbacks: tuple[str, ...]  # stages that failed to measure (reference figures used)
+
+    def to_dict(self) -> dict[str, object]:
+        out = dataclasses.asdict(self)
+        out["fallbacks"] = list(self.fallbacks)
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+    def describe(self) -> str:
+        line = (
+            f"expected voice-to-voice {self.predicted_voice_to_voice_ms:.0f} ms"
+            f" (ASR {self.asr_call_ms:.0f} ms a question, LLM first token"
+            f" {self.llm_first_token_ms:.0f} ms and {self.llm_tokens_per_s:.0f} tokens/s,"
+            f" TTS real-time factor {self.tts_rtf:.2f}, a video frame {self.frame_ms:.1f} ms);"
+            f" capacity {self.capacity} sessions"
+        )
+        if self.fallbacks:
+            line += f"; not measured, reference figures used: {', '.join(self.fallbacks)}"
+        return line
+
+
+def _window_s(audio_s: float) -> float:
+    """The ASR's encoder window (s) for ``audio_s`` of speech (models/asr.py: the audio and
+    1 s of silence, at least 3 s)."""
+    return max(3.0, audio_s + 1.0)
+
+
+def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
+    """The prediction and capacity from measured ``costs`` with ``cpus`` of CPU time (the
+    cores, or the cgroup's quota when smaller)."""
+    fallbacks: list[str] = []
+
+    def pick(name: str, value: float | None) -> float:
+        if value is None or not math.isfinite(value) or value <= 0:
+            fallbacks.append(name)
+            return REFERENCE[name]
+        return value
+
+    asr_ms = pick("asr_ms", costs.asr_ms)
+    asr_audio_ms = costs.asr_audio_ms or REFERENCE["asr_audio_ms"]
+    # a call costs about in proportion to its window
+    asr_call = asr_ms * _window_s(UTTERANCE_S) / _window_s(asr_audio_ms / 1000)
+    ttft = pick("llm_first_token_ms", costs.llm_first_token_ms)
+    tps = pick("llm_tokens_per_s", costs.llm_tokens_per_s)
+    rtf_measured = (
+        costs.tts_ms / costs.tts_audio_ms if costs.tts_ms and costs.tts_audio_ms else None
+    )
+    rtf = pick("tts_rtf", rtf_measured)
+    frame_ms = pick("frame_ms", costs.frame_ms)
+
+    pc, vad = config.pipeline, config.vad
+    # with partials, the decode that hears the end of speech starts at the pause (PAUSE_MS
+    # after it), and the end of turn is declared end_of_turn_ms after it
+    with_partials = max(0.0, PAUSE_MS + asr_call - vad.end_of_turn_ms)
+    asr_left = with_partials if pc.incremental else asr_call
+    words = pc.first_chunk_words
+    first_chunk = words * TOKENS_PER_WORD / tps * 1000
+    speech = words * SPEECH_S_PER_WORD * 1000 * rtf
+    predicted = asr_left + ttft + first_chunk + speech + FRAME_MS
+
+    # CPU (cores) one session needs on average: its video all the time, plus a turn's work
+    # spread over the turn (the user speaking, the reply, a pause)
+    fps = config.transport.video_fps if config.transport.video else 0
+    video = frame_ms * fps / 1000
+    reply_s = REPLY_TOKENS * SPEECH_S_PER_WORD / TOKENS_PER_WORD
+    partials = UTTERANCE_S * 1000 / pc.partial_interval_ms * asr_call if pc.incremental else 0
+    turn_cpu_ms = partials + asr_call + REPLY_TOKENS / tps * 1000 + reply_s * 1000 * rtf
+    turn_s = UTTERANCE_S + predicted / 1000 + reply_s + IDLE_S
+    per_session = video + turn_cpu_ms / 1000 / turn_s
+    capacity = max(1, math.floor(cpus * UTILISATION / per_session))
+    return Calibration(
+        cpus=cpus,
+        asr_call_ms=asr_call,
+        llm_first_token_ms=ttft,
+        llm_tokens_per_s=tps,
+        tts_rtf=rtf,
+        frame_ms=frame_ms,
+        predicted_voice_to_voice_ms=predicted,
+        capacity=capacity,
+        fallbacks=tuple(fallbacks),
+    )
+
+
+def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, object]]:
+    """``config`` with the settings it left unset (not in ``config.explicit``) chosen for
+    this machine; returns it and what changed (dotted name -> new value). A setting follows
+    only stages that were measured: one that leans on a reference figure stays as it is."""
+    changed: dict[str, object] = {}
+    explicit = config.explicit
+    pc, tc = config.pipeline, config.transport
+    guessed = set(calibration.fallbacks)
+
+    def unset(name: str, *needs: str) -> bool:
+        return name not in explicit and not guessed.intersection(needs)
+
+    if unset("pipeline.partial_interval_ms", "asr_ms"):
+        # partials keep the recogniser busy at most 40 % of the time: when the speaker pauses,
+        # the decode that may become the final must not wait long behind one
+        interval = min(
+            MAX_PARTIAL_INTERVAL_MS,
+            max(pc.partial_interval_ms, calibration.asr_call_ms / PARTIAL_ASR_SHARE),
+        )
+        if round(interval) != pc.partial_interval_ms:
+            changed["pipeline.partial_interval_ms"] = round(interval)
+    if unset("pipeline.first_chunk_words", "llm_tokens_per_s"):
+        # the first chunk goes to speech after the words the LLM writes in FIRST_CHUNK_MS
+        tokens = FIRST_CHUNK_MS / 1000 * calibration.llm_tokens_per_s
+        words = max(MIN_FIRST_CHUNK_WORDS, min(pc.first_chunk_words, int(tokens / TOKENS_PER_WORD)))
+        if words != pc.first_chunk_words:
+            changed["pipeline.first_chunk_words"] = words
+    if tc.video and unset("transport.video_fps", "frame_ms"):
+        budget_ms = VIDEO_SHARE * min(1.0, calibration.cpus) * 1000  # ms of CPU a second
+        if calibration.frame_ms * tc.video_fps > budget_ms:
+            fps = max(MIN_FPS, math.floor(budget_ms / calibration.frame_ms))
+            changed["transport.video_fps"] = fps
+            fits = calibration.frame_ms * fps <= budget_ms
+            if not fits and unset("transport.video_width") and unset("transport.video_height"):
+                changed["transport.video_width"] = min(tc.video_width, SMALLER_VIDEO)
+                changed["transport.video_height"] = min(tc.video_height, SMALLER_VIDEO)
+    if unset("transport.max_sessions", *REFERENCE) and calibration.capacity != tc.max_sessions:
+        changed["transport.max_sessions"] = calibration.capacity
+    return with_settings(config, changed), changed
+
+
+def with_settings(config: Config, settings: Mapping[str, object]) -> Config:
+    """``config`` with dotted-name ``settings`` replaced (already valid values)."""
+    sections: dict[str, dict[str, object]] = {}
+    for dotted, value in settings.items():
+        section, _, key = dotted.partition(".")
+        sections.setdefault(section, {})[key] = value
+    replaced = {
+        name: dataclasses.replace(getattr(config, name), **values)
+        for name, values in sections.items()
+    }
+    return dataclasses.replace(config, **replaced)

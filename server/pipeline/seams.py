@@ -1,0 +1,216 @@
+"""The seam between the session runtime and the engines that answer the user.
+
+A :class:`TurnPipeline` is shared by all sessions. The runtime asks it for the final transcript
+of an utterance, then for the reply's sentences (the LLM stage), then for each sentence's audio
+(the TTS stage) under the conditions in force at that chunk boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib
+import inspect
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, cast, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from server.config import Config, PipelineConfig
+from server.errors import ConfigError
+from server.owner import NO_OWNER
+from server.runtime.chunk import PhonemeTiming, WordTiming
+from server.runtime.conditions import Conditions
+from server.runtime.history import ContextEntry
+from server.scheduling.engine_queue import JobTag
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """What the LLM stage needs to write a reply. ``owner``: the digest of the token that
+    created the session (``NO_OWNER`` when authentication is off); with the session id, it
+    says whose prefix cache the request may share (see :class:`CacheSalts`)."""
+
+    session_id: str
+    epoch: int
+    context: tuple[ContextEntry, ...]
+    conditions: Conditions
+    owner: str = NO_OWNER
+
+
+class CacheSalts:
+    """Prefix-cache scopes for a shared LLM engine (its ``cache_salt``): one per owner (the
+    token digest), or one per session when authentication is off.
+
+    Requests reuse cached prompt blocks only within a scope, so the cache cannot tell a
+    session what another owner said (a hit, or a faster first token, on a guessed prefix).
+    Everything is salted, the persona too (a client may replace it). A salt is HMAC-SHA256
+    under a random per-process key, 64 hex characters: stable while the process lives, and
+    neither the token digest nor the session id can be read back from it.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = secrets.token_bytes(32) if key is None else key
+
+    def of(self, request: ReplyRequest) -> str:
+        """The scope of ``request``'s prompt: its owner's, or its session's without one."""
+        if request.owner == NO_OWNER:
+            return self._salt("session", request.session_id)
+        return self._salt("owner", request.owner)
+
+    def internal(self, name: str) -> str:
+        """A scope of the server's own requests (start-up warm-ups); no session shares it."""
+        return self._salt("internal", name)
+
+    def _salt(self, kind: str, name: str) -> str:
+        return hmac.new(self._key, f"{kind}\x1f{name}".encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass
+class TurnTrace:
+    """Timings of one reply, filled in by the pipeline as the stages finish (ms, monotonic).
+
+    A recorder, not a value: the stages write it, the runtime reads it when the reply ends.
+    It goes to the client (``response.timings``), so it holds figures of this reply only:
+    nothing counted from other sessions (their number, queue positions, cache contents). The
+    cache figures count blocks of the request's own scope (:class:`CacheSalts`).
+    """
+
+    endpoint_ms: float = 0.0  # end-of-turn decision
+    asr_final_ms: float | None = None  # final transcript known
+    llm_first_token_ms: float | None = None
+    first_chunk_text_ms: float | None = None
+    first_tts_ms: float | None = None  # first chunk's audio synthesized
+    first_audio_ms: float | None = None  # first non-silent frame sent
+    cached_tokens: int = 0  # prefix-cache tokens reused by the reply's prompt
+    prompt_tokens: int = 0
+    prefill_cached_tokens: int = 0  # best warm-up hit while the user spoke
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Stage latencies in ms after the endpoint, and the token counts."""
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.endpoint_ms, 1)
+
+        return {
+            "asr_final_ms": since(self.asr_final_ms),
+            "llm_first_token_ms": since(self.llm_first_token_ms),
+            "first_chunk_text_ms": since(self.first_chunk_text_ms),
+            "first_tts_ms": since(self.first_tts_ms),
+            "voice_to_voice_ms": since(self.first_audio_ms),
+            "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_cached_tokens": self.prefill_cached_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class SpeechAudio:
+    """A sentence's audio: int16 mono at 48 kHz, with word and phoneme timings (samples)."""
+
+    pcm: npt.NDArray[np.int16]
+    words: tuple[WordTiming, ...] = ()
+    phonemes: tuple[PhonemeTiming, ...] = ()
+
+
+class TurnPipeline(Protocol):
+    """Engines behind the runtime (ASR, LLM, TTS); shared by every session."""
+
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        """Final transcript of a 16 kHz mono utterance ("" when nothing was said). ``prefix``:
+        words already decided for its start (stable partial words), which the recogniser may
+        continue from instead of decoding them again."""
+        ...
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        """Transcript of the utterance so far, while the user is still speaking."""
+        ...
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        """Push the context so far into the engine (prefix-cache warm-up); returns the number
+        of prompt tokens that were already cached. Optional work: may raise
+        ``engine_queue.ShedWork`` under load (and ``partial_transcript`` too)."""
+        ...
+
+    def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        """The reply, one chunk text (sentence or clause) at a time."""
+        ...
+
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
+        """Speech for one sentence in the voice of ``conditions``. ``tag`` says whose it is, so a
+        shared engine can serve the session closest to an underrun first."""
+        ...
+
+    async def close(self) -> None:
+        """Release engines at shutdown."""
+        ...
+
+
+@runtime_checkable
+class QueueObservable(Protocol):
+    """A pipeline whose shared engines report how long jobs waited for them, and whether they
+    started past their deadline (``observe(engine, wait_ms, late)``)."""
+
+    def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None: ...
+
+
+@runtime_checkable
+class SessionScoped(Protocol):
+    """A pipeline whose shared engines keep per-session records (e.g. scheduling fairness);
+    ``forget`` drops them once the session has ended."""
+
+    def forget(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class WarmsUp(Protocol):
+    """A pipeline whose engines are slow on their first calls (allocations, kernel choices,
+    caches): ``warm_up`` runs each once on a short input before the server says ready, and
+    returns each stage's time (ms; None for a stage that failed, which is only logged)."""
+
+    async def warm_up(self) -> dict[str, float | None]: ...
+
+
+@runtime_checkable
+class ReportsLoad(Protocol):
+    """A pipeline that says when required work is in progress or waiting (optional work,
+    such as idle avatar frames at full rate, is shed then)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+
+@runtime_checkable
+class Tunable(Protocol):
+    """A pipeline that takes settings chosen after it was built (the calibration's)."""
+
+    def tune(self, settings: PipelineConfig) -> None: ...
+
+
+PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]
+
+
+async def load_pipeline(config: Config) -> TurnPipeline | None:
+    """Build the pipeline named by ``pipeline.factory`` (``module:function``, sync or async);
+    None if unset (the server then listens only)."""
+    spec = config.pipeline.factory
+    if not spec:
+        return None
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        raise ConfigError(f"pipeline.factory: expected 'module:function', got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"pipeline.factory: cannot load {spec!r}: {exc}") from None
+    built = cast(PipelineFactory, factory)(config)
+    if inspect.isawaitable(built):
+        return await built
+    return built

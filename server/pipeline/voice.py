@@ -1,0 +1,371 @@
+"""The voice pipeline: speech recognition, a language model and speech synthesis as one
+:class:`~server.pipeline.seams.TurnPipeline`.
+
+The engines are seams (structural Protocols below): this module knows no particular model.
+CPU-heavy calls (ASR, TTS) run in worker threads, never on the event loop; the LLM streams.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from server.clock import Clock, MonotonicClock
+from server.config import PipelineConfig, SchedulerConfig
+from server.errors import RuntimeErrorBase
+from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
+from server.runtime.chunk import PhonemeTiming, WordTiming
+from server.runtime.conditions import Conditions
+from server.runtime.history import CacheClass, ContextEntry
+from server.runtime.media import MEDIA_RATE_HZ, resample
+from server.runtime.session_view import SessionView
+from server.runtime.stage import Stage
+from server.scheduling.engine_queue import EngineQueue, JobTag, ShedWork
+from server.scheduling.scheduler import make_scheduler
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]
+# a Whisper tiny.en call on 2 cores of a fast machine, encoding the utterance and 1 s of silence
+ASR_COST_FIXED_MS = 40.0
+ASR_COST_MS_PER_S = 30.0  # per second of audio
+TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
+TTS_COST_MS_FIXED = 20.0
+WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
+WARM_UP_SPEECH = "Hello there, how are you today?"
+WARM_UP_MESSAGES: list[Message] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello."},
+]
+Splitter = Callable[[str], tuple[list[str], str]]
+T = TypeVar("T")
+
+
+class LlmWarmUpEmpty(RuntimeErrorBase):
+    """The LLM's warm-up request ended without any text."""
+
+    code = "llm_warm_up_empty"
+
+
+class Asr(Protocol):
+    def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str: ...
+
+
+class Llm(Protocol):
+    """models.llm.LlmEngine as this module uses it (``cache_salt``: the prefix-cache scope)."""
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[str]: ...
+
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def last_stats(self, request_id: str) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PrefillsOpenTurn(Protocol):
+    """An LLM that warms the prefix cache with a chat whose last message is still being
+    said: the prompt stops inside it, a token prefix of the reply's prompt once it is said
+    (models.llm.VllmEngine.prefill_open)."""
+
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any: ...
+
+
+class WordLike(Protocol):
+    @property
+    def word(self) -> str: ...
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+
+class SpeechLike(Protocol):
+    @property
+    def pcm(self) -> npt.NDArray[np.int16]: ...
+
+    @property
+    def words(self) -> Sequence[WordLike]: ...
+
+    @property
+    def phonemes(self) -> Sequence[tuple[str, int, int]]: ...
+
+
+class Tts(Protocol):
+    def synthesize(self, text: str) -> SpeechLike: ...
+
+
+def to_messages(context: Sequence[ContextEntry]) -> list[Message]:
+    """Context entries (anchor, recent window, current turn) as chat messages."""
+    return [{"role": entry.role.value, "content": entry.text} for entry in context]
+
+
+class FirstChunkCutter:
+    """Chunks streamed text: sentences from ``splitter``; the reply's first chunk is cut early,
+    after ``first_words`` words, so that speech can start before the first sentence ends."""
+
+    def __init__(self, splitter: Splitter, first_words: int) -> None:
+        self._split = splitter
+        self._first_words = first_words
+        self._buffer = ""
+        self._first = True
+
+    def feed(self, delta: str) -> list[str]:
+        self._buffer += delta
+        chunks, self._buffer = self._split(self._buffer)
+        if self._first and not chunks:
+            words = self._buffer.split(" ")
+            # a word is complete once a space follows it
+            if len(words) > self._first_words:
+                chunks = [" ".join(words[: self._first_words])]
+                self._buffer = " ".join(words[self._first_words :])
+        chunks = [c.strip() for c in chunks if c.strip()]
+        if chunks:
+            self._first = False
+        return chunks
+
+    def flush(self) -> list[str]:
+        tail, self._buffer = self._buffer.strip(), ""
+        return [tail] if tail else []
+
+
+class VoicePipeline:
+    """ASR -> LLM -> TTS behind the TurnPipeline seam, shared by every session.
+
+    Every LLM request is salted (``salts``): a session shares cached prompt blocks only with
+    the sessions of its owner (see :class:`~server.pipeline.seams.CacheSalts`).
+    """
+
+    def __init__(
+        self,
+        asr: Asr,
+        llm: Llm,
+        tts: Tts,
+        splitter: Splitter,
+        *,
+        max_tokens: int,
+        first_chunk_words: int,
+        scheduler_config: SchedulerConfig | None = None,
+        clock: Clock | None = None,
+        salts: CacheSalts | None = None,
+    ) -> None:
+        self._asr = asr
+        self._llm = llm
+        self._tts = tts
+        self._splitter = splitter
+        self._max_tokens = max_tokens
+        self._first_chunk_words = first_chunk_words
+        config = scheduler_config or SchedulerConfig()
+        self._clock = clock = clock or MonotonicClock()
+        # each engine is one worker thread shared by all sessions, fed deadline first
+        self.asr_queue = EngineQueue("asr", make_scheduler(config), clock, deadlines=config)
+        self.tts_queue = EngineQueue("tts", make_scheduler(config), clock, deadlines=config)
+        self._salts = salts or CacheSalts()
+        # False: prefill() warms nothing (partial transcripts without LLM warm-ups: an ablation)
+        self.warm_prefix = True
+        self._ids = itertools.count(1)
+        self._replying = 0  # replies whose text is being written now
+
+    def tune(self, settings: PipelineConfig) -> None:
+        """Take the calibrated settings (the first chunk's length)."""
+        self._first_chunk_words = settings.first_chunk_words
+
+    def asr_cost_ms(self, samples: int) -> float:
+        """Expected time (ms) of one ASR call on ``samples`` of 16 kHz audio."""
+        return ASR_COST_FIXED_MS + ASR_COST_MS_PER_S * samples / 16_000
+
+    def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None:
+        """``observe(engine, wait_ms, late)`` is called as each ASR/TTS job leaves its queue."""
+        for queue in (self.asr_queue, self.tts_queue):
+            queue.on_wait = functools.partial(observe, queue.name)
+
+    def forget(self, session_id: str) -> None:
+        """The session ended: the engine queues drop what their schedulers kept about it."""
+        for queue in (self.asr_queue, self.tts_queue):
+            queue.forget(session_id)
+
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        return await self._recognise(utterance, tag, prefix, optional=False)
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        """Optional work: raises ShedWork when dropped for required work."""
+        return await self._recognise(utterance, tag, prefix, optional=True)
+
+    async def _recognise(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str, optional: bool
+    ) -> str:
+        """One ASR call through the shared queue; "" for < 100 ms of audio (not a word)."""
+        if len(utterance) < 1600:
+            return ""
+        job = functools.partial(self._asr.transcribe, utterance, prefix)
+        cost_ms = self.asr_cost_ms(len(utterance))
+        return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job, optional=optional)
+
+    @property
+    def busy(self) -> bool:
+        """Required work is in progress or waiting: a reply being written, or a final
+        transcript or speech queued. Optional work (partials, prefix warm-ups, avatar frames
+        at full rate while idle) is shed while it is."""
+        queued = self.asr_queue.required_waiting + self.tts_queue.required_waiting
+        return self._replying > 0 or queued > 0
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs, and
+        it is shed (ShedWork) while a reply is being written: it would slow that reply.
+
+        With the user's turn in progress (a ``CURRENT`` entry last), an LLM that can leaves
+        that turn open (:class:`PrefillsOpenTurn`): the reply's prompt then extends the
+        warm-up's, and reuses its whole blocks. Other LLMs get the whole prompt as it is now,
+        whose blocks before the user's words are reused. Both are salted like the reply.
+        """
+        if not self.warm_prefix:
+            return 0
+        if self._replying:
+            raise ShedWork("llm: prefix warm-up shed while a reply is written")
+        rid = f"{request.session_id[:8]}-warm-{next(self._ids)}"
+        salt = self._salts.of(request)
+        open_turn = bool(request.context) and request.context[-1].cache_class is CacheClass.CURRENT
+        try:
+            messages = to_messages(request.context)
+            if open_turn and isinstance(self._llm, PrefillsOpenTurn):
+                stats = await self._llm.prefill_open(messages, rid, cache_salt=salt)
+            else:
+                stats = await self._llm.prefill(messages, rid, cache_salt=salt)
+        except Exception as exc:
+            log.warning("warm-up %s failed: %s: %s", rid, type(exc).__name__, exc)
+            return 0
+        return int(stats.cached_tokens)
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
+        cutter = FirstChunkCutter(self._splitter, self._first_chunk_words)
+        salt = self._salts.of(request)
+        stream = self._llm.stream(
+            to_messages(request.context), rid, self._max_tokens, cache_salt=salt
+        )
+        self._replying += 1
+        try:
+            async for delta in stream:
+                if trace.llm_first_token_ms is None:
+                    trace.llm_first_token_ms = self._clock.now_ms()
+                for chunk in cutter.feed(delta):
+                    if trace.first_chunk_text_ms is None:
+                        trace.first_chunk_text_ms = self._clock.now_ms()
+                    yield chunk
+            for chunk in cutter.flush():
+                if trace.first_chunk_text_ms is None:
+                    trace.first_chunk_text_ms = self._clock.now_ms()
+                yield chunk
+        finally:
+            self._replying -= 1
+            closer = getattr(stream, "aclose", None)
+            if closer is not None:
+                await closer()  # a cancelled reply aborts its request
+            stats = self._llm.last_stats(rid)
+            if stats is not None:
+                trace.cached_tokens = int(stats.cached_tokens)
+                trace.prompt_tokens = int(stats.prompt_tokens)
+
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
+        cost = TTS_COST_MS_PER_CHAR * len(text) + TTS_COST_MS_FIXED
+        job = functools.partial(self._tts.synthesize, text)
+        speech = await self.tts_queue.run(tag, Stage.TTS, cost, job)
+        words = tuple(WordTiming(w.word, w.start, max(w.start, w.end)) for w in speech.words)
+        phonemes = tuple(
+            PhonemeTiming(p, start, max(start, end)) for p, start, end in speech.phonemes
+        )
+        return SpeechAudio(np.asarray(speech.pcm, np.int16), words, phonemes)
+
+    async def warm_up(self) -> dict[str, float | None]:
+        """The engines' first calls, through their queues, before the server says ready: the
+        TTS says a short sentence, the ASR transcribes it (three times), the LLM writes a few
+        tokens. Times in ms, and what they were measured on (``tts_audio_ms``,
+        ``asr_audio_ms``, ``llm_first_token_ms``, ``llm_tokens_per_s``: the calibration's
+        inputs); a stage that fails is logged and reported as None (the server still
+        starts)."""
+        tag = JobTag(WARM_UP_SESSION, 0, lambda: SessionView(WARM_UP_SESSION, 0, 0.0, 1.0))
+        times: dict[str, float | None] = {}
+        say = functools.partial(self._tts.synthesize, WARM_UP_SPEECH)
+        speech = await self._timed(
+            times, "tts_ms", self.tts_queue.run(tag, Stage.TTS, TTS_COST_MS_FIXED, say)
+        )
+        pcm = np.zeros(16_000, np.int16)  # at least 1 s at 16 kHz, so that the ASR runs
+        if speech is not None:
+            said = resample(np.asarray(speech.pcm, np.int16), MEDIA_RATE_HZ, 16_000)
+            pcm = np.concatenate([said, pcm[len(said) :]])
+        # CTranslate2 settles only after a few calls of different lengths (measured: the first
+        # conversation's final transcript took 444 ms against 130-230 ms later)
+        half = pcm[: max(1600, len(pcm) // 2)]
+        for key, clip in (("asr_ms", pcm), ("asr_half_ms", half), ("asr_again_ms", pcm)):
+            await self._timed(times, key, self.transcribe(clip, tag))
+        times["asr_audio_ms"] = len(pcm) / 16
+        times["tts_audio_ms"] = None if speech is None else len(speech.pcm) / (MEDIA_RATE_HZ / 1000)
+        await self._timed(times, "llm_ms", self._drain(WARM_UP_MESSAGES, 4))
+        # the second request: the engine's steady speed (first token, then tokens a second)
+        rate = await self._timed(times, "llm_again_ms", self._drain(WARM_UP_MESSAGES, 16))
+        times["llm_first_token_ms"], times["llm_tokens_per_s"] = rate or (None, None)
+        self.forget(WARM_UP_SESSION)
+        return times
+
+    async def _timed(
+        self, times: dict[str, float | None], key: str, call: Awaitable[T]
+    ) -> T | None:
+        """Await a warm-up call; its time (ms) goes to ``times[key]``, or None if it failed."""
+        started = self._clock.now_ms()
+        try:
+            result = await call
+        except Exception as exc:
+            log.warning("warm-up %s failed: %s: %s", key, type(exc).__name__, exc)
+            times[key] = None
+            return None
+        times[key] = self._clock.now_ms() - started
+        return result
+
+    async def _drain(
+        self, messages: Sequence[Message], max_tokens: int
+    ) -> tuple[float, float | None]:
+        """One LLM request of the warm-up, its text read and dropped. Returns the time to its
+        first text (ms) and the text pieces a second after that (None: only one piece)."""
+        started = self._clock.now_ms()
+        first: float | None = None
+        pieces = 0
+        salt = self._salts.internal(WARM_UP_SESSION)
+        async for _ in self._llm.stream(messages, WARM_UP_SESSION, max_tokens, cache_salt=salt):
+            first = self._clock.now_ms() if first is None else first
+            pieces += 1
+        if first is None:
+            raise LlmWarmUpEmpty("the LLM wrote nothing")
+        rest_ms = self._clock.now_ms() - first
+        rate = (pieces - 1) / rest_ms * 1000 if pieces > 1 and rest_ms > 0 else None
+        return first - started, rate
+
+    async def close(self) -> None:
+        await self._llm.close()
+        await self.asr_queue.close()
+        await self.tts_queue.close()

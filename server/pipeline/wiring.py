@@ -1,0 +1,126 @@
+"""The composition root: the one module in ``server/`` that names model backends.
+
+Everything else in ``server/`` talks to engines through Protocols (``TurnDetector``'s gate and
+confirmer, ``TurnPipeline``, ``VoicePipeline``'s ASR/LLM/TTS seams).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from server.avatar.seam import AvatarRenderer
+from server.config import Config
+from server.errors import ConfigError
+from server.pipeline.cpuplan import this_process_plan
+from server.pipeline.turn_detector import TurnDetector
+from server.pipeline.voice import VoicePipeline
+from server.vision.sampling import VisionModel
+
+if TYPE_CHECKING:
+    from models.llm import RemoteOptions
+
+log = logging.getLogger(__name__)
+
+
+def avatar_renderer(config: Config) -> AvatarRenderer:
+    """The procedural 2D avatar (numpy/Pillow) at the configured video size."""
+    from models.avatar import ProceduralAvatar
+
+    tc = config.transport
+    log.info("loading avatar renderer (%dx%d)", tc.video_width, tc.video_height)
+    renderer = ProceduralAvatar(tc.video_width, tc.video_height)
+    log.info("avatar appearances: %s", ", ".join(renderer.appearances))
+    return renderer
+
+
+def vision_model(config: Config) -> VisionModel:
+    """Face detection with OpenCV's bundled Haar cascade (one per process, thread-safe)."""
+    from models.vision import HaarFaceDetector
+
+    log.info("loading face detector (OpenCV Haar cascade)")
+    return HaarFaceDetector(max_side=config.vision.max_side)
+
+
+def detector_factory(config: Config) -> Callable[[], TurnDetector]:
+    """One turn detector per session: webrtcvad gate + Silero (one shared ONNX model)."""
+    from models.vad import SileroModel, WebRtcGate
+
+    silero = SileroModel()
+    vad = config.vad
+
+    def make() -> TurnDetector:
+        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad)
+
+    return make
+
+
+def remote_options(config: Config) -> RemoteOptions:
+    """The remote LLM's settings (``pipeline.llm_remote_*``); the model name is required."""
+    from models.llm import RemoteOptions
+
+    pc = config.pipeline
+    if not pc.llm_remote_urls:
+        raise ConfigError("pipeline.llm_remote_urls: no remote LLM configured")
+    if not pc.llm_remote_model:
+        raise ConfigError("pipeline.llm_remote_model: required with pipeline.llm_remote_urls")
+    first, *more = pc.llm_remote_urls
+    return RemoteOptions(
+        base_url=first,
+        model=pc.llm_remote_model,
+        more_urls=tuple(more),
+        api_key=pc.llm_remote_api_key or None,
+        connect_timeout_s=pc.llm_remote_connect_timeout_s,
+        first_token_timeout_s=pc.llm_remote_first_token_timeout_s,
+        read_timeout_s=pc.llm_remote_read_timeout_s,
+    )
+
+
+async def voice_pipeline(config: Config) -> VoicePipeline:
+    """The embedded defaults: Whisper tiny.en, vLLM (SmolLM2-135M-Instruct or the configured
+    model / remote server), Piper with the joe voice."""
+    from models.asr import WhisperAsr
+    from models.llm import RemoteVllm, VllmEngine, VllmOptions
+    from models.prepare import default_llm_dir, is_prepared
+    from models.tts import PiperTts, split_sentences
+
+    pc = config.pipeline
+    started = time.monotonic()
+    plan = this_process_plan(pc.asr_threads, pc.tts_threads)
+    log.info("CPU plan: %s", plan.describe())
+    log.info("loading speech recogniser (Whisper tiny.en, %s window)", pc.asr_window)
+    asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
+    log.info("loading speech synthesiser (Piper, joe)")
+    tts = PiperTts(threads=plan.tts_threads)
+    llm: VllmEngine | RemoteVllm
+    if pc.llm_remote_urls:
+        llm = RemoteVllm(remote_options(config))
+        urls = ", ".join(pc.llm_remote_urls)
+        log.info("LLM: remote vLLM at %s (model %s)", urls, pc.llm_remote_model)
+    else:
+        model_dir = Path(pc.llm_model) if pc.llm_model else default_llm_dir()
+        if not pc.llm_model and not is_prepared(model_dir):
+            raise ConfigError(
+                f"pipeline.llm_model: the default model is not prepared at {model_dir};"
+                " run: .venv/bin/python -m models.prepare"
+            )
+        if not (model_dir / "config.json").is_file():
+            raise ConfigError(f"pipeline.llm_model: no Hugging Face model folder at {model_dir}")
+        log.info("loading LLM from %s with vLLM (takes ~30 s on CPU)", model_dir)
+        options = VllmOptions(
+            kv_cache_gib=max(1, round(pc.llm_kv_cache_gib)), omp_bind=plan.llm_bind
+        )
+        llm = await VllmEngine.start(model_dir, options)
+    log.info("voice pipeline ready in %.1f s", time.monotonic() - started)
+    return VoicePipeline(
+        asr,
+        llm,
+        tts,
+        split_sentences,
+        max_tokens=pc.llm_max_tokens,
+        first_chunk_words=pc.first_chunk_words,
+        scheduler_config=config.scheduler,
+    )

@@ -1,0 +1,200 @@
+"""The ``events`` data channel: client events parsed and validated into typed values.
+
+Client -> server (JSON objects with a ``type``):
+- ``session.update``: ``{"session": {"persona"?, "voice"?, "appearance"?}}``
+- ``response.cancel``: stop the reply now, keep what was heard
+- ``conversation.item.create``: typed user text, ``{"item": {"type": "message", "role": "user",
+  "content": [{"type": "input_text", "text": "..."}]}}`` or the short ``{"text": "..."}``
+- ``playback.ack``: ``{"played_ms": <ms of agent audio the client has played>}``
+An optional ``event_id`` (string, at most MAX_EVENT_ID_CHARS) is echoed in the ``error`` event
+answering a bad event.
+
+Hostile input is one ProtocolError like any other: nesting deeper than MAX_DEPTH (or deep
+enough to exhaust the JSON parser's recursion), a text message that was not UTF-8 (handed on
+as UndecodableText by the data-channel guard in server/rtc/settings.py). An error message quotes a
+client value cut to MAX_QUOTED_CHARS and is at most MAX_ERROR_MESSAGE_CHARS long.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from server.errors import RuntimeErrorBase
+
+MAX_TEXT_CHARS = 2000
+MAX_DEPTH = 32  # nesting levels of arrays and objects in one event
+MAX_EVENT_ID_CHARS = 64
+MAX_QUOTED_CHARS = 64  # of a client value quoted in an error message
+MAX_ERROR_MESSAGE_CHARS = 256
+ELLIPSIS = "..."
+
+
+class UndecodableText(bytes):
+    """A text (WebRTC String) data-channel message whose bytes are not UTF-8, as received."""
+
+
+def quoted(value: object) -> str:
+    """A client value for an error message: a string's ``repr`` cut to MAX_QUOTED_CHARS
+    characters (never echoed at length), any other value's type name."""
+    text = repr(value) if isinstance(value, str) else f"<{type(value).__name__}>"
+    if len(text) <= MAX_QUOTED_CHARS:
+        return text
+    return text[: MAX_QUOTED_CHARS - len(ELLIPSIS)] + ELLIPSIS
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    return message[: MAX_ERROR_MESSAGE_CHARS - len(ELLIPSIS)] + ELLIPSIS
+
+
+def error_event(kind: str, code: str, message: str, event_id: str | None = None) -> dict[str, Any]:
+    """An ``error`` event; ``kind`` (``error.type``) says whose fault it was: the client's
+    (``invalid_request_error``) or the server's (``server_error``). ``message`` is cut to
+    MAX_ERROR_MESSAGE_CHARS, whatever it quotes."""
+    error: dict[str, Any] = {"type": kind, "code": code, "message": _bounded(message)}
+    if event_id is not None:
+        error["event_id"] = event_id
+    return {"type": "error", "error": error}
+
+
+class ProtocolError(RuntimeErrorBase):
+    """A client event that cannot be accepted; nothing was changed."""
+
+    def __init__(self, code: str, message: str, event_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.event_id = event_id
+
+    def to_event(self) -> dict[str, Any]:
+        return error_event("invalid_request_error", self.code, self.message, self.event_id)
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    changes: dict[str, object]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseCancel:
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TextInput:
+    text: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PlaybackAck:
+    played_ms: float
+    event_id: str | None = None
+
+
+ClientEvent = SessionUpdate | ResponseCancel | TextInput | PlaybackAck
+
+
+def _text_of(data: dict[str, Any], event_id: str | None) -> str:
+    if "text" in data:
+        text = data["text"]
+    else:
+        item = data.get("item")
+        content = item.get("content") if isinstance(item, dict) else None
+        if not (isinstance(content, list) and content and isinstance(content[0], dict)):
+            raise ProtocolError(
+                "invalid_item", "conversation.item.create needs item.content[0].text", event_id
+            )
+        if isinstance(item, dict) and item.get("role", "user") != "user":
+            raise ProtocolError("invalid_item", "only user items can be created", event_id)
+        text = content[0].get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ProtocolError("invalid_item", "text must be a non-empty string", event_id)
+    if len(text) > MAX_TEXT_CHARS:
+        raise ProtocolError("invalid_item", f"text longer than {MAX_TEXT_CHARS} chars", event_id)
+    return text.strip()
+
+
+def _too_deep(data: object, limit: int) -> bool:
+    """Whether ``data`` (parsed JSON) nests arrays and objects more than ``limit`` levels deep;
+    iterative, so no depth exhausts the stack."""
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[object] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def parse_client_event(raw: str | bytes, max_bytes: int) -> ClientEvent:
+    """Parse one data-channel message (``max_bytes``: its largest size in bytes); raises
+    ProtocolError with a code and a clear message, whatever the message holds."""
+    size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise ProtocolError("message_too_large", f"event of {size} bytes exceeds {max_bytes}")
+    if isinstance(raw, UndecodableText):
+        raise ProtocolError("invalid_utf8", "a text message must be valid UTF-8")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("invalid_json", "event is not valid JSON") from None
+    except RecursionError:
+        raise ProtocolError(
+            "invalid_json", f"event nested deeper than {MAX_DEPTH} levels"
+        ) from None
+    if not isinstance(data, dict):
+        raise ProtocolError("invalid_event", "event must be a JSON object")
+    if _too_deep(data, MAX_DEPTH):
+        raise ProtocolError("invalid_event", f"event nested deeper than {MAX_DEPTH} levels")
+    event_id = data.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ProtocolError("invalid_event", "event_id must be a string")
+    if event_id is not None and len(event_id) > MAX_EVENT_ID_CHARS:
+        raise ProtocolError(
+            "invalid_event", f"event_id longer than {MAX_EVENT_ID_CHARS} characters"
+        )
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("invalid_event", "event needs a string 'type'", event_id)
+    if kind == "session.update":
+        session = data.get("session")
+        if not isinstance(session, dict):
+            raise ProtocolError(
+                "invalid_event", "session.update needs a 'session' object", event_id
+            )
+        for key in session:  # no field name is this long; the session would quote it in full
+            if len(key) > MAX_QUOTED_CHARS:
+                raise ProtocolError(
+                    "invalid_session_update",
+                    f"session.update: unknown field {quoted(key)}",
+                    event_id,
+                )
+        return SessionUpdate(dict(session), event_id)
+    if kind == "response.cancel":
+        return ResponseCancel(event_id)
+    if kind == "conversation.item.create":
+        return TextInput(_text_of(data, event_id), event_id)
+    if kind == "playback.ack":
+        played = data.get("played_ms")
+        if (
+            isinstance(played, bool)
+            or not isinstance(played, int | float)
+            or not math.isfinite(played)
+            or played < 0
+        ):
+            raise ProtocolError("invalid_event", "played_ms must be a number >= 0", event_id)
+        return PlaybackAck(float(played), event_id)
+    raise ProtocolError("unknown_event", f"unknown event type {quoted(kind)}", event_id)

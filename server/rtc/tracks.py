@@ -1,0 +1,117 @@
+"""Outbound tracks paced by the session media clock (aiortc does not pace: tracks must sleep).
+
+Audio: 20 ms frames of 48 kHz mono s16, pts in samples (time base 1/48000). Video: a fixed
+frame rate, pts on the 90 kHz clock. Frame k of either track is due at ``t0 + k * duration`` of
+one shared clock, so the picture for time t goes out with the audio for time t. A track never
+waits on the buffer: on underrun it sends silence / the idle frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+import av
+import numpy as np
+import numpy.typing as npt
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from server.runtime.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, VIDEO_TIME_BASE
+
+PCM = npt.NDArray[np.int16]
+
+
+class MediaClock:
+    """The session media clock: time 0 is when the first outbound frame is asked for (s)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self._t0: float | None = None
+
+    def start(self) -> float:
+        if self._t0 is None:
+            self._t0 = self._now()
+        return self._t0
+
+    def now(self) -> float:
+        """Seconds on the clock (starts it if needed)."""
+        return self._now() - self.start()
+
+    def peek_ms(self) -> float | None:
+        """Milliseconds on the clock, or None before the outbound tracks started it."""
+        return None if self._t0 is None else (self._now() - self._t0) * 1000
+
+    async def wait_until(self, media_s: float) -> float:
+        """Sleep until media time ``media_s``; returns how late (s) we woke (0 if early)."""
+        delay = media_s - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return max(0.0, self.now() - media_s)
+
+
+class AudioSource(Protocol):
+    def __call__(self, n: int) -> PCM: ...
+
+
+class PacedAudioTrack(MediaStreamTrack):
+    """Pulls ``FRAME_SAMPLES`` from ``source`` every 20 ms of media time."""
+
+    kind = "audio"
+
+    def __init__(
+        self,
+        clock: MediaClock,
+        source: AudioSource,
+        on_sent: Callable[[int, float, PCM], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._source = source
+        self._on_sent = on_sent
+        self._pts = 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        lateness = await self._clock.wait_until(self._pts / MEDIA_RATE_HZ)
+        pcm = self._source(FRAME_SAMPLES)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = MEDIA_RATE_HZ
+        frame.pts = self._pts
+        frame.time_base = AUDIO_TIME_BASE
+        if self._on_sent is not None:
+            self._on_sent(self._pts, lateness, pcm)
+        self._pts += FRAME_SAMPLES
+        return frame
+
+
+class FrameSource(Protocol):
+    """The picture for media time ``media_ms`` (may render off the event loop)."""
+
+    async def __call__(self, media_ms: float) -> av.VideoFrame: ...
+
+
+class PacedVideoTrack(MediaStreamTrack):
+    """Asks ``source`` for the picture of media time t at ``fps`` frames a second."""
+
+    kind = "video"
+
+    def __init__(self, clock: MediaClock, source: FrameSource, fps: int) -> None:
+        super().__init__()
+        self._clock = clock
+        self._source = source
+        self._ticks = 90_000 // fps
+        self._pts = 0
+
+    async def recv(self) -> av.VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        media_s = float(self._pts * VIDEO_TIME_BASE)
+        await self._clock.wait_until(media_s)
+        frame = await self._source(media_s * 1000)
+        frame.pts = self._pts
+        frame.time_base = VIDEO_TIME_BASE
+        self._pts += self._ticks
+        return frame

@@ -1,0 +1,541 @@
+"""The session runtime: epoch, cursors, turn state, chunks, history, playback. No I/O.
+
+Everything that changes a session goes through a method here, so the rules (stale epochs are
+dropped, history holds only what was played, conditions change at chunk boundaries) live in one
+place. Time comes from the injected clock; media positions are samples at 48 kHz.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from server.clock import Clock
+from server.config import RuntimeConfig
+from server.errors import InvalidTransition, UnknownChunk
+from server.runtime.chunk import (
+    Chunk,
+    ChunkState,
+    PhonemeTiming,
+    StageMessage,
+    WordTiming,
+    transition_chunk,
+)
+from server.runtime.conditions import ConditionQueue, Conditions
+from server.runtime.events import (
+    ConditionsApplied,
+    ItemTruncated,
+    ResponseCreated,
+    ResponseDone,
+    SessionEvent,
+    SpeechStarted,
+    SpeechStopped,
+    TurnTimedOut,
+)
+from server.runtime.history import History, TokenCounter, Turn, approx_tokens
+from server.runtime.media import ms_to_samples, samples_to_ms
+from server.runtime.playback import PCM, PlaybackBuffer, Pull
+from server.runtime.session_view import SessionView
+from server.runtime.stage import Stage
+from server.runtime.turn import TurnDeadlines, TurnMachine, TurnState
+
+log = logging.getLogger(__name__)
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class Cursors:
+    """The four cursors, in samples at 48 kHz on the session media clock."""
+
+    heard_until: int
+    prefilled_until: int
+    generation_cursor: int
+    playback_cursor: int
+
+
+@dataclass(frozen=True)
+class ChunkAudio:
+    """A piece of a chunk's synthesized audio (int16 mono 48 kHz).
+
+    ``words``, ``phonemes``: timings relative to the chunk's first sample, if the TTS gives
+    them (phonemes drive the avatar's mouth).
+    ``final``: this is the chunk's last piece.
+    """
+
+    pcm: PCM
+    words: tuple[WordTiming, ...] = ()
+    phonemes: tuple[PhonemeTiming, ...] = ()
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """A turn state past its deadline: ``stage`` is what it was waiting for (``speech``: the
+    user's own turn; ``asr``, ``llm``, ``tts``: an engine; ``playback``: the reply playing)."""
+
+    state: TurnState
+    stage: str
+    waited_ms: float
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    """What a bump did: the epochs, discarded chunks, and the chunk cut mid-play (if any)."""
+
+    old_epoch: int
+    new_epoch: int
+    reason: str
+    discarded: tuple[int, ...]
+    truncated: ItemTruncated | None
+    flushed_samples: int
+
+
+def heard_prefix(chunk: Chunk, played: int) -> str:
+    """The text of ``chunk`` the user heard after ``played`` samples of it.
+
+    With word timings: the words whose audio ended by then. Without: the share of characters
+    equal to the share of audio played, cut back to a whole word.
+    """
+    if chunk.audio_complete and played >= chunk.duration:
+        return chunk.text
+    if chunk.words:
+        return " ".join(w.word for w in chunk.words if w.end <= played)
+    if chunk.duration <= 0 or played <= 0:
+        return ""
+    limit = int(len(chunk.text) * min(1.0, played / chunk.duration))
+    words: list[str] = []
+    pos = 0
+    for word in chunk.text.split():
+        end = chunk.text.index(word, pos) + len(word)
+        if end > limit:
+            break
+        words.append(word)
+        pos = end
+    return " ".join(words)
+
+
+class Session:
+    """One connected peer's conversation state."""
+
+    def __init__(
+        self,
+        session_id: str,
+        config: RuntimeConfig,
+        clock: Clock,
+        count_tokens: TokenCounter = approx_tokens,
+        choices: Mapping[str, Collection[str]] | None = None,
+    ) -> None:
+        """``choices``: the values a condition may take (e.g. the renderer's appearances)."""
+        self.session_id = session_id
+        self.config = config
+        self.clock = clock
+        self.epoch = 0
+        self.turn = TurnMachine(
+            session_id,
+            clock,
+            TurnDeadlines(
+                config.user_speaking_timeout_ms,
+                config.thinking_timeout_ms,
+                config.agent_speaking_timeout_ms,
+            ),
+        )
+        self.history = History(config.persona, config.max_history_turns, count_tokens)
+        self.playback: PlaybackBuffer[Any] = PlaybackBuffer(
+            ms_to_samples(config.lookahead_budget_ms), ms_to_samples(config.fade_ms)
+        )
+        self.stale_dropped: Counter[Stage] = Counter()
+        self._conditions = ConditionQueue(
+            Conditions(config.persona, config.voice, config.appearance), choices
+        )
+        self._chunks: dict[int, Chunk] = {}
+        self._next_chunk_id = 1
+        self._heard_until = 0
+        self._prefilled_until = 0
+        self._response_epoch: int | None = None
+        self._generation_done = False
+        self._turn_ended_ms: float | None = None
+        self._events: deque[SessionEvent] = deque()
+        self._status = "completed"
+        self.acked_playback_ms = 0.0
+
+    # --- read-only views ------------------------------------------------------------------
+    @property
+    def state(self) -> TurnState:
+        return self.turn.state
+
+    @property
+    def conditions(self) -> Conditions:
+        return self._conditions.current
+
+    @property
+    def cursors(self) -> Cursors:
+        return Cursors(
+            self._heard_until,
+            self._prefilled_until,
+            self.playback.generation_cursor,
+            self.playback.playback_cursor,
+        )
+
+    def chunk(self, chunk_id: int) -> Chunk:
+        try:
+            return self._chunks[chunk_id]
+        except KeyError:
+            raise UnknownChunk(f"session {self.session_id[:8]}: no chunk {chunk_id}") from None
+
+    def pending_chunks(self) -> tuple[Chunk, ...]:
+        return tuple(c for c in self._chunks.values() if c.state is ChunkState.PENDING)
+
+    def drain_events(self) -> list[SessionEvent]:
+        """Events produced since the last call, oldest first."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def view(self) -> SessionView:
+        """What the scheduler needs to know about this session now."""
+        waiting = self._turn_ended_ms if self.state is TurnState.THINKING else None
+        return SessionView(
+            session_id=self.session_id,
+            epoch=self.epoch,
+            slack_ms=self.playback.slack_ms,
+            budget_ms=float(self.config.lookahead_budget_ms),
+            waiting_since_ms=waiting,
+        )
+
+    # --- input side -----------------------------------------------------------------------
+    def advance_heard(self, samples: int) -> None:
+        """``samples`` more input (48 kHz samples) has been received."""
+        if samples < 0:
+            raise ValueError("heard_until only grows")
+        self._heard_until += samples
+
+    def advance_prefilled(self, until: int) -> None:
+        """Input up to ``until`` (samples) has been pushed into the model."""
+        if until < self._prefilled_until or until > self._heard_until:
+            raise ValueError(
+                f"prefilled_until must stay within [{self._prefilled_until}, {self._heard_until}],"
+                f" got {until}"
+            )
+        self._prefilled_until = until
+
+    def speech_started(self, at_ms: float | None = None) -> BargeIn | None:
+        """The VAD heard the user start speaking (``at_ms`` on the input timeline); over a
+        response this is a barge-in."""
+        barge: BargeIn | None = None
+        if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            barge = self.bump_epoch("barge-in: user speech", TurnState.USER_SPEAKING)
+        elif self.state is TurnState.LISTENING:
+            self.history.start_user_turn()
+            self.turn.to(TurnState.USER_SPEAKING, "speech started")
+        start = samples_to_ms(self._heard_until) if at_ms is None else at_ms
+        self._events.append(SpeechStarted(start))
+        return barge
+
+    def set_user_transcript(self, text: str) -> None:
+        """Latest partial transcript of the user's turn in progress."""
+        self.history.set_user_text(text)
+
+    def speech_stopped(self, at_ms: float | None = None) -> None:
+        """End of the user's turn (VAD silence from ``at_ms``); the agent starts thinking."""
+        if self.state is not TurnState.USER_SPEAKING:
+            raise InvalidTransition(f"speech stopped while {self.state.value}")
+        self.turn.to(TurnState.THINKING, "end of turn")
+        self._turn_ended_ms = self.clock.now_ms()
+        end = samples_to_ms(self._heard_until) if at_ms is None else at_ms
+        self._events.append(SpeechStopped(end))
+
+    def commit_user_turn(self, final_text: str) -> Turn | None:
+        """The final transcript of the ended turn; empty text means it was no turn at all."""
+        self.history.set_user_text(final_text)
+        turn = self.history.end_user_turn(self.epoch)
+        if turn is None and self.state is TurnState.THINKING:
+            self.turn.to(TurnState.LISTENING, "empty transcript")
+        return turn
+
+    def submit_text(self, text: str) -> tuple[Turn | None, BargeIn | None]:
+        """Typed user text (``conversation.item.create``): a whole turn at once. It always gets
+        through: over a reply it interrupts like speech; over the user's own spoken turn it
+        takes that turn's place."""
+        if not text.strip():
+            raise ValueError("typed text is empty")
+        barge = None
+        if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            barge = self.bump_epoch("barge-in: typed text", TurnState.THINKING)
+        elif self.state is TurnState.USER_SPEAKING:
+            # the typed message supersedes the spoken turn in progress (it is not transcribed)
+            self.turn.to(TurnState.THINKING, "typed text supersedes speech")
+        else:
+            self.turn.to(TurnState.THINKING, "typed text")
+        self._turn_ended_ms = self.clock.now_ms()
+        self.history.set_user_text(text)
+        return self.history.end_user_turn(self.epoch), barge
+
+    def cancel_response(self) -> BargeIn | None:
+        """``response.cancel`` from the client: stop the reply, keep what was heard."""
+        if self.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            return None
+        return self.bump_epoch("response.cancel", TurnState.LISTENING)
+
+    def ack_playback(self, played_ms: float) -> float:
+        """The client reports how much output it has played (ms of the output timeline).
+
+        Never beyond what was sent; never backwards. Returns the acknowledged position.
+        """
+        sent_ms = samples_to_ms(self.playback.playback_cursor)
+        self.acked_playback_ms = max(self.acked_playback_ms, min(played_ms, sent_ms))
+        return self.acked_playback_ms
+
+    # --- liveness ---------------------------------------------------------------------------
+    def overdue(self) -> Overdue | None:
+        """The current turn state if it is past its deadline (see server/runtime/turn.py), with the
+        stage it is waiting for; None while every deadline holds."""
+        waited = self.turn.overdue()
+        if waited is None:
+            return None
+        return Overdue(self.state, self._waiting_for(), waited)
+
+    def _waiting_for(self) -> str:
+        """What the turn in progress waits for, read from the reply's state."""
+        if self.state is TurnState.USER_SPEAKING:
+            return "speech"
+        if self._response_epoch is None:  # no reply yet: the final transcript
+            return "asr" if self.state is TurnState.THINKING else "playback"
+        chunks = [c for c in self._chunks.values() if c.epoch == self._response_epoch]
+        if self._generation_done:
+            return "playback"
+        if chunks and chunks[-1].state is ChunkState.PENDING and chunks[-1].duration == 0:
+            return "tts"  # the newest chunk's text is there, its speech is not
+        return "llm"
+
+    def time_out(self, overdue: Overdue) -> BargeIn:
+        """End a THINKING or AGENT_SPEAKING turn that passed its deadline: the reply stops as
+        at an interruption (what was heard stays in history; ``response.done`` says failed),
+        the client gets an ``error`` (code ``timeout``) naming the late stage, and the session
+        listens again. A USER_SPEAKING turn ends instead as at a pause (the peer's job)."""
+        if overdue.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            raise InvalidTransition(f"time_out of a {overdue.state.value} turn")
+        self._events.append(TurnTimedOut(self.epoch, overdue.state.value, overdue.stage))
+        if overdue.stage == "asr":
+            self.history.start_user_turn()  # never transcribed: the turn is dropped
+        return self.bump_epoch(f"timeout: {overdue.stage}", TurnState.LISTENING, "failed")
+
+    # --- epochs -----------------------------------------------------------------------------
+    def bump_epoch(
+        self,
+        reason: str,
+        next_state: TurnState = TurnState.USER_SPEAKING,
+        status: str = "cancelled",
+    ) -> BargeIn:
+        """An interruption (speech, typed text, cancel, a missed turn deadline): start a new
+        epoch. Unplayed chunks are discarded, the chunk being played is committed up to what
+        was heard, queued output is flushed, and older-epoch messages are dropped from now on.
+        ``status``: of the ``response.done`` sent for a reply in progress."""
+        old = self.epoch
+        self.epoch += 1
+        flushed = self.playback.flush(self.epoch)
+        discarded: list[int] = []
+        truncated: ItemTruncated | None = None
+        for chunk in self.pending_chunks():
+            if chunk.played > 0:
+                text = heard_prefix(chunk, chunk.played)
+                self._commit(chunk, text, truncated=True)
+                truncated = ItemTruncated(old, chunk.chunk_id, samples_to_ms(chunk.played), text)
+                self._events.append(truncated)
+            else:
+                self._set_chunk(transition_chunk(chunk, ChunkState.DISCARDED))
+                discarded.append(chunk.chunk_id)
+        if self._response_epoch is not None:
+            self._events.append(ResponseDone(self._response_epoch, status))
+        self._response_epoch = None
+        self._generation_done = False
+        self._forget_settled()
+        if next_state is TurnState.USER_SPEAKING:
+            self.history.start_user_turn()
+        self.turn.to(next_state, reason)
+        log.info(
+            "session %s epoch %d -> %d (%s): %d chunks discarded, %.0f ms flushed",
+            self.session_id[:8],
+            old,
+            self.epoch,
+            reason,
+            len(discarded),
+            samples_to_ms(flushed),
+        )
+        return BargeIn(old, self.epoch, reason, tuple(discarded), truncated, flushed)
+
+    def accept(self, msg: StageMessage[Any]) -> bool:
+        """Stage-message gate: False (and counted) for an older epoch's message."""
+        if msg.epoch < self.epoch:
+            self.stale_dropped[msg.stage] += 1
+            return False
+        if msg.epoch > self.epoch:
+            raise ValueError(f"message of future epoch {msg.epoch} (session at {self.epoch})")
+        return True
+
+    def message(self, chunk: Chunk, stage: Stage, payload: P) -> StageMessage[P]:
+        """A stage message for ``chunk`` carrying ``payload``."""
+        return StageMessage(
+            self.session_id, chunk.chunk_id, chunk.epoch, stage, chunk.conditions_version, payload
+        )
+
+    # --- output side ----------------------------------------------------------------------
+    def request_update(self, changes: dict[str, object]) -> None:
+        """``session.update``: queued, applied at the next chunk boundary. Invalid: no change."""
+        self._conditions.request(changes)
+        self._apply_conditions_if_idle()
+
+    def observe_presence(self, note: str) -> None:
+        """Vision's note on the user (present / stepped away): applied at the next boundary."""
+        self._conditions.observe(note)
+        self._apply_conditions_if_idle()
+
+    def start_response(self, epoch: int) -> bool:
+        """Generation of a reply for ``epoch`` begins; False if that epoch is already stale."""
+        if epoch != self.epoch or self.state is not TurnState.THINKING:
+            return False
+        self._response_epoch = epoch
+        self._generation_done = False
+        self._status = "completed"
+        self.playback.begin_response(epoch)
+        self._events.append(ResponseCreated(epoch))
+        return True
+
+    def open_chunk(self, epoch: int, text: str) -> Chunk | None:
+        """A chunk boundary: queued condition updates apply, then a new chunk is opened.
+
+        Returns None (and counts a stale LLM message) for an older epoch.
+        """
+        if epoch < self.epoch:
+            self.stale_dropped[Stage.LLM] += 1
+            return None
+        if epoch != self._response_epoch:
+            raise InvalidTransition(f"open_chunk for epoch {epoch} without start_response")
+        conditions = self._apply_conditions()
+        chunk = Chunk(self._next_chunk_id, epoch, text.strip(), conditions.version)
+        self._next_chunk_id += 1
+        self._chunks[chunk.chunk_id] = chunk
+        return chunk
+
+    def deliver_audio(self, msg: StageMessage[ChunkAudio]) -> int | None:
+        """Queue a chunk's audio within the lookahead budget.
+
+        Returns the number of samples accepted (a prefix: deliver the rest later), or None when
+        the message is stale and was dropped.
+        """
+        if not self.accept(msg):
+            return None
+        chunk = self.chunk(msg.chunk_id)
+        audio = msg.payload
+        accepted = self.playback.push_audio(chunk.chunk_id, msg.epoch, audio.pcm)
+        complete = audio.final and accepted == len(audio.pcm)
+        self._set_chunk(
+            replace(
+                chunk,
+                duration=chunk.duration + accepted,
+                audio_complete=complete,
+                words=audio.words or chunk.words,
+                phonemes=audio.phonemes or chunk.phonemes,
+            )
+        )
+        self._maybe_end_stream()
+        return accepted
+
+    def deliver_video(self, msg: StageMessage[Any], offset: int) -> bool:
+        """Queue a video frame shown from ``offset`` samples into its chunk; False if refused."""
+        if not self.accept(msg):
+            return False
+        return self.playback.push_video(msg.chunk_id, msg.epoch, offset, msg.payload)
+
+    def finish_response(self, epoch: int, status: str = "completed") -> None:
+        """The generator has no more chunks for ``epoch`` (``status``: completed or failed).
+
+        What is already buffered still plays; the turn returns to listening after it. A turn
+        that never got a response (e.g. its engine failed first) returns to listening now.
+        """
+        if epoch != self.epoch:
+            return
+        if self._response_epoch is None:
+            if self.state is TurnState.THINKING:
+                self._events.append(ResponseDone(epoch, status))
+                self.turn.to(TurnState.LISTENING, f"no reply ({status})")
+            return
+        self._status = status
+        self._generation_done = True
+        for chunk in self.pending_chunks():
+            if chunk.audio_complete:
+                continue
+            if chunk.duration == 0:  # its audio never came (e.g. the engine failed)
+                self._set_chunk(transition_chunk(chunk, ChunkState.DISCARDED))
+            else:  # what was delivered is all there will be
+                self._set_chunk(replace(chunk, audio_complete=True))
+        self._maybe_end_stream()
+        self._maybe_finish()
+
+    def pull_audio(self, n: int) -> Pull:
+        """The outbound track takes ``n`` samples; played chunks are committed to history."""
+        pulled = self.playback.pull(n)
+        for span in pulled.spans:
+            chunk = self._chunks.get(span.chunk_id)
+            if chunk is None or chunk.state is not ChunkState.PENDING:
+                continue
+            chunk = replace(chunk, played=max(chunk.played, span.start + span.samples))
+            self._set_chunk(chunk)
+            if self.state is TurnState.THINKING:
+                self.turn.to(TurnState.AGENT_SPEAKING, "first audio played")
+            if chunk.audio_complete and chunk.played >= chunk.duration:
+                self._commit(chunk, chunk.text, truncated=False)
+                self.playback.forget_chunk(chunk.chunk_id)
+        self._maybe_finish()
+        return pulled
+
+    # --- internals --------------------------------------------------------------------------
+    def _set_chunk(self, chunk: Chunk) -> None:
+        self._chunks[chunk.chunk_id] = chunk
+
+    def _commit(self, chunk: Chunk, text: str, truncated: bool) -> None:
+        self._set_chunk(transition_chunk(chunk, ChunkState.COMMITTED, heard_text=text))
+        self.history.commit_agent_text(chunk.epoch, text, truncated)
+
+    def _apply_conditions(self) -> Conditions:
+        before = self._conditions.current.version
+        now = self._conditions.at_boundary()
+        if now.version != before:
+            self.history.set_anchor(now.anchor())
+            self._events.append(
+                ConditionsApplied(now.version, now.persona, now.voice, now.appearance, now.presence)
+            )
+        return now
+
+    def _apply_conditions_if_idle(self) -> None:
+        """No chunk in flight: this is a boundary, so queued changes apply now."""
+        if not self.pending_chunks():
+            self._apply_conditions()
+
+    def _maybe_end_stream(self) -> None:
+        if (
+            self._response_epoch is not None
+            and self._generation_done
+            and all(c.audio_complete for c in self.pending_chunks())
+        ):
+            self.playback.end_response(self._response_epoch)
+
+    def _maybe_finish(self) -> None:
+        """When the reply is generated and every chunk played: response done, listen again."""
+        if self._response_epoch is None or not self._generation_done or self.pending_chunks():
+            return
+        epoch, self._response_epoch = self._response_epoch, None
+        self._generation_done = False
+        self._events.append(ResponseDone(epoch, self._status))
+        self._forget_settled()
+        if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            self.turn.to(TurnState.LISTENING, "reply played out")
+        if self._conditions.pending:
+            self._apply_conditions()
+
+    def _forget_settled(self) -> None:
+        """Drop committed/discarded chunks; history already holds what they contributed."""
+        self._chunks = {k: c for k, c in self._chunks.items() if c.state is ChunkState.PENDING}

@@ -1,0 +1,1 @@
+"""The vision stage: the client's camera sampled into the vision model."""
