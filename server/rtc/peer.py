@@ -31,13 +31,7 @@ from server.avatar.seam import AvatarRenderer
 from server.avatar.video import AvatarVideo
 from server.clock import Clock, MonotonicClock
 from server.config import Config
-from server.errors import InvalidConditionUpdate, InvalidTransition
-from server.metrics import Metrics, quantile
-from server.owner import NO_OWNER
-from server.pipeline.seams import ReplyRequest, ReportsLoad, SessionScoped, TurnPipeline, TurnTrace
-from server.pipeline.turn_detector import PAUSE_MS, TurnDetector, VadEvent, VadEventKind
-from server.rtc.ice import ice_servers
-from server.rtc.protocol import (
+from server.conversation.protocol import (
     ClientEvent,
     ProtocolError,
     ResponseCancel,
@@ -47,6 +41,12 @@ from server.rtc.protocol import (
     parse_client_event,
     quoted,
 )
+from server.errors import InvalidConditionUpdate, InvalidTransition
+from server.metrics import Metrics, quantile
+from server.owner import NO_OWNER
+from server.pipeline.seams import ReplyRequest, ReportsLoad, SessionScoped, TurnPipeline, TurnTrace
+from server.pipeline.turn_detector import PAUSE_MS, TurnDetector, VadEvent, VadEventKind
+from server.rtc.ice import ice_servers
 from server.rtc.settings import (
     add_outbound_track,
     guard_data_channels,

@@ -26,8 +26,8 @@ from aiortc.rtcsctptransport import (
 from aiortc.sdp import candidate_from_sdp
 from OpenSSL import SSL
 
+from server.conversation.protocol import UndecodableText
 from server.rtc.ice import IceServer
-from server.rtc.protocol import UndecodableText
 
 log = logging.getLogger(__name__)
 

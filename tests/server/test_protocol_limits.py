@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from server.rtc.protocol import ProtocolError, error_event, parse_client_event
+from server.conversation.protocol import ProtocolError, error_event, parse_client_event
 
 MAX_BYTES = 16_384
-# the documented limits (server/rtc/protocol.py), as numbers: the contract, not the constants
+# the documented limits (server/conversation/protocol.py) as numbers: the contract, not constants
 MAX_QUOTED_CHARS = 64  # a client value quoted in an error message
 MAX_ERROR_MESSAGE_CHARS = 256
 MAX_EVENT_ID_CHARS = 64
@@ -47,7 +47,9 @@ def test_nesting_past_the_limit_is_refused_even_when_json_parses_it() -> None:
 
 
 def test_text_that_was_not_utf8_is_one_protocol_error() -> None:
-    from server.rtc.protocol import UndecodableText  # the form the data-channel guard hands on
+    from server.conversation.protocol import (
+        UndecodableText,  # the form the data-channel guard hands on
+    )
 
     error = refusal(UndecodableText(b'{"type": "\xff\xfe"}'))
     assert error.code == "invalid_utf8"
