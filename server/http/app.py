@@ -47,7 +47,7 @@ STATIC_ROOT_KEY = web.AppKey("static_root", Path)  # the demo page folder, resol
 # what the start-up calibration measured and predicted (None: no reply pipeline)
 CALIBRATION_KEY: web.AppKey[dict[str, object] | None] = web.AppKey("calibration")
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def web_root(config: Config) -> Path:
