@@ -50,7 +50,7 @@ def test_this_process_follows_its_affinity() -> None:
     # a process pinned to one core (as by taskset or a container) plans for that core
     core = min(mask)
     child = subprocess.run(
-        [sys.executable, "-c", "from server.cpuplan import *; print(this_process_plan())"],
+        [sys.executable, "-c", "from server.pipeline.cpuplan import *; print(this_process_plan())"],
         preexec_fn=lambda: os.sched_setaffinity(0, {core}),
         capture_output=True,
         text=True,
