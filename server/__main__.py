@@ -20,7 +20,8 @@ from server.avatar.seam import AvatarRenderer
 from server.avatar.video import frame_cost_ms
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
-from server.fleet.workers import become_worker, run_supervisor
+from server.fleet.launch import become_worker
+from server.fleet.workers import run_supervisor
 from server.http import logfilter
 from server.http.app import create_app
 from server.http.auth import exposure_warning

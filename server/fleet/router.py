@@ -18,7 +18,8 @@ They and their responses pass through unchanged except hop-by-hop headers (and a
 ``Content-Encoding``: its body goes on as aiohttp decoded it); the path goes on exactly as it
 was routed, and every request carries the workers' key. The client's ``Host`` is kept, so
 a worker builds its URLs for the public address, and an absolute ``Location`` naming a worker is
-rewritten to the router. The router's own errors are JSON like server/http/signaling.py.
+rewritten to the router. The router's own errors are JSON like server/http/signaling.py. The
+workers' metrics and lists are joined by server/fleet/merge.py.
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -41,6 +41,8 @@ from yarl import URL
 from server import __version__
 from server.config import Config
 from server.errors import NotFound, RequestError, ServerFull
+from server.fleet.merge import join_objects, merge_expositions, pool_metrics
+from server.fleet.pool import Pool, Upstream
 from server.http.guards import WORKER_KEY_HEADER, request_guards
 from server.http.signaling import add_session_limit, json_errors, limit_session_rate, read_limited
 
@@ -93,106 +95,10 @@ class Answer:
         )
 
 
-class Upstream(Protocol):
-    """One worker as the router sees it (server.fleet.workers.Worker)."""
-
-    @property
-    def index(self) -> int: ...
-
-    @property
-    def url(self) -> str: ...
-
-    @property
-    def accepting(self) -> bool: ...
-
-    @property
-    def alive(self) -> bool: ...
-
-    @property
-    def sessions(self) -> int: ...
-
-    @property
-    def restarts(self) -> int: ...
-
-    def placed(self) -> None: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-class Pool(Protocol):
-    """The workers (server.fleet.workers.Supervisor)."""
-
-    @property
-    def workers(self) -> Sequence[Upstream]: ...
-
-    async def poll(self) -> None:
-        """Refresh every worker's load and liveness now. Concurrent calls share one poll, and
-        a caller that is cancelled (timed out) leaves it running for the others."""
-        ...
-
-
 def worker_of(session_id: str) -> int | None:
     """The worker index in a session id (``w2-...`` -> 2), or None."""
     match = WORKER_ID.match(session_id)
     return int(match.group(1)) if match else None
-
-
-def _labelled(sample: str, worker: str) -> str:
-    """A Prometheus sample line with ``worker="k"`` as its first label."""
-    brace, space = sample.find("{"), sample.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        rest = sample[brace + 1 :]
-        sep = "" if rest.startswith("}") else ","
-        return f'{sample[: brace + 1]}worker="{worker}"{sep}{rest}'
-    return f'{sample[:space]}{{worker="{worker}"}}{sample[space:]}'
-
-
-def merge_expositions(parts: Sequence[tuple[str, str]]) -> str:
-    """Several Prometheus text expositions as one: each family once, samples labelled by worker.
-
-    ``parts``: ``(worker label, text)``. HELP/TYPE come from the first text naming a family.
-    """
-    headers: dict[str, list[str]] = {}
-    samples: dict[str, list[str]] = {}
-    for worker, text in parts:
-        family: str | None = None
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            if line.startswith(("# HELP ", "# TYPE ")):
-                family = line.split(" ", 3)[2]
-                kind = line[:6]
-                if family not in headers:
-                    headers[family], samples[family] = [], []
-                if not any(h.startswith(kind) for h in headers[family]):
-                    headers[family].append(line)
-                continue
-            if line.startswith("#"):
-                continue
-            name = re.split(r"[{ ]", line, maxsplit=1)[0]
-            if family is None or not name.startswith(family):
-                family = name
-                headers.setdefault(family, [])
-                samples.setdefault(family, [])
-            samples[family].append(_labelled(line, worker))
-    out: list[str] = []
-    for family, lines in headers.items():
-        out += lines
-        out += samples[family]
-    return "\n".join(out) + "\n" if out else ""
-
-
-def pool_metrics(workers: Sequence[Upstream]) -> str:
-    """The supervisor's own figures in Prometheus text."""
-    lines = [
-        "# HELP avatar_worker_up Worker takes new sessions (1) or not (0).",
-        "# TYPE avatar_worker_up gauge",
-        *(f'avatar_worker_up{{worker="{w.index}"}} {int(w.accepting)}' for w in workers),
-        "# HELP avatar_worker_restarts_total Restarts of a worker after it exited.",
-        "# TYPE avatar_worker_restarts_total counter",
-        *(f'avatar_worker_restarts_total{{worker="{w.index}"}} {w.restarts}' for w in workers),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 class Router:
@@ -393,25 +299,6 @@ class Router:
         if replies:
             return replies[0].response()
         raise WorkerUnavailable("no worker answered")
-
-
-def join_objects(objects: Sequence[Any]) -> dict[str, Any]:
-    """JSON objects of several workers as one: lists concatenated, numbers summed, objects
-    joined the same way (e.g. the task census); anything else as the first worker has it."""
-    out: dict[str, Any] = {}
-    for obj in objects:
-        if not isinstance(obj, dict):
-            continue
-        for key, value in obj.items():
-            if isinstance(value, list):
-                out[key] = [*out.get(key, []), *value]
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                out[key] = out.get(key, 0) + value
-            elif isinstance(value, dict):
-                out[key] = join_objects([out.get(key, {}), value])
-            else:
-                out.setdefault(key, value)
-    return out
 
 
 def create_router(config: Config, pool: Pool, worker_key: str = "") -> web.Application:

@@ -6,7 +6,8 @@ each its own process with its own sessions, engines and UDP (ICE) sockets, so se
 more cores than one event loop can. Worker k names its sessions ``wk-<random>``; the router
 (server/fleet/router.py) on the public port places new sessions on the least-loaded worker and sends
 every later request for a session to the worker in its id. Media and the data channel go
-straight to the worker's own sockets.
+straight to the worker's own sockets. One worker's state is server/fleet/worker.py, its
+command line server/fleet/launch.py.
 
 A worker that exits is reported (log, ``/healthz``, ``/metrics``) and restarted with backoff
 (0.5 s doubling to 30 s); one that stops answering ``/healthz`` is marked unhealthy and gets no
@@ -18,25 +19,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import secrets
 import signal
 import socket
-import sys
 from collections.abc import Coroutine, Sequence
-from enum import Enum
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from server.clock import Clock, MonotonicClock
-from server.config import ENV_PREFIX, Config, secret_settings
-from server.errors import InvalidTransition
+from server.clock import MonotonicClock
+from server.config import Config
+from server.fleet.launch import ROUTER_ADDRESS, WORKER_KEY_ENV, split_secrets, worker_command
 from server.fleet.router import create_router
+from server.fleet.worker import Worker, WorkerState
 from server.http.guards import WORKER_KEY_HEADER
+
+# WORKER_KEY_ENV, split_secrets and worker_command live in server/fleet/launch.py; they are
+# imported from here too (tests/server/test_guards.py)
+__all__ = [
+    "WORKER_KEY_ENV",
+    "Supervisor",
+    "WorkerStartError",
+    "run_supervisor",
+    "split_secrets",
+    "supervise",
+    "worker_command",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,165 +59,10 @@ BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_MS = 30_000.0  # a worker up this long resets the backoff
 KILL_GRACE_S = 10.0  # beyond server.shutdown_timeout_s, before SIGKILL
-PR_SET_PDEATHSIG = 1
-ROUTER_ADDRESS = "127.0.0.1"  # workers listen on, and the router calls from, loopback
-WORKER_KEY_ENV = f"{ENV_PREFIX}SERVER_WORKER_KEY"  # server.worker_key, in a worker's environment
-
-
-class WorkerState(Enum):
-    IDLE = "idle"  # not started yet
-    STARTING = "starting"  # process started, /healthz not answered yet
-    READY = "ready"  # answers /healthz; gets new sessions
-    UNHEALTHY = "unhealthy"  # alive but /healthz failed repeatedly; no new sessions
-    DOWN = "down"  # exited on its own; a restart is pending
-    STOPPING = "stopping"  # sent SIGTERM by the supervisor
-    STOPPED = "stopped"
-
-
-_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    WorkerState.IDLE: frozenset({WorkerState.STARTING, WorkerState.STOPPING}),
-    WorkerState.STARTING: frozenset({WorkerState.READY, WorkerState.DOWN, WorkerState.STOPPING}),
-    WorkerState.READY: frozenset({WorkerState.UNHEALTHY, WorkerState.DOWN, WorkerState.STOPPING}),
-    WorkerState.UNHEALTHY: frozenset({WorkerState.READY, WorkerState.DOWN, WorkerState.STOPPING}),
-    WorkerState.DOWN: frozenset({WorkerState.STARTING, WorkerState.STOPPING}),
-    WorkerState.STOPPING: frozenset({WorkerState.STOPPED}),
-    WorkerState.STOPPED: frozenset(),
-}
 
 
 class WorkerStartError(RuntimeError):
     """A worker did not become ready when the supervisor started."""
-
-
-class Worker:
-    """One worker process and what the supervisor knows of it."""
-
-    def __init__(self, index: int, sock: socket.socket, clock: Clock) -> None:
-        self.index = index
-        self.sock = sock  # the listening socket; kept across restarts (stable port)
-        self.port = int(sock.getsockname()[1])
-        self.state = WorkerState.IDLE
-        self.proc: asyncio.subprocess.Process | None = None
-        self.sessions = 0  # last /healthz figure, plus sessions placed since it was asked
-        self.placements = 0  # sessions the router put here, ever
-        self.tasks = 0
-        self.process_stats: dict[str, Any] = {}  # rss_bytes, open_fds when the worker has them
-        self.restarts = 0
-        self.last_exit: int | None = None
-        self.failed_polls = 0
-        self._clock = clock
-        self._since_ms = clock.now_ms()
-
-    @property
-    def url(self) -> str:
-        return f"http://{ROUTER_ADDRESS}:{self.port}"
-
-    @property
-    def accepting(self) -> bool:
-        """Whether new sessions may go here."""
-        return self.state is WorkerState.READY
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    @property
-    def pid(self) -> int | None:
-        """The current (or last) process id."""
-        return self.proc.pid if self.proc is not None else None
-
-    def up_ms(self) -> float:
-        """Time (ms) in the current state."""
-        return self._clock.now_ms() - self._since_ms
-
-    def set_state(self, new: WorkerState) -> None:
-        """The one place a worker's state changes."""
-        if new is self.state:
-            return
-        if new not in _TRANSITIONS[self.state]:
-            raise InvalidTransition(f"worker {self.index}: {self.state.value} -> {new.value}")
-        level = (
-            logging.WARNING if new in (WorkerState.DOWN, WorkerState.UNHEALTHY) else logging.INFO
-        )
-        log.log(
-            level, "worker %d (pid %s): %s -> %s", self.index, self.pid, self.state.value, new.value
-        )
-        self.state = new
-        self._since_ms = self._clock.now_ms()
-
-    def placed(self) -> None:
-        """The router put a new session here (counted until the next poll)."""
-        self.sessions += 1
-        self.placements += 1
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "worker": self.index,
-            "state": self.state.value,
-            "sessions": self.sessions,
-            "tasks": self.tasks,
-            "restarts": self.restarts,
-            "last_exit_code": self.last_exit,
-            "state_for_s": round(self.up_ms() / 1000, 3),
-            **self.process_stats,
-        }
-
-
-def split_secrets(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """``argv`` without its ``--set`` of secret settings (tokens, TURN and API secrets), and
-    those as ``AVATAR_*`` environment variables: a worker's command line shows in ``ps``."""
-    env_names = secret_settings()
-    kept: list[str] = []
-    env: dict[str, str] = {}
-    items = iter(argv)
-    for arg in items:
-        value = next(items, "") if arg == "--set" else arg[len("--set=") :]
-        if arg != "--set" and not arg.startswith("--set="):
-            kept.append(arg)
-            continue
-        dotted, _, setting = value.partition("=")
-        if dotted.strip() in env_names:
-            env[env_names[dotted.strip()]] = setting
-        else:
-            kept += ["--set", value]
-    return kept, env
-
-
-def worker_command(config: Config, argv: Sequence[str], index: int, fd: int) -> list[str]:
-    """The command line of worker ``index``: the supervisor's own options (without secrets,
-    see split_secrets), then one worker.
-
-    The worker trusts the router's X-Forwarded-For (client addresses) and keeps the same
-    per-address session rate limit as the router, as a second line.
-    """
-    proxies = dict.fromkeys((*config.server.trusted_proxies, ROUTER_ADDRESS))
-    return [
-        sys.executable,
-        "-m",
-        "server",
-        *split_secrets(argv)[0],
-        "--set",
-        f"server.trusted_proxies={','.join(proxies)}",
-        "--workers",
-        "1",
-        "--worker-index",
-        str(index),
-        "--listen-fd",
-        str(fd),
-        "--supervisor-pid",
-        str(os.getpid()),
-    ]
-
-
-def become_worker(supervisor_pid: int | None) -> None:
-    """In a worker: get SIGTERM (a graceful shutdown) when the supervisor dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        log.warning("cannot ask for SIGTERM on supervisor exit (errno %d)", ctypes.get_errno())
-    if supervisor_pid is not None and os.getppid() != supervisor_pid:
-        os.kill(os.getpid(), signal.SIGTERM)  # the supervisor died before we asked
 
 
 class Supervisor:

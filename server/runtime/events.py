@@ -6,6 +6,7 @@ Names follow the OpenAI Realtime events where one fits. Every event of a respons
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any, ClassVar
 
 
@@ -37,13 +38,24 @@ class ResponseCreated(SessionEvent):
     epoch: int
 
 
+class ResponseStatus(StrEnum):
+    """How a response ended; the value is the wire string of ``response.done``."""
+
+    COMPLETED = "completed"  # generated and played out
+    CANCELLED = "cancelled"  # interrupted: barge-in, typed text or response.cancel
+    FAILED = "failed"  # an engine failed or a turn deadline passed
+
+
 @dataclass(frozen=True)
 class ResponseDone(SessionEvent):
-    """``status``: completed (played out), cancelled (barge-in or client), failed."""
+    """The end of the response of ``epoch``, and how it ended."""
 
     type: ClassVar[str] = "response.done"
     epoch: int
-    status: str
+    status: ResponseStatus
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "epoch": self.epoch, "status": str(self.status)}
 
 
 @dataclass(frozen=True)

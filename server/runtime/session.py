@@ -2,7 +2,8 @@
 
 Everything that changes a session goes through a method here, so the rules (stale epochs are
 dropped, history holds only what was played, conditions change at chunk boundaries) live in one
-place. Time comes from the injected clock; media positions are samples at 48 kHz.
+place; the chunk bookkeeping of the response in progress is server/runtime/response.py. Time
+comes from the injected clock; media positions are samples at 48 kHz.
 """
 
 from __future__ import annotations
@@ -10,26 +11,17 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from server.clock import Clock
 from server.config import RuntimeConfig
-from server.errors import InvalidTransition, UnknownChunk
-from server.runtime.chunk import (
-    Chunk,
-    ChunkState,
-    PhonemeTiming,
-    StageMessage,
-    WordTiming,
-    transition_chunk,
-)
+from server.errors import InvalidTransition
+from server.runtime.boundary import ConditionGate
+from server.runtime.chunk import Chunk, StageMessage
 from server.runtime.conditions import ConditionQueue, Conditions
 from server.runtime.events import (
-    ConditionsApplied,
-    ItemTruncated,
-    ResponseCreated,
     ResponseDone,
+    ResponseStatus,
     SessionEvent,
     SpeechStarted,
     SpeechStopped,
@@ -37,85 +29,19 @@ from server.runtime.events import (
 )
 from server.runtime.history import History, TokenCounter, Turn, approx_tokens
 from server.runtime.media import ms_to_samples, samples_to_ms
-from server.runtime.playback import PCM, PlaybackBuffer, Pull
+from server.runtime.playback import PlaybackBuffer, Pull
+from server.runtime.response import ChunkAudio, Response, heard_prefix
+from server.runtime.session_records import BargeIn, Cursors, Overdue
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.runtime.turn import TurnDeadlines, TurnMachine, TurnState
 
+# defined in server/runtime/response.py and session_records.py; imported from here too
+__all__ = ["BargeIn", "ChunkAudio", "Cursors", "Overdue", "Session", "heard_prefix"]
+
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")
-
-
-@dataclass(frozen=True)
-class Cursors:
-    """The four cursors, in samples at 48 kHz on the session media clock."""
-
-    heard_until: int
-    prefilled_until: int
-    generation_cursor: int
-    playback_cursor: int
-
-
-@dataclass(frozen=True)
-class ChunkAudio:
-    """A piece of a chunk's synthesized audio (int16 mono 48 kHz).
-
-    ``words``, ``phonemes``: timings relative to the chunk's first sample, if the TTS gives
-    them (phonemes drive the avatar's mouth).
-    ``final``: this is the chunk's last piece.
-    """
-
-    pcm: PCM
-    words: tuple[WordTiming, ...] = ()
-    phonemes: tuple[PhonemeTiming, ...] = ()
-    final: bool = False
-
-
-@dataclass(frozen=True)
-class Overdue:
-    """A turn state past its deadline: ``stage`` is what it was waiting for (``speech``: the
-    user's own turn; ``asr``, ``llm``, ``tts``: an engine; ``playback``: the reply playing)."""
-
-    state: TurnState
-    stage: str
-    waited_ms: float
-
-
-@dataclass(frozen=True)
-class BargeIn:
-    """What a bump did: the epochs, discarded chunks, and the chunk cut mid-play (if any)."""
-
-    old_epoch: int
-    new_epoch: int
-    reason: str
-    discarded: tuple[int, ...]
-    truncated: ItemTruncated | None
-    flushed_samples: int
-
-
-def heard_prefix(chunk: Chunk, played: int) -> str:
-    """The text of ``chunk`` the user heard after ``played`` samples of it.
-
-    With word timings: the words whose audio ended by then. Without: the share of characters
-    equal to the share of audio played, cut back to a whole word.
-    """
-    if chunk.audio_complete and played >= chunk.duration:
-        return chunk.text
-    if chunk.words:
-        return " ".join(w.word for w in chunk.words if w.end <= played)
-    if chunk.duration <= 0 or played <= 0:
-        return ""
-    limit = int(len(chunk.text) * min(1.0, played / chunk.duration))
-    words: list[str] = []
-    pos = 0
-    for word in chunk.text.split():
-        end = chunk.text.index(word, pos) + len(word)
-        if end > limit:
-            break
-        words.append(word)
-        pos = end
-    return " ".join(words)
 
 
 class Session:
@@ -148,18 +74,16 @@ class Session:
             ms_to_samples(config.lookahead_budget_ms), ms_to_samples(config.fade_ms)
         )
         self.stale_dropped: Counter[Stage] = Counter()
-        self._conditions = ConditionQueue(
-            Conditions(config.persona, config.voice, config.appearance), choices
-        )
-        self._chunks: dict[int, Chunk] = {}
-        self._next_chunk_id = 1
         self._heard_until = 0
         self._prefilled_until = 0
-        self._response_epoch: int | None = None
-        self._generation_done = False
         self._turn_ended_ms: float | None = None
         self._events: deque[SessionEvent] = deque()
-        self._status = "completed"
+        self._conditions = ConditionGate(
+            ConditionQueue(Conditions(config.persona, config.voice, config.appearance), choices),
+            self.history,
+            self._events,
+        )
+        self._response = Response(session_id, self.playback, self.history, self._events)
         self.acked_playback_ms = 0.0
 
     # --- read-only views ------------------------------------------------------------------
@@ -181,13 +105,11 @@ class Session:
         )
 
     def chunk(self, chunk_id: int) -> Chunk:
-        try:
-            return self._chunks[chunk_id]
-        except KeyError:
-            raise UnknownChunk(f"session {self.session_id[:8]}: no chunk {chunk_id}") from None
+        """The chunk ``chunk_id``; UnknownChunk if there is none (or no longer)."""
+        return self._response.chunk(chunk_id)
 
     def pending_chunks(self) -> tuple[Chunk, ...]:
-        return tuple(c for c in self._chunks.values() if c.state is ChunkState.PENDING)
+        return self._response.pending()
 
     def drain_events(self) -> list[SessionEvent]:
         """Events produced since the last call, oldest first."""
@@ -302,14 +224,9 @@ class Session:
         """What the turn in progress waits for, read from the reply's state."""
         if self.state is TurnState.USER_SPEAKING:
             return "speech"
-        if self._response_epoch is None:  # no reply yet: the final transcript
+        if self._response.epoch is None:  # no reply yet: the final transcript
             return "asr" if self.state is TurnState.THINKING else "playback"
-        chunks = [c for c in self._chunks.values() if c.epoch == self._response_epoch]
-        if self._generation_done:
-            return "playback"
-        if chunks and chunks[-1].state is ChunkState.PENDING and chunks[-1].duration == 0:
-            return "tts"  # the newest chunk's text is there, its speech is not
-        return "llm"
+        return self._response.waiting_for()
 
     def time_out(self, overdue: Overdue) -> BargeIn:
         """End a THINKING or AGENT_SPEAKING turn that passed its deadline: the reply stops as
@@ -321,14 +238,16 @@ class Session:
         self._events.append(TurnTimedOut(self.epoch, overdue.state.value, overdue.stage))
         if overdue.stage == "asr":
             self.history.start_user_turn()  # never transcribed: the turn is dropped
-        return self.bump_epoch(f"timeout: {overdue.stage}", TurnState.LISTENING, "failed")
+        return self.bump_epoch(
+            f"timeout: {overdue.stage}", TurnState.LISTENING, ResponseStatus.FAILED
+        )
 
     # --- epochs -----------------------------------------------------------------------------
     def bump_epoch(
         self,
         reason: str,
         next_state: TurnState = TurnState.USER_SPEAKING,
-        status: str = "cancelled",
+        status: ResponseStatus = ResponseStatus.CANCELLED,
     ) -> BargeIn:
         """An interruption (speech, typed text, cancel, a missed turn deadline): start a new
         epoch. Unplayed chunks are discarded, the chunk being played is committed up to what
@@ -337,22 +256,7 @@ class Session:
         old = self.epoch
         self.epoch += 1
         flushed = self.playback.flush(self.epoch)
-        discarded: list[int] = []
-        truncated: ItemTruncated | None = None
-        for chunk in self.pending_chunks():
-            if chunk.played > 0:
-                text = heard_prefix(chunk, chunk.played)
-                self._commit(chunk, text, truncated=True)
-                truncated = ItemTruncated(old, chunk.chunk_id, samples_to_ms(chunk.played), text)
-                self._events.append(truncated)
-            else:
-                self._set_chunk(transition_chunk(chunk, ChunkState.DISCARDED))
-                discarded.append(chunk.chunk_id)
-        if self._response_epoch is not None:
-            self._events.append(ResponseDone(self._response_epoch, status))
-        self._response_epoch = None
-        self._generation_done = False
-        self._forget_settled()
+        cut = self._response.interrupt(old, status)
         if next_state is TurnState.USER_SPEAKING:
             self.history.start_user_turn()
         self.turn.to(next_state, reason)
@@ -362,10 +266,10 @@ class Session:
             old,
             self.epoch,
             reason,
-            len(discarded),
+            len(cut.discarded),
             samples_to_ms(flushed),
         )
-        return BargeIn(old, self.epoch, reason, tuple(discarded), truncated, flushed)
+        return BargeIn(old, self.epoch, reason, cut.discarded, cut.truncated, flushed)
 
     def accept(self, msg: StageMessage[Any]) -> bool:
         """Stage-message gate: False (and counted) for an older epoch's message."""
@@ -397,11 +301,7 @@ class Session:
         """Generation of a reply for ``epoch`` begins; False if that epoch is already stale."""
         if epoch != self.epoch or self.state is not TurnState.THINKING:
             return False
-        self._response_epoch = epoch
-        self._generation_done = False
-        self._status = "completed"
-        self.playback.begin_response(epoch)
-        self._events.append(ResponseCreated(epoch))
+        self._response.begin(epoch)
         return True
 
     def open_chunk(self, epoch: int, text: str) -> Chunk | None:
@@ -412,13 +312,10 @@ class Session:
         if epoch < self.epoch:
             self.stale_dropped[Stage.LLM] += 1
             return None
-        if epoch != self._response_epoch:
+        if epoch != self._response.epoch:
             raise InvalidTransition(f"open_chunk for epoch {epoch} without start_response")
-        conditions = self._apply_conditions()
-        chunk = Chunk(self._next_chunk_id, epoch, text.strip(), conditions.version)
-        self._next_chunk_id += 1
-        self._chunks[chunk.chunk_id] = chunk
-        return chunk
+        conditions = self._conditions.apply()
+        return self._response.open(epoch, text, conditions.version)
 
     def deliver_audio(self, msg: StageMessage[ChunkAudio]) -> int | None:
         """Queue a chunk's audio within the lookahead budget.
@@ -428,21 +325,7 @@ class Session:
         """
         if not self.accept(msg):
             return None
-        chunk = self.chunk(msg.chunk_id)
-        audio = msg.payload
-        accepted = self.playback.push_audio(chunk.chunk_id, msg.epoch, audio.pcm)
-        complete = audio.final and accepted == len(audio.pcm)
-        self._set_chunk(
-            replace(
-                chunk,
-                duration=chunk.duration + accepted,
-                audio_complete=complete,
-                words=audio.words or chunk.words,
-                phonemes=audio.phonemes or chunk.phonemes,
-            )
-        )
-        self._maybe_end_stream()
-        return accepted
+        return self._response.add_audio(msg.chunk_id, msg.epoch, msg.payload)
 
     def deliver_video(self, msg: StageMessage[Any], offset: int) -> bool:
         """Queue a video frame shown from ``offset`` samples into its chunk; False if refused."""
@@ -450,92 +333,46 @@ class Session:
             return False
         return self.playback.push_video(msg.chunk_id, msg.epoch, offset, msg.payload)
 
-    def finish_response(self, epoch: int, status: str = "completed") -> None:
-        """The generator has no more chunks for ``epoch`` (``status``: completed or failed).
+    def finish_response(
+        self, epoch: int, status: ResponseStatus | str = ResponseStatus.COMPLETED
+    ) -> None:
+        """The generator has no more chunks for ``epoch`` (``status``: completed or failed; a
+        plain string is read as a ResponseStatus value).
 
         What is already buffered still plays; the turn returns to listening after it. A turn
         that never got a response (e.g. its engine failed first) returns to listening now.
         """
+        status = ResponseStatus(status)
         if epoch != self.epoch:
             return
-        if self._response_epoch is None:
+        if self._response.epoch is None:
             if self.state is TurnState.THINKING:
                 self._events.append(ResponseDone(epoch, status))
                 self.turn.to(TurnState.LISTENING, f"no reply ({status})")
             return
-        self._status = status
-        self._generation_done = True
-        for chunk in self.pending_chunks():
-            if chunk.audio_complete:
-                continue
-            if chunk.duration == 0:  # its audio never came (e.g. the engine failed)
-                self._set_chunk(transition_chunk(chunk, ChunkState.DISCARDED))
-            else:  # what was delivered is all there will be
-                self._set_chunk(replace(chunk, audio_complete=True))
-        self._maybe_end_stream()
+        self._response.finish(status)
         self._maybe_finish()
 
     def pull_audio(self, n: int) -> Pull:
         """The outbound track takes ``n`` samples; played chunks are committed to history."""
         pulled = self.playback.pull(n)
         for span in pulled.spans:
-            chunk = self._chunks.get(span.chunk_id)
-            if chunk is None or chunk.state is not ChunkState.PENDING:
-                continue
-            chunk = replace(chunk, played=max(chunk.played, span.start + span.samples))
-            self._set_chunk(chunk)
-            if self.state is TurnState.THINKING:
+            if self._response.played(span) and self.state is TurnState.THINKING:
                 self.turn.to(TurnState.AGENT_SPEAKING, "first audio played")
-            if chunk.audio_complete and chunk.played >= chunk.duration:
-                self._commit(chunk, chunk.text, truncated=False)
-                self.playback.forget_chunk(chunk.chunk_id)
         self._maybe_finish()
         return pulled
 
     # --- internals --------------------------------------------------------------------------
-    def _set_chunk(self, chunk: Chunk) -> None:
-        self._chunks[chunk.chunk_id] = chunk
-
-    def _commit(self, chunk: Chunk, text: str, truncated: bool) -> None:
-        self._set_chunk(transition_chunk(chunk, ChunkState.COMMITTED, heard_text=text))
-        self.history.commit_agent_text(chunk.epoch, text, truncated)
-
-    def _apply_conditions(self) -> Conditions:
-        before = self._conditions.current.version
-        now = self._conditions.at_boundary()
-        if now.version != before:
-            self.history.set_anchor(now.anchor())
-            self._events.append(
-                ConditionsApplied(now.version, now.persona, now.voice, now.appearance, now.presence)
-            )
-        return now
-
     def _apply_conditions_if_idle(self) -> None:
         """No chunk in flight: this is a boundary, so queued changes apply now."""
         if not self.pending_chunks():
-            self._apply_conditions()
-
-    def _maybe_end_stream(self) -> None:
-        if (
-            self._response_epoch is not None
-            and self._generation_done
-            and all(c.audio_complete for c in self.pending_chunks())
-        ):
-            self.playback.end_response(self._response_epoch)
+            self._conditions.apply()
 
     def _maybe_finish(self) -> None:
         """When the reply is generated and every chunk played: response done, listen again."""
-        if self._response_epoch is None or not self._generation_done or self.pending_chunks():
+        if not self._response.settle():
             return
-        epoch, self._response_epoch = self._response_epoch, None
-        self._generation_done = False
-        self._events.append(ResponseDone(epoch, self._status))
-        self._forget_settled()
         if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
             self.turn.to(TurnState.LISTENING, "reply played out")
         if self._conditions.pending:
-            self._apply_conditions()
-
-    def _forget_settled(self) -> None:
-        """Drop committed/discarded chunks; history already holds what they contributed."""
-        self._chunks = {k: c for k, c in self._chunks.items() if c.state is ChunkState.PENDING}
+            self._conditions.apply()

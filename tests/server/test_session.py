@@ -6,7 +6,7 @@ from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.runtime.chunk import WordTiming
-from server.runtime.events import ConditionsApplied, ItemTruncated, ResponseDone
+from server.runtime.events import ConditionsApplied, ItemTruncated, ResponseDone, ResponseStatus
 from server.runtime.history import Role
 from server.runtime.media import FRAME_SAMPLES, ms_to_samples
 from server.runtime.session import ChunkAudio, Session, heard_prefix
@@ -56,7 +56,8 @@ def test_a_full_exchange_commits_played_text_and_returns_to_listening(session: S
     assert agent.role is Role.ASSISTANT and agent.text == "It is sunny. Enjoy the day."
     assert not agent.truncated
     assert any(
-        isinstance(e, ResponseDone) and e.status == "completed" for e in session.drain_events()
+        isinstance(e, ResponseDone) and e.status is ResponseStatus.COMPLETED
+        for e in session.drain_events()
     )
     assert session.playback.underruns == 0
 
@@ -244,7 +245,7 @@ def test_typed_text_and_cancel(session: Session) -> None:
     assert session.cancel_response() is None  # nothing to cancel: no epoch bump
     assert session.epoch == 1
     events = session.drain_events()
-    assert any(isinstance(e, ResponseDone) and e.status == "cancelled" for e in events)
+    assert any(isinstance(e, ResponseDone) and e.status is ResponseStatus.CANCELLED for e in events)
     with pytest.raises(ValueError):
         session.submit_text("   ")
 
@@ -273,20 +274,26 @@ def test_heard_prefix_whole_chunk_when_fully_played(session: Session) -> None:
 
 def test_failed_reply_before_any_chunk_returns_to_listening(session: Session) -> None:
     user_turn(session, "Hi")
-    session.finish_response(session.epoch, status="failed")
+    session.finish_response(session.epoch, status=ResponseStatus.FAILED)
     assert session.state is TurnState.LISTENING
-    assert any(isinstance(e, ResponseDone) and e.status == "failed" for e in session.drain_events())
+    assert any(
+        isinstance(e, ResponseDone) and e.status is ResponseStatus.FAILED
+        for e in session.drain_events()
+    )
 
 
 def test_failed_reply_plays_what_was_buffered_then_listens(session: Session) -> None:
     user_turn(session, "Hi")
     session.start_response(0)
     say(session, "Half an answer.", 100)
-    session.finish_response(0, status="failed")
+    session.finish_response(0, status="failed")  # a plain string is read as a ResponseStatus
     play(session, 120)
     assert session.state is TurnState.LISTENING
     assert session.history.turns[-1].text == "Half an answer."
-    assert any(isinstance(e, ResponseDone) and e.status == "failed" for e in session.drain_events())
+    assert any(
+        isinstance(e, ResponseDone) and e.status is ResponseStatus.FAILED
+        for e in session.drain_events()
+    )
 
 
 def test_playback_ack_is_clamped_to_what_was_sent(session: Session) -> None:
@@ -310,3 +317,18 @@ def test_failed_reply_discards_a_chunk_whose_audio_never_came(session: Session) 
     assert session.state is TurnState.LISTENING
     assert session.history.turns[-1].text == "Spoken."
     assert session.pending_chunks() == ()
+
+
+def test_response_done_sends_the_status_as_a_plain_string() -> None:
+    done = ResponseDone(3, ResponseStatus.CANCELLED)
+    wire = done.to_dict()
+    assert wire == {"type": "response.done", "epoch": 3, "status": "cancelled"}
+    assert type(wire["status"]) is str
+    assert ResponseStatus("failed") is ResponseStatus.FAILED and done.status == "cancelled"
+
+
+def test_finish_response_refuses_an_unknown_status(session: Session) -> None:
+    user_turn(session, "Hi")
+    with pytest.raises(ValueError):
+        session.finish_response(session.epoch, status="done-ish")
+    assert session.state is TurnState.THINKING

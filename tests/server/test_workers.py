@@ -30,8 +30,10 @@ from benchmarks.workers_bench import capacity
 from server.clock import FakeClock
 from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
-from server.fleet.router import create_router, join_objects, merge_expositions, worker_of
-from server.fleet.workers import Supervisor, Worker, WorkerState
+from server.fleet.merge import join_objects, merge_expositions
+from server.fleet.router import create_router, worker_of
+from server.fleet.worker import Worker, WorkerState
+from server.fleet.workers import Supervisor
 from server.http.guards import WORKER_KEY_HEADER
 from server.metrics import Metrics
 from tests.support.pace import within
