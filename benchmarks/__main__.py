@@ -1,11 +1,11 @@
 """The benchmark suite: ``python -m benchmarks [--smoke]``.
 
 Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
-namespace), the voice benchmark (embedded models), the prefix-cache probe and the avatar
-benchmarks (render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions
-held open, a STUN spray, a peer that acknowledges nothing), the prefill ablation and the WHIP
-connect times (aiortc and GStreamer), prints a summary table and writes
-``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
+namespace), the voice benchmark (embedded models), the prefix-cache probe and the avatar benchmarks
+(render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions held open,
+a STUN spray, a peer that acknowledges nothing), the prefill ablation and the WHIP connect times
+(aiortc and GStreamer) and the resume time after a lost connection, prints a summary table and
+writes ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
 benchmarks cannot rot) and writes to ``benchmarks/results/smoke/``: its figures are not for
 reporting. The figures BENCHMARKS.md quotes are committed in ``benchmarks/reported/``.
 """
@@ -27,6 +27,7 @@ from benchmarks import (
     cache_probe,
     prefill_ablation,
     realtime_bench,
+    resume_bench,
     scheduler_sim,
     stamped,
     transport_bench,
@@ -223,6 +224,10 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
             ),
         )
     )
+    resume = results["resume"]
+    rows.append(
+        ("resume POST -> first audio median/p95 ms", f"{resume['median_ms']} / {resume['p95_ms']}")
+    )
     return rows
 
 
@@ -259,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             [*quick, "--out", str(out / "prefill_ablation.json")]
         ),
         "whip_connect": whip_connect.main([*quick, "--out", str(out / "whip_connect.json")]),
+        "resume": resume_bench.main([*quick, "--out", str(out / "resume.json")]),
     }
     results = {
         "scheduler": _load(out, "scheduler_sim.json"),
@@ -274,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "unacked_peer": _load(out, "unacked_peer.json"),
         "prefill_ablation": _load(out, "prefill_ablation.json"),
         "whip_connect": _load(out, "whip_connect.json"),
+        "resume": _load(out, "resume.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }

@@ -138,9 +138,13 @@ class ClientPeer:
         self.want_audio = audio
         self.mic = mic or ScriptedMic()
         self.camera = camera  # sent as our video (sendrecv), else video is receive-only
-        self.pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
+        self._configuration = configuration or RTCConfiguration(iceServers=[])
+        self.pc = RTCPeerConnection(self._configuration)
         self.channel = self.pc.createDataChannel("events")
         self.session_id: str | None = None
+        self.resume_token: str | None = None  # from the last session.created
+        self.posted_at = 0.0  # time.monotonic() when the last offer was posted
+        self.resumes: list[float] = []  # seconds from each resume POST to its first audio frame
         self.location: str | None = None
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.audio: list[tuple[float, PCM]] = []  # (arrival, mono 48 kHz frame)
@@ -152,11 +156,16 @@ class ClientPeer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._event_signal = asyncio.Event()
         self.channel_open = asyncio.Event()
+        self._wire()
+
+    def _wire(self) -> None:
         self.channel.on("message", self._on_message)
         self.channel.on("open", self.channel_open.set)
         self.pc.on("track", self._on_track)
 
-    async def connect(self, timeout: float = 15.0) -> None:
+    async def connect(self, timeout: float = 15.0, resume_token: str | None = None) -> None:
+        """Offer, answer, and wait for the events channel. ``resume_token``: carry on the
+        conversation that token names (a resume) instead of starting one."""
         if self.want_audio:
             self.pc.addTrack(self.mic)
         if self.camera is not None:
@@ -165,20 +174,22 @@ class ClientPeer:
             self.pc.addTransceiver("video", direction="recvonly")
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = self.pc.localDescription.sdp
+        resume = {} if resume_token is None else {"Avatar-Resume-Token": resume_token}
         async with aiohttp.ClientSession() as http:
+            self.posted_at = time.monotonic()
             if self.whip:
-                async with http.post(
-                    f"{self.base_url}/whip", data=offer, headers={"Content-Type": "application/sdp"}
-                ) as resp:
+                headers = {"Content-Type": "application/sdp", **resume}
+                async with http.post(f"{self.base_url}/whip", data=offer, headers=headers) as resp:
                     if resp.status != 201:
                         raise RuntimeError(f"WHIP {resp.status}: {await resp.text()}")
                     self.location = resp.headers["Location"]
                     self.session_id = self.location.rsplit("/", 1)[-1]
                     answer = await resp.text()
             else:
-                async with http.post(
-                    f"{self.base_url}/offer", json={"sdp": offer, "type": "offer"}
-                ) as resp:
+                body = {"sdp": offer, "type": "offer"}
+                if resume_token is not None:
+                    body["resume_token"] = resume_token
+                async with http.post(f"{self.base_url}/offer", json=body) as resp:
                     if resp.status != 200:
                         raise RuntimeError(f"offer {resp.status}: {await resp.text()}")
                     body = await resp.json()
@@ -190,8 +201,61 @@ class ClientPeer:
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))
 
+    async def resume(self, timeout: float = 15.0) -> float:
+        """After the connection was lost: a new one carries on the same conversation (the
+        resume token of the last ``session.created``). Returns the seconds from the resume
+        POST to the first audio frame received on it (0 without audio)."""
+        if self.resume_token is None:
+            raise RuntimeError("no resume token: the server sent none (or it was used)")
+        token, self.resume_token = self.resume_token, None
+        old = self.pc
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(old.close(), 2.0)
+        self.mic = ScriptedMic()
+        self.pc = RTCPeerConnection(self._configuration)
+        self.channel = self.pc.createDataChannel("events")
+        self.channel_open = asyncio.Event()
+        self._wire()
+        frames_before = len(self.audio)
+        await self.connect(timeout, resume_token=token)
+        took = 0.0
+        if self.want_audio:
+            deadline = self.posted_at + timeout
+            while len(self.audio) == frames_before and time.monotonic() < deadline:
+                await asyncio.sleep(0.002)
+            if len(self.audio) == frames_before:
+                raise TimeoutError(f"no audio within {timeout} s of the resume")
+            took = self.audio[frames_before][0] - self.posted_at
+        self.resumes.append(took)
+        return took
+
+    async def keep_connected(self, drop_after_s: float = 2.0, attempts: int = 3) -> None:
+        """Resume by itself when the connection drops: no audio for ``drop_after_s`` (the
+        server sends a frame every 20 ms, silence too) or a failed connection. Runs until
+        cancelled; gives up after ``attempts`` failed resumes in a row."""
+        failures = 0
+        while failures < attempts:
+            await asyncio.sleep(0.2)
+            last = self.audio[-1][0] if self.audio else None
+            silent = last is not None and time.monotonic() - last > drop_after_s
+            if not (silent or self.pc.connectionState == "failed"):
+                continue
+            log.warning("connection lost; resuming the conversation")
+            try:
+                await self.resume()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log.warning("resume failed (%s)", exc)
+        log.error("could not resume after %d attempts", attempts)
+
     def _on_message(self, raw: str | bytes) -> None:
         event = json.loads(raw)
+        if event.get("type") == "session.created":
+            self.resume_token = event.get("session", {}).get("resume_token")
         self.events.append((time.monotonic(), event))
         self._event_signal.set()
         if self._on_event is not None:
@@ -249,11 +313,14 @@ class ClientPeer:
         return np.concatenate([pcm for _, pcm in self.audio])
 
     async def close(self, delete: bool = True) -> None:
-        """Hang up (WHIP: DELETE the resource first)."""
-        if delete and self.whip and self.location:
-            url = f"{self.base_url}{self.location}"
-            async with aiohttp.ClientSession() as http, http.delete(url) as resp:
-                await resp.read()
+        """Hang up: DELETE the session's resource first (else the server keeps the
+        conversation for a resume until its window passes)."""
+        location = self.location or (self.session_id and f"/whip/{self.session_id}")
+        if delete and location:
+            url = f"{self.base_url}{location}"
+            with contextlib.suppress(aiohttp.ClientError):
+                async with aiohttp.ClientSession() as http, http.delete(url) as resp:
+                    await resp.read()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -295,7 +362,13 @@ async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
         mic.play(load_wav(args.wav))
     if args.text:
         peer.send({"type": "conversation.item.create", "text": args.text})
+    keeper = None
+    if not args.no_resume and not args.no_audio:
+        keeper = asyncio.get_running_loop().create_task(peer.keep_connected())
     await asyncio.sleep(args.duration)
+    if keeper is not None:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
     await peer.close()
     if args.record_audio:
         save_wav(args.record_audio, peer.received_audio())
@@ -328,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
     parser.add_argument("--whip", action="store_true", help="connect with WHIP instead of /offer")
+    parser.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="do not resume the conversation by itself when the connection drops",
+    )
     parser.add_argument("--wav", type=Path, help="16-bit WAV to send as the microphone")
     parser.add_argument("--text", help="send this typed message after connecting")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds to stay connected")

@@ -372,6 +372,19 @@ class VisionConfig:
 
 
 @dataclass(frozen=True)
+class SessionConfig:
+    """A conversation beyond one connection."""
+
+    resume_window_s: float = _setting(
+        30.0,
+        "Seconds a conversation waits for its client to resume it (a new offer with its resume "
+        "token) after the connection is lost; 0 ends it with the connection.",
+        min=0.0,
+        max=3600.0,
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; immutable once built."""
 
@@ -382,6 +395,7 @@ class Config:
     vad: VadConfig = field(default_factory=VadConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
     # the dotted names the operator set (file, environment, --set); the calibration chooses
     # the others that follow the machine (server/pipeline/calibration.py)
     explicit: frozenset[str] = frozenset()

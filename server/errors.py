@@ -112,3 +112,19 @@ class TooManyRequests(RequestError):
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
+class ResumeRefused(RequestError):
+    """A resume token that is not (or no longer) this conversation's: used already, issued to
+    another connection since, or made up."""
+
+    status = 403
+    code = "resume_token_invalid"
+
+
+class ResumeExpired(RequestError):
+    """The conversation a resume token names has ended (its resume window passed, or it was
+    hung up)."""
+
+    status = 410
+    code = "resume_expired"

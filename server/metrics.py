@@ -31,6 +31,9 @@ class Metrics:
         self.sessions_rejected = Counter(
             "avatar_sessions_rejected", "Session requests refused (full).", registry=r
         )
+        self.resumes = Counter(
+            "avatar_session_resumes", "Conversations resumed by a new connection.", registry=r
+        )
         self.barge_in_reaction = Histogram(
             "avatar_barge_in_reaction_seconds",
             "First voiced input frame arrival to first silent outbound frame.",

@@ -90,6 +90,9 @@ const demo = {
   get sessionId() {
     return call ? call.connection.sessionId : null;
   },
+  get resumes() {
+    return call ? call.connection.resumes : 0; // connections replaced by a resume
+  },
   events: [],
   sent: [],
   reveals: [], // {id, at, played, agent}: when each chunk's words were shown
@@ -232,6 +235,8 @@ async function start() {
     lastAckMs: -1,
     lastResponse: null, // the reply that ended last (its timings follow its response.done)
     played: null, // {ms: output timeline played, at: performance.now() of the reading}
+    playedBaseMs: 0, // played on the connections a resume replaced (a new one counts from 0)
+    remoteTracks: { audio: null, video: null }, // the tracks the avatar element was given
   };
   const current = call;
   try {
@@ -315,17 +320,37 @@ function showSelfView(track) {
 
 function onRemoteStream(stream) {
   if (!call) return;
-  if (ui.avatar.srcObject !== stream) ui.avatar.srcObject = stream;
+  const audio = stream.getAudioTracks()[0] || null;
+  const video = stream.getVideoTracks()[0] || null;
+  const shown = call.remoteTracks;
+  // A resumed connection brings new tracks: the element is given the stream again (it may
+  // have ended with the old ones) and the level meter listens to the new audio.
+  const renewed = (shown.audio && audio && audio !== shown.audio) || (shown.video && video && video !== shown.video);
+  if (renewed || ui.avatar.srcObject !== stream) {
+    ui.avatar.srcObject = null;
+    ui.avatar.srcObject = stream;
+  }
   ui.avatar.play().catch(() => {});
-  const audio = stream.getAudioTracks()[0];
-  if (audio && !call.agentMeter) call.agentMeter = meter(call.audioContext, audio);
-  if (stream.getVideoTracks().length) ui.screen.dataset.video = 'waiting';
+  if (audio && audio !== shown.audio) {
+    if (call.agentMeter) call.agentMeter.close();
+    call.agentMeter = meter(call.audioContext, audio);
+  }
+  call.remoteTracks = { audio: audio || shown.audio, video: video || shown.video };
+  if (video && ui.screen.dataset.video !== 'playing') ui.screen.dataset.video = 'waiting';
 }
 
 function onConnectionState(state) {
   if (!call) return;
-  if (state === 'disconnected') setState('reconnecting');
-  else if (state === 'connected' && call.session) setState('connected');
+  if (state === 'reconnecting') {
+    // the connection was lost: a new one resumes the conversation (the page keeps its record)
+    call.playedBaseMs = call.played ? call.played.ms : call.playedBaseMs;
+    call.played = null;
+    setState('reconnecting', 'Reconnecting…');
+  } else if (state === 'disconnected') {
+    setState('reconnecting');
+  } else if (state === 'connected' && call.session) {
+    setState('connected');
+  }
 }
 
 ui.avatar.addEventListener('resize', () => {
@@ -354,6 +379,13 @@ function onServerEvent(event) {
   const now = performance.now();
   switch (event.type) {
     case 'session.created':
+      if (event.resumed && call.session) {
+        // the same conversation on a new connection: the transcript, the turn, the reply in
+        // progress and the chosen conditions all go on (the server kept them too)
+        call.session = { ...call.session, id: event.session.id };
+        setState('connected');
+        break;
+      }
       call.session = event.session;
       setState('connected');
       setTurn('listening');
@@ -554,21 +586,24 @@ function levelTick() {
 
 async function statsTick() {
   const current = call;
-  if (!current) return;
+  if (!current || current.connection.reconnecting) return;
+  const { pc } = current.connection;
   let stats;
   const at = performance.now();
   try {
-    stats = await readStats(current.connection.pc);
+    stats = await readStats(pc);
   } catch {
     return;
   }
-  if (call !== current) return;
+  if (call !== current || current.connection.pc !== pc || current.connection.reconnecting) return;
   demo.stats = stats;
-  if (stats.audio.playedMs != null) current.played = { ms: stats.audio.playedMs, at };
+  // the output timeline goes on across a resume; a new connection counts its audio from 0
+  const playedMs = stats.audio.playedMs == null ? null : current.playedBaseMs + stats.audio.playedMs;
+  if (playedMs != null) current.played = { ms: playedMs, at };
   latency.stats(stats);
   // playback acknowledgement: how much of the output timeline has played here
   const playing = current.response || performance.now() - current.lastDoneMs < ACK_AFTER_DONE_MS;
-  const played = follower.timeline(stats.audio.playedMs);
+  const played = follower.timeline(playedMs);
   if (playing && played != null && Math.round(played) > current.lastAckMs) {
     current.lastAckMs = Math.round(played);
     if (send({ type: 'playback.ack', played_ms: current.lastAckMs })) {

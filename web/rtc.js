@@ -5,6 +5,12 @@ const GATHER_TIMEOUT_MS = 3000;
 const OFFER_TIMEOUT_MS = 15000;
 const ICE_SERVERS_TIMEOUT_MS = 3000;
 const CONNECT_TIMEOUT_MS = 15000;
+const WATCH_INTERVAL_MS = 500; // how often a call checks that its connection is still there
+const STALL_MS = 4000; // no audio from the server this long: the connection is gone
+const RESUME_ATTEMPTS = 3;
+const RESUME_BACKOFF_MS = 1500; // before the 2nd attempt; twice that before the 3rd
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** A failure to start or keep a session; `kind` says which, `detail` carries figures. */
 export class ConnectError extends Error {
@@ -130,15 +136,22 @@ async function fetchIceServers(baseUrl) {
   }
 }
 
-async function postOffer(baseUrl, offer) {
+/**
+ * POST the offer (with `resumeToken`: resume that conversation on this new connection). The
+ * server's answer, or a ConnectError; a refusal's `detail` has the HTTP `status` and the
+ * body's `code`.
+ */
+async function postOffer(baseUrl, offer, resumeToken = null) {
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), OFFER_TIMEOUT_MS);
+  const request = { sdp: offer.sdp, type: offer.type };
+  if (resumeToken) request.resume_token = resumeToken;
   let response;
   try {
     response = await fetch(`${baseUrl}/offer`, {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ sdp: offer.sdp, type: offer.type }),
+      body: JSON.stringify(request),
       signal: abort.signal,
     });
   } catch (err) {
@@ -164,6 +177,7 @@ async function postOffer(baseUrl, offer) {
     throw new ConnectError(
       'rejected',
       `The server refused the call (${response.status}): ${body.error || response.statusText}`,
+      { status: response.status, code: body.code || null },
     );
   }
   return body;
@@ -171,7 +185,13 @@ async function postOffer(baseUrl, offer) {
 
 /**
  * A call: `start()` connects; events: 'message' (detail: a server event object), 'state'
- * (detail: the RTCPeerConnection state), 'lost' (detail: ConnectError), 'track' (detail: stream).
+ * (detail: the RTCPeerConnection state, or 'reconnecting' while a lost connection is being
+ * replaced), 'lost' (detail: ConnectError), 'track' (detail: stream).
+ *
+ * A lost connection (the peer connection failed or closed, the events channel closed, or no
+ * audio came for STALL_MS) is replaced by a new one that resumes the same conversation with
+ * the newest resume token the server gave (`session.created`): up to RESUME_ATTEMPTS tries,
+ * then 'lost'. `stop()` ends the conversation on the server; nothing resumes after it.
  */
 export class AvatarConnection extends EventTarget {
   /** `baseUrl`: where the server's routes are, relative to the page ('.': beside it). */
@@ -182,40 +202,56 @@ export class AvatarConnection extends EventTarget {
     this.channel = null;
     this.sessionId = null;
     this.remoteStream = new MediaStream();
+    this.resumeToken = null; // the newest one the server gave; each works once
+    this.resumeWindowS = null;
+    this.reconnecting = false;
+    this.resumes = 0; // connections replaced so far
+    this._iceServers = [];
+    this._mic = null;
+    this._camera = null;
     this._audioSender = null;
     this._videoSender = null;
+    this._watchdog = null;
     this._stopped = false;
   }
 
   /** Connect with the microphone track `mic` and an optional camera track. */
   async start(mic, camera = null) {
-    const iceServers = await fetchIceServers(this.baseUrl);
+    this._mic = mic;
+    this._camera = camera;
+    this._iceServers = await fetchIceServers(this.baseUrl);
     if (this._stopped) return;
-    const pc = new RTCPeerConnection({ iceServers });
+    await this._connect(null);
+    if (this._stopped) return;
+    this._onState();
+  }
+
+  /**
+   * A new peer connection with the call's tracks, its offer posted (`resumeToken`: resuming),
+   * up until its events channel opens. It is `this.pc` from the start (stop() closes it).
+   * Throws a ConnectError; returns false if the call was stopped meanwhile.
+   */
+  async _connect(resumeToken) {
+    const pc = new RTCPeerConnection({ iceServers: this._iceServers });
     this.pc = pc;
     const channel = pc.createDataChannel('events', { ordered: true });
     this.channel = channel;
-    const local = new MediaStream([mic]);
-    this._audioSender = pc.addTransceiver(mic, { direction: 'sendrecv', streams: [local] }).sender;
+    const local = new MediaStream([this._mic]);
+    this._audioSender = pc.addTransceiver(this._mic, { direction: 'sendrecv', streams: [local] }).sender;
     // Always send-capable, so a camera can be switched on later without renegotiation.
-    const video = pc.addTransceiver(camera || 'video', { direction: 'sendrecv' });
+    const video = pc.addTransceiver(this._camera || 'video', { direction: 'sendrecv' });
     this._videoSender = video.sender;
-    pc.addEventListener('track', (event) => {
-      if (!this.remoteStream.getTracks().includes(event.track)) {
-        this.remoteStream.addTrack(event.track);
-      }
-      this.dispatchEvent(new CustomEvent('track', { detail: this.remoteStream }));
-    });
+    pc.addEventListener('track', (event) => this._onTrack(pc, event.track));
     channel.addEventListener('message', (event) => this._onMessage(event.data));
     const opened = new Promise((resolve) => channel.addEventListener('open', resolve, { once: true }));
 
     await pc.setLocalDescription(await pc.createOffer());
     await waitForGathering(pc, GATHER_TIMEOUT_MS);
-    if (this._stopped) return;
-    const answer = await postOffer(this.baseUrl, pc.localDescription);
+    if (this._stopped) return false;
+    const answer = await postOffer(this.baseUrl, pc.localDescription, resumeToken);
     if (this._stopped) {
-      this._deleteSession(answer.session_id);
-      return;
+      if (!resumeToken) this._deleteSession(answer.session_id); // stop() already deleted a resumed one
+      return false;
     }
     this.sessionId = answer.session_id;
     await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
@@ -229,7 +265,7 @@ export class AvatarConnection extends EventTarget {
     });
     const failed = new Promise((_, reject) => {
       pc.addEventListener('connectionstatechange', () => {
-        if (pc.connectionState === 'failed') {
+        if (pc.connectionState === 'failed' || pc.connectionState === 'closed') {
           reject(new ConnectError('lost', 'The media connection to the server failed.'));
         }
       });
@@ -239,20 +275,134 @@ export class AvatarConnection extends EventTarget {
     } finally {
       clearTimeout(timer);
     }
-    pc.addEventListener('connectionstatechange', () => this._onState());
-    channel.addEventListener('close', () => this._lost('The server closed the conversation.'));
-    this._onState();
+    if (this._stopped || pc !== this.pc) return false;
+    pc.addEventListener('connectionstatechange', () => {
+      if (pc === this.pc && !this.reconnecting) this._onState();
+    });
+    channel.addEventListener('close', () => this._connectionLost(pc, 'The server closed the conversation.'));
+    this._watch(pc, channel);
+    return true;
+  }
+
+  /** The remote stream the page shows gets `track` in place of the lost connection's one. */
+  _onTrack(pc, track) {
+    if (pc !== this.pc || this._stopped) return;
+    for (const old of this.remoteStream.getTracks()) {
+      if (old.kind === track.kind && old !== track) this.remoteStream.removeTrack(old);
+    }
+    if (!this.remoteStream.getTracks().includes(track)) this.remoteStream.addTrack(track);
+    this.dispatchEvent(new CustomEvent('track', { detail: this.remoteStream }));
+  }
+
+  /**
+   * Notice a lost connection by itself: a local `pc.close()` fires no event in Chrome, and a
+   * connection whose packets vanish takes Chrome ~30 s to call failed; the server sends audio
+   * all the time (silence too), so its absence is the quicker sign.
+   */
+  _watch(pc, channel) {
+    this._unwatch();
+    let bytes = 0;
+    let changedAt = performance.now();
+    let reading = false;
+    this._watchdog = setInterval(async () => {
+      if (pc !== this.pc || this._stopped || this.reconnecting) return;
+      const state = pc.connectionState;
+      if (state === 'closed' || state === 'failed' || channel.readyState === 'closed') {
+        this._connectionLost(pc, 'The connection to the server was lost.');
+        return;
+      }
+      if (reading) return;
+      reading = true;
+      try {
+        let received = 0;
+        (await pc.getStats()).forEach((s) => {
+          if (s.type === 'inbound-rtp' && s.kind === 'audio') received += s.bytesReceived ?? 0;
+        });
+        const now = performance.now();
+        if (received !== bytes) {
+          bytes = received;
+          changedAt = now;
+        } else if (bytes > 0 && now - changedAt > STALL_MS) {
+          this._connectionLost(pc, 'The connection to the server was lost.');
+        }
+      } catch {
+        // a closed connection: the next tick sees it
+      } finally {
+        reading = false;
+      }
+    }, WATCH_INTERVAL_MS);
+  }
+
+  _unwatch() {
+    clearInterval(this._watchdog);
+    this._watchdog = null;
   }
 
   _onState() {
     const state = this.pc ? this.pc.connectionState : 'closed';
     this.dispatchEvent(new CustomEvent('state', { detail: state }));
-    if (state === 'failed') this._lost('The connection to the server was lost.');
+    if (state === 'failed') this._connectionLost(this.pc, 'The connection to the server was lost.');
   }
 
-  _lost(message) {
+  /** `pc` (if still the call's connection) is gone: resume the conversation, or give up. */
+  _connectionLost(pc, message) {
+    if (this._stopped || this.reconnecting || pc !== this.pc) return;
+    this._unwatch();
+    if (!this.resumeToken) {
+      this._lost(message);
+      return;
+    }
+    this._resume(message);
+  }
+
+  async _resume(message) {
+    this.reconnecting = true;
+    this.dispatchEvent(new CustomEvent('state', { detail: 'reconnecting' }));
+    let why = null;
+    for (let attempt = 0; attempt < RESUME_ATTEMPTS; attempt += 1) {
+      if (attempt) await sleep(RESUME_BACKOFF_MS * attempt);
+      if (this._stopped) return;
+      this._closeQuietly();
+      // Tried again after a failure: if the server took it, it refuses it now (403).
+      const token = this.resumeToken;
+      try {
+        if (!(await this._connect(token))) return; // stopped meanwhile
+        this.reconnecting = false;
+        this.resumes += 1;
+        console.info(`call: resumed session ${this.sessionId} (attempt ${attempt + 1})`);
+        this._onState();
+        return;
+      } catch (err) {
+        if (this._stopped) return;
+        why = err;
+        console.warn(`call: resume attempt ${attempt + 1} failed:`, err.message);
+        const status = err.detail && err.detail.status;
+        if (status >= 400 && status < 500) break; // refused: the conversation cannot be resumed
+      }
+    }
+    this._closeQuietly();
+    this.reconnecting = false;
+    this._lost(message, why);
+  }
+
+  /** Close the call's peer connection without it reporting anything. */
+  _closeQuietly() {
+    const { pc, channel } = this;
+    this._unwatch();
+    this.pc = null;
+    this.channel = null;
+    try {
+      if (channel) channel.close();
+      if (pc) pc.close();
+    } catch {
+      // closed already
+    }
+  }
+
+  _lost(message, cause = null) {
     if (this._stopped) return;
-    this.dispatchEvent(new CustomEvent('lost', { detail: new ConnectError('lost', message) }));
+    const detail = cause ? { cause: cause.message, status: cause.detail && cause.detail.status } : {};
+    this.dispatchEvent(new CustomEvent('lost', { detail: new ConnectError('lost', message, detail) }));
   }
 
   _onMessage(data) {
@@ -262,9 +412,12 @@ export class AvatarConnection extends EventTarget {
     } catch {
       return;
     }
-    if (event && typeof event.type === 'string') {
-      this.dispatchEvent(new CustomEvent('message', { detail: event }));
+    if (!event || typeof event.type !== 'string' || this._stopped) return;
+    if (event.type === 'session.created' && event.session && typeof event.session.resume_token === 'string') {
+      this.resumeToken = event.session.resume_token;
+      this.resumeWindowS = event.session.resume_window_s ?? null;
     }
+    this.dispatchEvent(new CustomEvent('message', { detail: event }));
   }
 
   /** Send a client event; false when the channel is not open. */
@@ -275,10 +428,12 @@ export class AvatarConnection extends EventTarget {
   }
 
   async replaceMicrophone(track) {
+    this._mic = track;
     if (this._audioSender) await this._audioSender.replaceTrack(track);
   }
 
   async replaceCamera(track) {
+    this._camera = track;
     if (this._videoSender) await this._videoSender.replaceTrack(track);
   }
 
@@ -292,8 +447,10 @@ export class AvatarConnection extends EventTarget {
   /** End the call: the server session first (explicitly), then the peer connection. */
   stop() {
     this._stopped = true;
+    this._unwatch();
     this._deleteSession(this.sessionId);
     this.sessionId = null;
+    this.resumeToken = null;
     if (this.channel) this.channel.close();
     if (this.pc) this.pc.close();
     this.remoteStream.getTracks().forEach((t) => this.remoteStream.removeTrack(t));

@@ -44,7 +44,8 @@ from server.errors import NotFound, RequestError, ServerFull
 from server.fleet.merge import join_objects, merge_expositions, pool_metrics
 from server.fleet.pool import Pool, Upstream
 from server.http.guards import WORKER_KEY_HEADER, request_guards
-from server.http.signaling import add_session_limit, json_errors, limit_session_rate, read_limited
+from server.http.middleware import json_errors
+from server.http.signaling import add_session_limit, limit_session_rate, read_limited
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,9 @@ from server.clock import MonotonicClock
 from server.config import Config
 from server.errors import NotFound
 from server.http.guards import request_guards
+from server.http.middleware import cors_headers, json_errors
 from server.http.registry import SessionRegistry
-from server.http.signaling import (
-    REGISTRY_KEY,
-    add_routes,
-    authenticate,
-    cors_headers,
-    json_errors,
-)
+from server.http.signaling import REGISTRY_KEY, add_routes, authenticate
 from server.looplag import LoopLagMonitor
 from server.metrics import Metrics
 from server.pipeline.calibration import Calibration
@@ -88,9 +83,9 @@ async def debug_sessions(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "live": [
-                peer.describe()
-                for peer in registry.sessions.values()
-                if hmac.compare_digest(peer.owner, caller)
+                registry.describe(session_id)
+                for session_id, conversation in registry.conversations.items()
+                if hmac.compare_digest(conversation.owner, caller)
             ],
             "closed": [
                 described

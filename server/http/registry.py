@@ -1,5 +1,10 @@
 """The live sessions of this process: creation within capacity (the server's, and each
-client's share of it), lookup, closing."""
+client's share of it), lookup, resume after a lost connection, closing.
+
+A session is a :class:`Conversation` and the peer connection that carries it. When the
+connection is lost (it fails, or its audio stops) the conversation waits
+``session.resume_window_s`` for its client to come back with its resume token; a new peer
+then carries it on. A conversation waiting so still counts against capacity."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import gc
 import logging
 import secrets
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,22 +22,33 @@ from typing import Any
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from server.avatar.seam import AvatarRenderer
+from server.clock import Clock
 from server.config import Config
-from server.errors import BadRequest, NotFound, ServerFull, TooManyRequests
-from server.http.auth import is_loopback
+from server.conversation.conversation import Conversation
+from server.conversation.resume import split_token
+from server.errors import (
+    BadRequest,
+    NotFound,
+    ResumeExpired,
+    ResumeRefused,
+    ServerFull,
+    TooManyRequests,
+)
+from server.http.auth import check_owner, is_loopback
 from server.http.whip import CandidateBudget
 from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.seams import TurnPipeline
 from server.pipeline.turn_detector import TurnDetector
 from server.procstats import trim_heap
-from server.rtc.peer import PeerSession, PeerState
+from server.rtc.peer import Gone, PeerSession, PeerState
 from server.vision.sampling import VisionModel
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_BYTES = 24  # 192 random bits, URL-safe
 REAP_INTERVAL_S = 1.0  # longest pause between two dead-peer checks
+MAX_ENDED = 4096  # ids of ended sessions remembered, to answer a late resume with 410
 
 
 class TooManySessions(TooManyRequests):
@@ -59,7 +75,7 @@ def receives_audio(pc: RTCPeerConnection) -> bool:
 
 
 class SessionRegistry:
-    """Owns every PeerSession and every task that closes one."""
+    """Owns every Conversation and PeerSession, and every task that closes one."""
 
     def __init__(
         self,
@@ -69,14 +85,19 @@ class SessionRegistry:
         metrics: Metrics,
         renderer: AvatarRenderer | None = None,
         vision: VisionModel | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock``: the conversations' time (turn deadlines, resume windows)."""
         self.config = config
+        self._clock = clock
         self._detector_factory = detector_factory
         self._pipeline = pipeline
         self._metrics = metrics
         self._renderer = renderer
         self._vision = vision
-        self.sessions: dict[str, PeerSession] = {}
+        self.conversations: dict[str, Conversation] = {}
+        self.peers: dict[str, PeerSession] = {}  # the peer carrying each conversation, if any
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._admitted: dict[str, Admission] = {}  # by session id, as long as it is in sessions
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
@@ -87,7 +108,7 @@ class SessionRegistry:
         self.reaped_total = 0
 
     def __len__(self) -> int:
-        return len(self.sessions)
+        return len(self.conversations)
 
     def client_limit(self) -> int:
         """Live sessions one client may hold (``transport.max_sessions_per_client``; 0: half of
@@ -112,7 +133,8 @@ class SessionRegistry:
                 transport.retry_after_s,
             )
         by_token = owner != NO_OWNER and len(self.config.server.auth_tokens) > 1
-        if by_token and sum(p.owner == owner for p in self.sessions.values()) >= limit:
+        owned = sum(c.owner == owner for c in self.conversations.values())
+        if by_token and owned >= limit:
             raise TooManySessions(
                 f"this token already has {limit} live sessions (its share of the server); "
                 "end one first",
@@ -131,46 +153,106 @@ class SessionRegistry:
         counted; raises ServerFull, TooManySessions or BadRequest, leaving nothing."""
         if self._accepting:
             self._check_client(client, owner)  # its own share first: waiting will not help it
-        if not self._accepting or len(self.sessions) >= self.config.transport.max_sessions:
+        if not self._accepting or len(self) >= self.config.transport.max_sessions:
             self._metrics.sessions_rejected.inc()
             raise ServerFull("server is at its session limit", self.config.transport.retry_after_s)
         if candidates is None:
             candidates = CandidateBudget(self.config.transport.max_remote_candidates)
         session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
-        peer = PeerSession(
+        conversation = Conversation(
             session_id,
             self.config,
             self._detector_factory(),
             self._pipeline,
             self._metrics,
-            self.request_close,
             self._renderer,
             self._vision,
             owner,
+            self._clock,
         )
-        self.sessions[session_id] = peer  # counts against capacity while we negotiate
+        self.conversations[session_id] = conversation  # counts while we negotiate
         self._admitted[session_id] = Admission(client, candidates)
-        self._peer_objects.add(peer)
         try:
-            answer = await peer.answer(offer_sdp)
-        except Exception as exc:
-            self.sessions.pop(session_id, None)
+            answer = await self._connect(conversation, offer_sdp, resumed=False)
+        except BadRequest:
+            self.conversations.pop(session_id, None)
             self._admitted.pop(session_id, None)
+            await conversation.close()
+            raise
+        conversation.start()
+        self._metrics.sessions_total.inc()
+        self._metrics.sessions_active.set(len(self))
+        log.info("session %s created (%d active)", session_id[:8], len(self))
+        return session_id, answer
+
+    async def _connect(
+        self, conversation: Conversation, offer_sdp: str, resumed: bool
+    ) -> RTCSessionDescription:
+        """A new peer for ``conversation``, attached to it; BadRequest (nothing attached) if
+        the offer cannot be used."""
+        session_id = conversation.session_id
+        peer = PeerSession(conversation, self.config, self._peer_gone, resumed)
+        self.peers[session_id] = peer
+        self._peer_objects.add(peer)
+        conversation.attach(peer)
+        try:
+            return await peer.answer(offer_sdp)
+        except Exception as exc:
+            if self.peers.get(session_id) is peer:
+                del self.peers[session_id]
             try:
                 await peer.close()
             except Exception:  # aiortc cannot always close after a refused offer
                 log.warning("session %s: close after a refused offer failed", session_id[:8])
             raise BadRequest(f"cannot use this SDP offer: {exc}") from exc
-        self._metrics.sessions_total.inc()
-        self._metrics.sessions_active.set(len(self.sessions))
-        log.info("session %s created (%d active)", session_id[:8], len(self.sessions))
+
+    async def resume(
+        self, token: str, offer_sdp: str, owner: str = NO_OWNER
+    ) -> tuple[str, RTCSessionDescription]:
+        """A new peer for the conversation ``token`` names (its resume token, used up here;
+        the new connection's ``session.created`` carries the next). A peer still attached is
+        replaced. BadRequest (malformed token or offer), ResumeExpired (the conversation has
+        ended), NotFound, Forbidden (another bearer token's), ResumeRefused (not its current
+        token); none of them changes anything."""
+        session_id, secret = split_token(token)
+        conversation = self.conversations.get(session_id)
+        if conversation is None:
+            if session_id in self._ended:
+                raise ResumeExpired("this conversation has ended; start a new session")
+            raise NotFound("no such session")
+        check_owner(conversation.owner, owner)
+        if not conversation.ticket.redeem(secret):
+            raise ResumeRefused("this resume token is not valid (used already, or not issued)")
+        old = self.peers.pop(session_id, None)
+        if old is not None:
+            await old.close()
+        try:
+            answer = await self._connect(conversation, offer_sdp, resumed=True)
+        except BadRequest:
+            conversation.ticket.reinstate(secret)
+            raise
+        self._metrics.resumes.inc()
+        log.info("session %s resumed by a new connection", session_id[:8])
         return session_id, answer
 
     def get(self, session_id: str) -> PeerSession:
+        """The peer carrying the session; NotFound if unknown or while it has none."""
         try:
-            return self.sessions[session_id]
+            return self.peers[session_id]
         except KeyError:
             raise NotFound("no such session") from None
+
+    def owner_of(self, session_id: str) -> str:
+        """The owner (token digest) of a live session, with or without a peer; NotFound."""
+        try:
+            return self.conversations[session_id].owner
+        except KeyError:
+            raise NotFound("no such session") from None
+
+    def describe(self, session_id: str) -> dict[str, Any]:
+        peer = self.peers.get(session_id)
+        described = self.conversations[session_id].describe()
+        return {**described, "state": "detached" if peer is None else peer.state.value}
 
     def candidates(self, session_id: str) -> CandidateBudget:
         """The remote ICE candidates the session has been given so far; NotFound if unknown."""
@@ -181,23 +263,52 @@ class SessionRegistry:
 
     async def close(self, session_id: str) -> None:
         """End one session and free everything it holds; NotFound if unknown."""
-        peer = self.sessions.pop(session_id, None)
-        self._admitted.pop(session_id, None)
-        if peer is None:
+        conversation = self.conversations.get(session_id)
+        if conversation is None:
             raise NotFound("no such session")
-        await peer.close()
+        described = self.describe(session_id)
+        del self.conversations[session_id]
+        peer = self.peers.pop(session_id, None)
+        self._admitted.pop(session_id, None)
+        self._ended[session_id] = None
+        while len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
+        if peer is not None:
+            await peer.close()
+            described["state"] = peer.state.value
+        await conversation.close()
         self.closed_total += 1
-        self.finished.append((peer.owner, peer.describe()))
-        self._metrics.sessions_active.set(len(self.sessions))
-        log.info("session %s closed (%d active)", session_id[:8], len(self.sessions))
+        self.finished.append((conversation.owner, described))
+        self._metrics.sessions_active.set(len(self))
+        log.info("session %s closed (%d active)", session_id[:8], len(self))
 
-    def request_close(self, session_id: str) -> None:
-        """Close from a callback (peer gone, watchdog); the task is owned here."""
-        if session_id not in self.sessions:
-            return
-        task = asyncio.get_running_loop().create_task(self._close_quietly(session_id))
+    def _own(self, coro: Any) -> None:
+        """Run ``coro`` (a close) in a task owned here."""
+        task = asyncio.get_running_loop().create_task(coro)
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+    def request_close(self, session_id: str) -> None:
+        """Close from a callback; the task is owned here."""
+        if session_id in self.conversations:
+            self._own(self._close_quietly(session_id))
+
+    def _peer_gone(self, peer: PeerSession, why: Gone) -> None:
+        """A peer's connection was lost, never made, or overflowed. Its conversation waits
+        for a resume if the client holds a token and the window allows; else it ends."""
+        session_id = peer.session_id
+        if self.peers.get(session_id) is not peer:  # replaced by a resume already
+            self._own(peer.close())
+            return
+        conversation = self.conversations[session_id]
+        waits = self.config.session.resume_window_s > 0 and conversation.ticket.issued > 0
+        fresh = why is Gone.NEVER_CONNECTED and not peer.resumed
+        if why is Gone.OVERFLOWED or fresh or not waits:
+            self.request_close(session_id)
+            return
+        del self.peers[session_id]
+        log.info("session %s: connection %s, kept for a resume", session_id[:8], why.value)
+        self._own(peer.close())
 
     async def _close_quietly(self, session_id: str) -> None:
         with contextlib.suppress(NotFound):
@@ -207,7 +318,7 @@ class SessionRegistry:
         """Graceful shutdown: refuse new sessions, close every peer, await every close task."""
         self._accepting = False
         await self.stop_reaper()
-        ids = list(self.sessions)
+        ids = list(self.conversations)
         log.info("closing %d sessions", len(ids))
         await asyncio.gather(*(self._close_quietly(i) for i in ids))
         if self._closing:
@@ -227,7 +338,7 @@ class SessionRegistry:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    def dead_peers(self) -> list[str]:
+    def dead_peers(self) -> list[PeerSession]:
         """Connected sessions whose inbound audio stopped ``transport.dead_peer_timeout_s`` ago.
 
         aiortc notices a vanished client only after ~30 s of failed consent checks; inbound
@@ -235,33 +346,50 @@ class SessionRegistry:
         send no audio at all are left to ICE consent and the connect watchdog.
         """
         timeout_ms = self.config.transport.dead_peer_timeout_s * 1000
-        dead: list[str] = []
-        for session_id, peer in self.sessions.items():
+        dead: list[PeerSession] = []
+        for peer in self.peers.values():
             if peer.state is not PeerState.CONNECTED or not receives_audio(peer.pc):
                 continue
             if peer.clock.now_ms() - peer.last_media_ms > timeout_ms:
-                dead.append(session_id)
+                dead.append(peer)
         return dead
+
+    def expired(self) -> list[str]:
+        """Conversations that waited ``session.resume_window_s`` for a resume in vain."""
+        window_ms = self.config.session.resume_window_s * 1000
+        return [
+            session_id
+            for session_id, conversation in self.conversations.items()
+            if conversation.detached_since_ms is not None
+            and session_id not in self.peers
+            and conversation.clock.now_ms() - conversation.detached_since_ms >= window_ms
+        ]
+
+    def _reap_dead_peers(self) -> None:
+        for peer in self.dead_peers():
+            log.warning(
+                "session %s: no audio for %.1f s (peer gone)",
+                peer.session_id[:8],
+                self.config.transport.dead_peer_timeout_s,
+            )
+            self._peer_gone(peer, Gone.LOST)
+            self.reaped_total += 1
 
     async def _reap_loop(self) -> None:
         interval = min(REAP_INTERVAL_S, self.config.transport.dead_peer_timeout_s / 4)
         trimmed_at = self.closed_total
         while True:
             await asyncio.sleep(interval)
-            dead = self.dead_peers()
-            for session_id in dead:
-                log.warning(
-                    "session %s: no audio for %.1f s, closing (peer gone)",
-                    session_id[:8],
-                    self.config.transport.dead_peer_timeout_s,
-                )
+            self._reap_dead_peers()  # a method: no peer stays referenced by this loop
+            expired = self.expired()
+            for session_id in expired:
+                log.info("session %s: no resume within the window, closing", session_id[:8])
             results = await asyncio.gather(
-                *(self._close_quietly(i) for i in dead), return_exceptions=True
+                *(self._close_quietly(i) for i in expired), return_exceptions=True
             )
-            for session_id, result in zip(dead, results, strict=True):
+            for session_id, result in zip(expired, results, strict=True):
                 if isinstance(result, Exception):
                     log.error("session %s: close failed", session_id[:8], exc_info=result)
-            self.reaped_total += len(dead)
             if self.closed_total != trimmed_at:  # return closed sessions' memory to the OS
                 trimmed_at = self.closed_total
                 await asyncio.to_thread(trim_heap)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -30,7 +29,6 @@ from server.clock import MonotonicClock
 from server.config import Config, TransportConfig
 from server.errors import (
     BadRequest,
-    Forbidden,
     PayloadTooLarge,
     PreconditionFailed,
     RequestError,
@@ -39,6 +37,7 @@ from server.errors import (
     UnsupportedMediaType,
 )
 from server.http.auth import BearerAuth, CorsPolicy, check_owner
+from server.http.middleware import CORS_KEY
 from server.http.ratelimit import RateLimiter, client_key
 from server.http.registry import SessionRegistry
 from server.http.whip import (
@@ -61,59 +60,13 @@ log = logging.getLogger(__name__)
 
 REGISTRY_KEY = web.AppKey("registry", SessionRegistry)
 AUTH_KEY = web.AppKey("auth", BearerAuth)
-CORS_KEY = web.AppKey("cors", CorsPolicy)
 LIMITER_KEY = web.AppKey("session_rate", RateLimiter)
 PATCH_LIMITER_KEY = web.AppKey("patch_rate", RateLimiter)  # keyed by session id
 TRANSPORT_KEY = web.AppKey("transport", TransportConfig)
 PROXIES_KEY = web.AppKey("trusted_proxies", frozenset)
 
 MAX_MEDIA_SECTIONS = 16  # m-lines in one offer (each becomes a transceiver)
-CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
-CORS_REQUEST_HEADERS = "Authorization, Content-Type, If-Match"
-CORS_EXPOSED = "Location, ETag, Link, Retry-After, Accept-Patch, Accept-Post, WWW-Authenticate"
-CORS_MAX_AGE_S = 600
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error_response(
-    status: int, message: str, code: str, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.json_response({"error": message, "code": code}, status=status, headers=headers)
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves as JSON: typed runtime errors and aiohttp's own HTTP errors."""
-    try:
-        return await handler(request)
-    except RequestError as exc:
-        return error_response(exc.status, exc.message, exc.code, exc.headers)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-        return error_response(exc.status, exc.reason, exc.reason.lower().replace(" ", "_"), headers)
-
-
-@web.middleware
-async def cors_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Browser origins: an allowed one gets CORS headers (preflights their own), any other is
-    refused with 403 before the request does anything. Requests without Origin pass as is."""
-    origin = request.headers.get("Origin")
-    if origin is None or CORS_KEY not in request.app:
-        return await handler(request)
-    if not request.app[CORS_KEY].allows(origin, request.host):
-        return error_response(403, f"origin {origin} is not allowed", Forbidden.code)
-    response = await handler(request)
-    response.headers["Access-Control-Allow-Origin"] = origin
-    response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
-    response.headers.add("Vary", "Origin")
-    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-        response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
-        response.headers["Access-Control-Allow-Headers"] = CORS_REQUEST_HEADERS
-        response.headers["Access-Control-Max-Age"] = str(CORS_MAX_AGE_S)
-    return response
+RESUME_HEADER = "Avatar-Resume-Token"
 
 
 def authenticate(request: web.Request) -> str:
@@ -205,15 +158,35 @@ def candidate_filter(request: web.Request) -> CandidateFilter:
     return CandidateFilter.for_client(policy, client_address(request))
 
 
-async def create_session(request: web.Request, sdp: str, owner: str) -> tuple[str, str]:
+async def create_session(
+    request: web.Request, sdp: str, owner: str, resume_token: str | None = None
+) -> tuple[str, str]:
     """A session for the offer ``sdp``: its candidates filtered and counted before aiortc sees
-    them (422 past the cap), then created within the client's share; (session id, answer)."""
+    them (422 past the cap), then created within the client's share; (session id, answer).
+    With ``resume_token`` the offer resumes the conversation the token names instead (its
+    candidates count against that session's budget)."""
     sdp, kept = filter_offer(sdp, candidate_filter(request))
+    registry = request.app[REGISTRY_KEY]
+    if resume_token is not None:
+        session_id, answer = await registry.resume(resume_token, sdp, owner)
+        registry.candidates(session_id).admit(kept)
+        return session_id, answer.sdp
     budget = CandidateBudget(request.app[TRANSPORT_KEY].max_remote_candidates)
     budget.admit(kept)
     client = client_key(client_address(request))
-    session_id, answer = await request.app[REGISTRY_KEY].create(sdp, owner, client, budget)
+    session_id, answer = await registry.create(sdp, owner, client, budget)
     return session_id, answer.sdp
+
+
+def resume_token(request: web.Request, field: object = None) -> str | None:
+    """The resume token a request presents: the ``Avatar-Resume-Token`` header, or (``/offer``)
+    the body's ``resume_token`` field; None for a new session."""
+    token = request.headers.get(RESUME_HEADER)
+    if token is None and field is not None:
+        if not isinstance(field, str):
+            raise BadRequest('"resume_token" must be a string')
+        token = field
+    return token
 
 
 async def post_offer(request: web.Request) -> web.Response:
@@ -227,7 +200,8 @@ async def post_offer(request: web.Request) -> web.Response:
     if not isinstance(data, dict) or data.get("type") != "offer":
         raise BadRequest('expected a JSON object with "type": "offer"')
     sdp = check_sdp(data.get("sdp"), _max_lines(request))
-    session_id, answer = await create_session(request, sdp, owner)
+    token = resume_token(request, data.get("resume_token"))
+    session_id, answer = await create_session(request, sdp, owner, token)
     return web.json_response({"sdp": answer, "type": "answer", "session_id": session_id})
 
 
@@ -256,7 +230,7 @@ async def post_whip(request: web.Request) -> web.Response:
     """WHIP (RFC 9725): SDP offer in, 201 with the SDP answer and the resource's Location."""
     owner = admit_session(request)
     sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
-    session_id, answer = await create_session(request, sdp, owner)
+    session_id, answer = await create_session(request, sdp, owner, resume_token(request))
     ufrag = ice_ufrag(sdp)
     headers = CIMultiDict(
         [
@@ -336,7 +310,7 @@ async def delete_whip(request: web.Request) -> web.Response:
     caller = authenticate(request)
     registry = request.app[REGISTRY_KEY]
     session_id = request.match_info["session_id"]
-    check_owner(registry.get(session_id).owner, caller)
+    check_owner(registry.owner_of(session_id), caller)
     await registry.close(session_id)
     return web.Response(status=200)
 

@@ -86,6 +86,10 @@ class TurnMachine:
         spent = self._clock.now_ms() - self._entered_ms
         return spent if deadline is not None and spent >= deadline else None
 
+    def pause_for(self, paused_ms: float) -> None:
+        """The deadline waited ``paused_ms`` (no connection carried the turn): it moves on."""
+        self._entered_ms += max(0.0, paused_ms)
+
     def can(self, new: TurnState) -> bool:
         return new in TRANSITIONS[self._state]
 

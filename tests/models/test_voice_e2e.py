@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from models.tts import PiperTts
 from server.runtime.media import resample
 from tests.support.pace import within
 from tests.support.peers import Peer
-from tests.support.server_process import ServerProcess, metric_value
+from tests.support.server_process import ServerProcess, metric_value, server_process
 from tests.support.speech import silence
 from tests.support.text import edit_distance
 
@@ -32,19 +32,17 @@ def wer(reference: str, hypothesis: str) -> float:
     return edit_distance(ref, words(hypothesis)) / max(1, len(ref))
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "server.debug_endpoints": "true",
-            "transport.connect_timeout_s": "60",
-            # the barge-in test speaks over the reply's second chunk: a first chunk of 6 words
-            # (not the calibration's 3 on a slow LLM) leaves a long one behind it
-            "pipeline.first_chunk_words": "6",
-        }
-    ).start(timeout=400)
-    yield proc
-    assert proc.stop() == 0, proc.log()[-3000:]
+server = server_process(
+    {
+        "server.debug_endpoints": "true",
+        "transport.connect_timeout_s": "60",
+        # the barge-in test speaks over the reply's second chunk: a first chunk of 6 words
+        # (not the calibration's 3 on a slow LLM) leaves a long one behind it
+        "pipeline.first_chunk_words": "6",
+    },
+    timeout=400,
+    log_tail=3000,
+)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,21 +12,16 @@ from client.cli import ClientPeer
 from tests.support.faces import StillCamera, draw_face
 from tests.support.pace import within
 from tests.support.peers import Peer
-from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, server_process, tone_env
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
 FRAME = 960  # samples per received 20 ms audio frame
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {"pipeline.factory": TONE_PIPELINE, "transport.max_sessions": "3"},
-        env={"TONE_PIPELINE_MS": "1200", "TONE_PIPELINE_SENTENCES": "2"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {"transport.max_sessions": "3"}, pipeline=TONE_PIPELINE, env=tone_env(1200, sentences=2)
+)
 
 
 def audio_arrival(peer: ClientPeer, position: int) -> float | None:

@@ -98,7 +98,7 @@ async def test_unacknowledging_peer_is_closed_at_the_queue_cap(
         bad = json.dumps({"type": "y" * 200, "event_id": "e" * 64})
         sent, peak = 0, 0
         deadline = time.monotonic() + within(60)
-        while session_id in registry.sessions and sent < MAX_BAD_EVENTS:
+        while session_id in registry.conversations and sent < MAX_BAD_EVENTS:
             assert time.monotonic() < deadline, f"{sent} sent, {channel.bufferedAmount} queued"
             peak = max(peak, channel.bufferedAmount)
             if peer.channel.readyState != "open":
@@ -111,7 +111,7 @@ async def test_unacknowledging_peer_is_closed_at_the_queue_cap(
             sent += 32
             await asyncio.sleep(0)
         queued = channel.bufferedAmount
-        assert session_id not in registry.sessions, (
+        assert session_id not in registry.conversations, (
             f"session still open after {sent} bad events: {queued} bytes queued towards the peer"
         )
         assert peak <= QUEUE_CAP_BYTES, peak
@@ -148,7 +148,7 @@ async def test_only_the_first_events_channel_is_used(
     async with running() as (url, app):
         peer = await connected(url, peers)
         server = server_side(app, peer)
-        tasks_before = len(server._tasks)
+        tasks_before = len(server.tasks)
         extra: list[tuple[RTCDataChannel, list[object]]] = []
         labels = ["events"] * EXTRA_CHANNELS + [f"other-{i}" for i in range(OTHER_CHANNELS)]
         for label in labels:
@@ -164,7 +164,7 @@ async def test_only_the_first_events_channel_is_used(
         created = sum(len(received) for _, received in extra)
         assert created == 0, f"{created} messages on the extra channels"
         assert [e["type"] for _, e in peer.events].count("session.created") == 1
-        assert len(server._tasks) == tasks_before, [t.get_name() for t in server._tasks]
+        assert len(server.tasks) == tasks_before, [t.get_name() for t in server.tasks]
         assert states == ["closed"] * len(extra), states
         refusals = [r for r in caplog.records if "refusing data channel" in r.getMessage()]
         assert len(refusals) == 1  # logged once per session, not once per channel
@@ -208,7 +208,7 @@ async def test_malformed_channel_open_is_ignored_and_the_session_goes_on(
     async with running() as (url, app):
         peer = await connected(url, peers)
         server = server_side(app, peer)
-        tasks_before = len(server._tasks)
+        tasks_before = len(server.tasks)
         n = len(peer.events)
         if case == "label-not-utf8":
             await send_channel_open(peer, b"ev\xffents")
@@ -216,7 +216,7 @@ async def test_malformed_channel_open_is_ignored_and_the_session_goes_on(
             await send_channel_open(peer, b"events", on_open_channel=True)
         await asyncio.sleep(0.5)
         assert [e for _, e in peer.events[n:]] == []
-        assert len(server._tasks) == tasks_before
+        assert len(server.tasks) == tasks_before
         await still_works(peer)
         no_aiortc_warnings(caplog)
         # the guard is the server connection's own: the client's transport (same class, same

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -22,7 +21,13 @@ from client.cli import ClientPeer
 from tests.support.fault_pipeline import ARM_PREFIX, FAULT_PREFIX, Fault
 from tests.support.pace import within
 from tests.support.peers import Peer, keep_talking
-from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
+from tests.support.server_process import (
+    TONE_PIPELINE,
+    ServerProcess,
+    metric_value,
+    server_process,
+    tone_env,
+)
 from tests.support.speech import loud_seconds, silence, speak
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
@@ -44,20 +49,16 @@ SPOKEN_FAULTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "pipeline.factory": "tests.support.fault_pipeline:create",
-            "pipeline.stage_timeout_s": str(STAGE_TIMEOUT_S),
-            "pipeline.incremental": "false",  # the final transcript always asks the engine
-            "transport.max_sessions": "4",
-            "server.debug_endpoints": "true",
-        },
-        env={"TONE_PIPELINE_MS": str(SENTENCE_MS), "TONE_PIPELINE_SENTENCES": "2"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {
+        "pipeline.stage_timeout_s": str(STAGE_TIMEOUT_S),
+        "pipeline.incremental": "false",  # the final transcript always asks the engine
+        "transport.max_sessions": "4",
+        "server.debug_endpoints": "true",
+    },
+    pipeline="tests.support.fault_pipeline:create",
+    env=tone_env(SENTENCE_MS, sentences=2),
+)
 
 
 async def live_sessions(server: ServerProcess) -> dict[str, dict[str, Any]]:

@@ -31,7 +31,7 @@ from tests.support.hostile_peers import send_raw_text
 from tests.support.loop_thread import LoopThread
 from tests.support.pace import within
 from tests.support.peers import Peer
-from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, server_process, tone_env
 
 EVENTS = 400  # one at a time, each waits for its error
 BURST = 300  # then sent back to back
@@ -186,14 +186,9 @@ async def send(client: ClientPeer, message: Message) -> None:
         client.channel.send(message)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {"pipeline.factory": TONE_PIPELINE, "transport.max_sessions": "2"},
-        env={"TONE_PIPELINE_MS": "500", "TONE_PIPELINE_SENTENCES": "1"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {"transport.max_sessions": "2"}, pipeline=TONE_PIPELINE, env=tone_env(500, sentences=1)
+)
 
 
 @pytest.fixture(scope="module")

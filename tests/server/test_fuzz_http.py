@@ -32,7 +32,13 @@ from client.cli import ClientPeer
 from server.rtc.settings import pin_host_addresses
 from tests.support.loop_thread import LoopThread
 from tests.support.peers import Peer
-from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
+from tests.support.server_process import (
+    ROOT,
+    TONE_PIPELINE,
+    ServerProcess,
+    server_process,
+    tone_env,
+)
 
 REQUESTS = 1200  # examples; each sends one request (>= 1000 of them bad ones)
 FRAMING_REQUESTS = 200
@@ -327,19 +333,15 @@ class Tally:
     statuses: dict[int, int] = field(default_factory=dict)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "pipeline.factory": TONE_PIPELINE,
-            "transport.max_sessions": "4",
-            "transport.connect_timeout_s": "3",  # any offer let through is soon closed
-            "transport.session_rate_per_min": "0",  # the fuzz is one address: no rate limit
-        },
-        env={"TONE_PIPELINE_MS": "500", "TONE_PIPELINE_SENTENCES": "1"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {
+        "transport.max_sessions": "4",
+        "transport.connect_timeout_s": "3",  # any offer let through is soon closed
+        "transport.session_rate_per_min": "0",  # the fuzz is one address: no rate limit
+    },
+    pipeline=TONE_PIPELINE,
+    env=tone_env(500, sentences=1),
+)
 
 
 @pytest.fixture(scope="module")

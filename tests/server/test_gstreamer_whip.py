@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 from client.cli import save_wav
-from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, server_process, tone_env
 from tests.support.speech import silence, speak
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -49,18 +48,11 @@ def gstreamer() -> None:
         )
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "pipeline.factory": TONE_PIPELINE,
-            "server.debug_endpoints": "true",
-            "server.auth_tokens": TOKEN,
-        },
-        env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "1"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {"server.debug_endpoints": "true", "server.auth_tokens": TOKEN},
+    pipeline=TONE_PIPELINE,
+    env=tone_env(1500, sentences=1),
+)
 
 
 @pytest.fixture(scope="module")

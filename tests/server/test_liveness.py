@@ -21,10 +21,10 @@ import pytest
 from models.tts import split_sentences
 from server.clock import FakeClock
 from server.config import Config
+from server.conversation.conversation import Conversation
 from server.metrics import Metrics
 from server.pipeline.turn_detector import VadEvent, VadEventKind
 from server.pipeline.voice import VoicePipeline
-from server.rtc.peer import PeerSession
 from server.runtime.session_view import SessionView
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag
@@ -103,9 +103,9 @@ class Detector:
     quiet_ms = 0.0
 
 
-def events(peer: PeerSession, kind: str) -> list[dict[str, Any]]:
+def events(peer: Conversation, kind: str) -> list[dict[str, Any]]:
     """What the peer sent (its outbox: no data channel is open in these tests)."""
-    return [e for e in peer._outbox if e["type"] == kind]
+    return [e for e in peer.outlet.pending if e["type"] == kind]
 
 
 async def until(check: Any, what: str) -> None:
@@ -118,7 +118,7 @@ async def until(check: Any, what: str) -> None:
 
 
 @pytest.fixture
-async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[PeerSession, Any, Any]]:
+async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Conversation, Any, Any]]:
     """A peer on a fake clock with engines stuck at ``request.param``."""
     clock = FakeClock(1_000.0)
     engines = StuckEngines(request.param)
@@ -133,7 +133,7 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[PeerSession
     )
     detector: Any = Detector()
     metrics = Metrics()
-    peer = PeerSession("s" * 32, Config(), detector, pipeline, metrics, lambda _: None, clock=clock)
+    peer = Conversation("s" * 32, Config(), detector, pipeline, metrics, clock=clock)
     try:
         yield peer, clock, (engines, pipeline, metrics)
     finally:
@@ -142,16 +142,16 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[tuple[PeerSession
         await pipeline.close()
 
 
-async def speak_a_turn(peer: PeerSession) -> None:
+async def speak_a_turn(peer: Conversation) -> None:
     """The VAD hears a start, a second of speech, then the end of the turn."""
-    await peer._on_vad(VadEvent(VadEventKind.START, 0.0, 0.0))
-    peer._keep_audio(SPEECH)
-    await peer._on_vad(VadEvent(VadEventKind.STOP, 1_000.0, 0.0))
+    await peer.on_vad(VadEvent(VadEventKind.START, 0.0, 0.0))
+    peer.keep_audio(SPEECH)
+    await peer.on_vad(VadEvent(VadEventKind.STOP, 1_000.0, 0.0))
     assert peer.session.state is TurnState.THINKING
 
 
 async def expect_timeout(
-    peer: PeerSession, clock: FakeClock, metrics: Metrics, stage: str, state: TurnState
+    peer: Conversation, clock: FakeClock, metrics: Metrics, stage: str, state: TurnState
 ) -> None:
     """Just before the deadline nothing happens; at it, the turn ends with a timeout error."""
     entered = peer.session.turn.entered_ms
@@ -165,14 +165,14 @@ async def expect_timeout(
     assert error["error"]["code"] == "timeout" and error["error"]["stage"] == stage
     assert error["error"]["state"] == state.value
     assert "_" not in error["error"]["message"]  # words for people, not state names
-    assert peer._response is None  # the reply task was cancelled and awaited
+    assert peer.replies.task is None  # the reply task was cancelled and awaited
     assert metrics.turn_timeouts.labels(stage)._value.get() == 1
     assert metrics.barge_ins._value.get() == 0  # a timeout is not a barge-in
 
 
 @pytest.mark.parametrize("rig", ["asr"], indirect=True)
 async def test_asr_queued_behind_other_work_times_out_from_the_end_of_turn(
-    rig: tuple[PeerSession, FakeClock, Any],
+    rig: tuple[Conversation, FakeClock, Any],
 ) -> None:
     peer, clock, (engines, pipeline, metrics) = rig
     # another session's transcript holds the one ASR worker
@@ -188,7 +188,7 @@ async def test_asr_queued_behind_other_work_times_out_from_the_end_of_turn(
 
 
 @pytest.mark.parametrize("rig", ["asr"], indirect=True)
-async def test_asr_running_too_long_times_out(rig: tuple[PeerSession, FakeClock, Any]) -> None:
+async def test_asr_running_too_long_times_out(rig: tuple[Conversation, FakeClock, Any]) -> None:
     peer, clock, (engines, _, metrics) = rig
     await speak_a_turn(peer)
     await until(engines.entered.is_set, "our ASR job to run")
@@ -198,7 +198,7 @@ async def test_asr_running_too_long_times_out(rig: tuple[PeerSession, FakeClock,
 
 
 @pytest.mark.parametrize("rig", ["llm"], indirect=True)
-async def test_no_first_token_times_out(rig: tuple[PeerSession, FakeClock, Any]) -> None:
+async def test_no_first_token_times_out(rig: tuple[Conversation, FakeClock, Any]) -> None:
     peer, clock, (engines, _, metrics) = rig
     await speak_a_turn(peer)
     await until(engines.entered.is_set, "the LLM request")
@@ -210,7 +210,7 @@ async def test_no_first_token_times_out(rig: tuple[PeerSession, FakeClock, Any])
 
 
 @pytest.mark.parametrize("rig", ["tts"], indirect=True)
-async def test_first_speech_never_made_times_out(rig: tuple[PeerSession, FakeClock, Any]) -> None:
+async def test_first_speech_never_made_times_out(rig: tuple[Conversation, FakeClock, Any]) -> None:
     peer, clock, (engines, _, metrics) = rig
     await speak_a_turn(peer)
     await until(engines.entered.is_set, "the TTS job")
@@ -220,7 +220,7 @@ async def test_first_speech_never_made_times_out(rig: tuple[PeerSession, FakeClo
 
 @pytest.mark.parametrize("rig", ["second_tts"], indirect=True)
 async def test_a_reply_stalled_while_speaking_times_out(
-    rig: tuple[PeerSession, FakeClock, Any],
+    rig: tuple[Conversation, FakeClock, Any],
 ) -> None:
     peer, clock, (engines, _, metrics) = rig
     await speak_a_turn(peer)
@@ -240,11 +240,11 @@ async def test_a_reply_stalled_while_speaking_times_out(
 
 @pytest.mark.parametrize("rig", ["none"], indirect=True)
 async def test_a_user_turn_past_its_deadline_ends_as_at_a_pause(
-    rig: tuple[PeerSession, FakeClock, Any],
+    rig: tuple[Conversation, FakeClock, Any],
 ) -> None:
     peer, clock, (_, _, metrics) = rig
-    await peer._on_vad(VadEvent(VadEventKind.START, 0.0, 0.0))
-    peer._keep_audio(SPEECH)
+    await peer.on_vad(VadEvent(VadEventKind.START, 0.0, 0.0))
+    peer.keep_audio(SPEECH)
     deadline = Config().runtime.user_speaking_timeout_ms
     clock.advance(deadline - 1)
     await peer.enforce_deadline()

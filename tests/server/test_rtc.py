@@ -7,6 +7,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from models.vad import SileroVad, WebRtcGate
 from server.config import Config, TransportConfig, VadConfig
+from server.conversation.conversation import Conversation
 from server.metrics import Metrics
 from server.pipeline.turn_detector import TurnDetector
 from server.rtc.ice import ice_servers
@@ -21,7 +22,8 @@ async def test_server_peer_releases_inbound_audio_after_one_packet() -> None:
     client.createDataChannel("events")
     await client.setLocalDescription(await client.createOffer())
     detector = TurnDetector(WebRtcGate(2), SileroVad(), VadConfig())
-    peer = PeerSession("p" * 32, Config(), detector, None, Metrics(), lambda _: None)
+    conversation = Conversation("p" * 32, Config(), detector, None, Metrics())
+    peer = PeerSession(conversation, Config(), lambda _peer, _why: None)
     try:
         answer = await peer.answer(client.localDescription.sdp)
         assert "a=candidate" in answer.sdp and "127.0.0.1" in answer.sdp
@@ -29,6 +31,7 @@ async def test_server_peer_releases_inbound_audio_after_one_packet() -> None:
         assert [audio_jitter_prefetch(r) for r in receivers] == [1]  # aiortc's default is 4
     finally:
         await peer.close()
+        await conversation.close()
         await client.close()
 
 

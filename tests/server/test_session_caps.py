@@ -140,5 +140,5 @@ async def test_a_peer_whose_ice_never_connects_gives_its_slot_back_early(
             assert time.monotonic() < deadline, "the unconnected session was not closed"
             await asyncio.sleep(0.05)
         await asyncio.sleep(1.5)  # past the ICE timeout: the connected peer stays
-        (live,) = app[REGISTRY_KEY].sessions.values()
+        (live,) = app[REGISTRY_KEY].peers.values()
         assert live.pc.connectionState == "connected"

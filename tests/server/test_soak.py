@@ -16,7 +16,6 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,7 +24,13 @@ import pytest
 from tests.support import pace
 from tests.support.pace import within
 from tests.support.peers import Peer, keep_talking
-from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
+from tests.support.server_process import (
+    ROOT,
+    TONE_PIPELINE,
+    ServerProcess,
+    server_process,
+    tone_env,
+)
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
@@ -48,25 +53,24 @@ AVATAR_SIDE = 128  # px; 256 cached frames of 128x128 RGB are 12.6 MB
 SETTLE_TIMEOUT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "pipeline.factory": TONE_PIPELINE,
-            "transport.max_sessions": str(MAX_SESSIONS),
-            "transport.dead_peer_timeout_s": str(DEAD_PEER_TIMEOUT_S),
-            "transport.connect_timeout_s": "10",
-            "transport.session_rate_per_min": "0",  # every client comes from one address
-            "server.debug_endpoints": "true",
-            # the renderer's shared frame cache (256 frames: ~200 MB at 512x512) fills over the
-            # first ~100 video sessions and then stays; small frames keep it out of the figure
-            "transport.video_width": str(AVATAR_SIDE),
-            "transport.video_height": str(AVATAR_SIDE),
-        },
-        env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "2"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {
+        "transport.max_sessions": str(MAX_SESSIONS),
+        "transport.dead_peer_timeout_s": str(DEAD_PEER_TIMEOUT_S),
+        # a vanished client's conversation ends with its connection (no resume window):
+        # these tests are about the reaper and leaks; tests/server/test_resume.py the window
+        "session.resume_window_s": "0",
+        "transport.connect_timeout_s": "10",
+        "transport.session_rate_per_min": "0",  # every client comes from one address
+        "server.debug_endpoints": "true",
+        # the renderer's shared frame cache (256 frames: ~200 MB at 512x512) fills over the
+        # first ~100 video sessions and then stays; small frames keep it out of the figure
+        "transport.video_width": str(AVATAR_SIDE),
+        "transport.video_height": str(AVATAR_SIDE),
+    },
+    pipeline=TONE_PIPELINE,
+    env=tone_env(1500, sentences=2),
+)
 
 
 async def live_ids(server: ServerProcess) -> set[str]:

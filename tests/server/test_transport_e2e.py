@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,13 @@ import pytest
 from client.cli import load_wav, save_wav
 from tests.support.pace import within
 from tests.support.peers import Peer
-from tests.support.server_process import TONE_PIPELINE, ServerProcess, metric_value
+from tests.support.server_process import (
+    TONE_PIPELINE,
+    ServerProcess,
+    metric_value,
+    server_process,
+    tone_env,
+)
 from tests.support.speech import loud_seconds, rms, silence, speak, voiced_span_ms
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
@@ -29,15 +34,12 @@ QUESTION = "Hello there. What is the weather like today?"
 INTERRUPT = "Wait, stop, I have another question."
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {"pipeline.factory": TONE_PIPELINE, "transport.max_sessions": "3"},
-        env={"TONE_PIPELINE_MS": "2500", "TONE_PIPELINE_SENTENCES": "2"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
-    assert "all sessions closed" in proc.log()
+server = server_process(
+    {"transport.max_sessions": "3"},
+    pipeline=TONE_PIPELINE,
+    env=tone_env(2500, sentences=2),
+    expect_log="all sessions closed",
+)
 
 
 @pytest.mark.parametrize("whip", [False, True], ids=["offer", "whip"])

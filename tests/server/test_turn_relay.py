@@ -28,7 +28,7 @@ from server.rtc.ice import IceServer, ice_servers, rest_credential
 from server.rtc.settings import rtc_configuration
 from tests.support.coturn import Coturn, stun_answers
 from tests.support.peers import Peer
-from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, server_process, tone_env
 from tests.support.speech import loud_seconds, silence, speak
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,30 +41,20 @@ def coturn() -> Iterator[Coturn]:
     turn.stop()
 
 
-def serve_with(ice: dict[str, str]) -> Iterator[ServerProcess]:
-    """A server with the ICE settings ``ice`` replying with one 1.5 s tone, for the length of
-    a module fixture."""
-    proc = ServerProcess(
-        {
-            "pipeline.factory": TONE_PIPELINE,
-            "transport.video": "false",  # audio is enough to show the relay carries media
-            **ice,
-        },
-        env={"TONE_PIPELINE_MS": "1500", "TONE_PIPELINE_SENTENCES": "1"},
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+AUDIO_ONLY = {"transport.video": "false"}  # audio is enough to show the relay carries media
 
 
-@pytest.fixture(scope="module")
-def server(coturn: Coturn) -> Iterator[ServerProcess]:
-    yield from serve_with(
-        {
-            "transport.ice_urls": coturn.url,
-            "transport.ice_username": coturn.username,
-            "transport.ice_credential": coturn.password,
-        }
-    )
+def static_ice(coturn: Coturn) -> dict[str, str]:
+    return {
+        **AUDIO_ONLY,
+        "transport.ice_urls": coturn.url,
+        "transport.ice_username": coturn.username,
+        "transport.ice_credential": coturn.password,
+    }
+
+
+# servers replying with one 1.5 s tone, their ICE settings pointing at a coturn fixture
+server = server_process(static_ice, pipeline=TONE_PIPELINE, env=tone_env(1500, sentences=1))
 
 
 def relay_only(coturn: Coturn, password: str | None = None) -> RTCConfiguration:
@@ -162,11 +152,15 @@ def rest_coturn() -> Iterator[Coturn]:
     turn.stop()
 
 
-@pytest.fixture(scope="module")
-def rest_server(rest_coturn: Coturn) -> Iterator[ServerProcess]:
-    yield from serve_with(
-        {"transport.ice_urls": rest_coturn.url, "transport.ice_auth_secret": TURN_SECRET}
-    )
+def issued_ice(rest_coturn: Coturn) -> dict[str, str]:
+    return {
+        **AUDIO_ONLY,
+        "transport.ice_urls": rest_coturn.url,
+        "transport.ice_auth_secret": TURN_SECRET,
+    }
+
+
+rest_server = server_process(issued_ice, pipeline=TONE_PIPELINE, env=tone_env(1500, sentences=1))
 
 
 async def test_issued_turn_credentials_carry_a_relay_only_call(

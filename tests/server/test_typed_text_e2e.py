@@ -7,31 +7,23 @@ like speech and gets its own reply, with no error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support.peers import Peer
-from tests.support.server_process import TONE_PIPELINE, ServerProcess
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, server_process, tone_env
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
 THINK_MS = 1500
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {"pipeline.factory": TONE_PIPELINE, "server.debug_endpoints": "true"},
-        env={
-            "TONE_PIPELINE_MS": "1500",
-            "TONE_PIPELINE_SENTENCES": "2",
-            "TONE_PIPELINE_THINK_MS": str(THINK_MS),
-        },
-    ).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
+server = server_process(
+    {"server.debug_endpoints": "true"},
+    pipeline=TONE_PIPELINE,
+    env=tone_env(1500, sentences=2, think_ms=THINK_MS),
+)
 
 
 def of_epoch(epoch: int) -> Any:

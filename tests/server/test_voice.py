@@ -13,12 +13,13 @@ import pytest
 
 from models.tts import PiperTts, split_sentences
 from server.config import Config
+from server.conversation.conversation import Conversation
+from server.conversation.partials import partial_due, stable_words
 from server.http.auth import token_digest
 from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.seams import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
 from server.pipeline.voice import FirstChunkCutter, PrefillsOpenTurn, VoicePipeline, to_messages
-from server.rtc.peer import PeerSession, partial_due, stable_words
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry, Role
 from server.runtime.session_view import SessionView
@@ -152,7 +153,7 @@ async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
     assert isinstance(pipeline, SessionScoped)
     sid = "p" * 32
     no_detector: Any = None  # a peer that never connects hears nothing
-    peer = PeerSession(sid, Config(), no_detector, pipeline, Metrics(), lambda _: None)
+    peer = Conversation(sid, Config(), no_detector, pipeline, Metrics())
     try:
         for session in (sid, "live"):
             tag = JobTag(session, 0, functools.partial(SessionView, session, 0, 0.0, 2000.0))
@@ -371,11 +372,9 @@ async def test_a_turn_in_progress_is_warmed_open_under_the_replys_salt() -> None
 
 async def test_the_peer_hands_its_owner_to_the_pipeline() -> None:
     no_detector: Any = None
-    peer = PeerSession(
-        "p" * 32, Config(), no_detector, None, Metrics(), lambda _: None, owner="d" * 64
-    )
+    peer = Conversation("p" * 32, Config(), no_detector, None, Metrics(), owner="d" * 64)
     try:
-        request = peer._request(0)
+        request = peer.request(0)
     finally:
         await peer.close()
     assert (request.session_id, request.owner) == ("p" * 32, "d" * 64)

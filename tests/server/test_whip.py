@@ -371,7 +371,7 @@ async def test_delete_ends_the_session_and_frees_everything() -> None:
             assert len(registry(app)) == 0
             assert server_peer.state is PeerState.CLOSED
             assert server_peer.pc.connectionState == "closed"
-            assert not [t for t in server_peer._tasks if not t.done()]
+            assert not [t for t in server_peer.tasks if not t.done()]
             assert len(asyncio.all_tasks()) < tasks_before
         finally:
             await peer.close(delete=False)

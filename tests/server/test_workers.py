@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,8 @@ from tests.support.server_process import (
     ServerProcess,
     free_port,
     metric_value,
+    server_process,
+    tone_env,
 )
 from tests.support.speech import loud_seconds
 
@@ -58,13 +60,7 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        SETTINGS, env={"TONE_PIPELINE_MS": "1000", "TONE_PIPELINE_SENTENCES": "1"}
-    ).start()
-    yield proc
-    proc.stop()
+server = server_process(SETTINGS, env=tone_env(1000, sentences=1), exit_code=None)
 
 
 def by_worker(health: dict[str, Any]) -> dict[int, dict[str, Any]]:

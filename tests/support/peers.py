@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from aiortc import RTCPeerConnection
+
 from client.cli import ClientPeer
 from tests.support.pace import within
 
@@ -14,8 +16,8 @@ class Peer(ClientPeer):
     """``ClientPeer`` whose waits are bounds on the reference machine, stretched by the pace
     the suite measured (tests/support/pace.py): what is awaited is unchanged."""
 
-    async def connect(self, timeout: float = 15.0) -> None:
-        await super().connect(within(timeout))
+    async def connect(self, timeout: float = 15.0, resume_token: str | None = None) -> None:
+        await super().connect(within(timeout), resume_token)
 
     async def wait_event(
         self,
@@ -35,3 +37,14 @@ async def keep_talking(peer: ClientPeer, replies: list[str], stop: asyncio.Event
         peer.send({"type": "conversation.item.create", "text": "keep talking"})
         done = await peer.wait_event("response.done", timeout=30, after=n)
         replies.append(done["status"])
+
+
+def cut_network(pc: RTCPeerConnection) -> None:
+    """The client's network path dies (a phone leaves Wi-Fi): its UDP sockets are aborted.
+    Nothing is said to the server: no DTLS close, no SCTP abort, no more packets."""
+    transports = {t.sender.transport for t in pc.getTransceivers() if t.sender.transport}
+    if pc.sctp is not None:
+        transports.add(pc.sctp.transport)
+    for dtls in transports:
+        for protocol in dtls.transport._connection._protocols:
+            protocol.transport.abort()

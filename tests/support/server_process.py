@@ -1,9 +1,17 @@
-"""Start the real server as a subprocess on loopback and wait until /healthz answers."""
+"""Start the real server as a subprocess on loopback and wait until /healthz answers.
+
+A test module declares its server in one line, a module-scoped fixture named after the
+variable it is assigned to::
+
+    server = server_process({"transport.max_sessions": "2"}, pipeline=TONE_PIPELINE,
+                            env=tone_env(500, sentences=1))
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -12,14 +20,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import pytest
 
 from tests.support.pace import within
 
 ROOT = Path(__file__).resolve().parents[2]
 TONE_PIPELINE = "tests.support.tone_pipeline:create"
+SERVER_FIXTURE = "_starts_a_server_process"  # marks the functions of server_process fixtures
 
 
 def free_port() -> int:
@@ -200,3 +211,64 @@ def metric_value(text: str, name: str) -> float:
         if key.split("{")[0] == name:
             total += float(value)
     return total
+
+
+def tone_env(ms: float, sentences: int, think_ms: float | None = None) -> dict[str, str]:
+    """The environment of the tone pipeline (tests/support/tone_pipeline.py, and the fault
+    pipeline's ordinary replies): replies of ``sentences`` sentences of ``ms`` ms each, the first
+    after ``think_ms`` ms of thinking."""
+    env = {"TONE_PIPELINE_MS": str(ms), "TONE_PIPELINE_SENTENCES": str(sentences)}
+    if think_ms is not None:
+        env["TONE_PIPELINE_THINK_MS"] = str(think_ms)
+    return env
+
+
+def server_process(
+    settings: dict[str, str] | Callable[..., dict[str, str]] | None = None,
+    *,
+    pipeline: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    exit_code: int | None = 0,
+    expect_log: str | None = None,
+    log_tail: int | None = None,
+    scope: Literal["session", "package", "module", "class", "function"] = "module",
+) -> Callable[..., object]:
+    """A pytest fixture (``scope``: a module's by default) that starts a ``ServerProcess`` and
+    stops it at teardown. Assign it at module level: the fixture takes the variable's name
+    (``server = server_process(...)``); tests/conftest.py marks the tests using it ``e2e``.
+
+    ``settings``: dotted settings, or a function that returns them when the fixture starts (its
+    parameters name the fixtures it needs, e.g. ``def relayed(coturn: Coturn)``).
+    ``pipeline``: the ``pipeline.factory`` (None: the server's own, the real models).
+    ``env``: extra environment (``tone_env(...)`` for the tone pipeline).
+    ``timeout``: how long ``start`` waits for /healthz (on the reference machine).
+    At teardown, after a graceful stop: its exit code must be ``exit_code`` (None: not
+    checked) and its log must hold ``expect_log`` if given; a failure shows the log (its last
+    ``log_tail`` characters if given)."""
+
+    def fixture(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+        if callable(settings):
+            needs = inspect.signature(settings).parameters
+            chosen = settings(**{name: request.getfixturevalue(name) for name in needs})
+        else:
+            chosen = dict(settings or {})
+        if pipeline is not None:
+            chosen = {"pipeline.factory": pipeline, **chosen}
+        proc = ServerProcess(chosen, env=env).start(timeout=timeout)
+        yield proc
+        code = proc.stop()
+        log = proc.log()
+        shown = log if log_tail is None else log[-log_tail:]
+        if exit_code is not None:
+            assert code == exit_code, shown
+        if expect_log is not None:
+            assert expect_log in log, shown
+
+    setattr(fixture, SERVER_FIXTURE, True)
+    return pytest.fixture(fixture, scope=scope)
+
+
+def is_server_fixture(func: object) -> bool:
+    """Whether ``func`` is the function of a fixture that ``server_process`` made."""
+    return bool(getattr(func, SERVER_FIXTURE, False))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from tests.support.browser import (
     wait_for,
 )
 from tests.support.coturn import Coturn
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, metric_value, server_process, tone_env
 from tests.support.speech import silence, speak
 
 pytestmark = pytest.mark.timeout(90)
@@ -137,21 +139,19 @@ def stop(page: Page, server: ServerProcess) -> None:
     wait_for(lambda: server.health()["sessions"] == 0, 10, "the server to close the session")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        {
-            "pipeline.factory": PIPELINE,
-            "server.debug_endpoints": "true",
-            "transport.max_sessions": "1",
-            # Chromium decodes the avatar beside the server on the same CPU: on a slow machine
-            # (measured pace over 1.5) a smaller, slower video, as a slow machine should send
-            **({} if pace.factor() <= 1.5 else SLOW_VIDEO),
-        },
-        env={"TONE_PIPELINE_MS": str(SENTENCE_MS), "TONE_PIPELINE_SENTENCES": str(SENTENCES)},
-    ).start(timeout=60)
-    yield proc
-    assert proc.stop() == 0, proc.log()[-3000:]
+def server_settings() -> dict[str, str]:
+    return {
+        "server.debug_endpoints": "true",
+        "transport.max_sessions": "1",
+        # Chromium decodes the avatar beside the server on the same CPU: on a slow machine
+        # (measured pace over 1.5) a smaller, slower video, as a slow machine should send
+        **({} if pace.factor() <= 1.5 else SLOW_VIDEO),
+    }
+
+
+server = server_process(
+    server_settings, pipeline=PIPELINE, env=tone_env(SENTENCE_MS, SENTENCES), log_tail=3000
+)
 
 
 @pytest.fixture(scope="module")
@@ -382,6 +382,164 @@ def test_typed_message_and_camera_on_a_phone_sized_screen(
         done = wait_for(lambda: events(page, "response.done"), 5, "the reply to end")[0]
         assert done["status"] == "cancelled"
         stop(page, server)
+
+
+# Records every text the page's connection status shows (a reconnection may be brief).
+WATCH_STATES_JS = """() => {
+  window.statesShown = [];
+  const text = document.getElementById('state-text');
+  const record = () => {
+    if (window.statesShown.at(-1) !== text.textContent) window.statesShown.push(text.textContent);
+  };
+  record();
+  new MutationObserver(record).observe(text, {subtree: true, childList: true, characterData: true});
+}"""
+
+# The conversation as the page shows it: each line's kind, label, text and chunks.
+TRANSCRIPT_JS = """() => [...document.querySelectorAll('#conversation > li')].map((li) => ({
+  kind: li.className,
+  who: li.querySelector('.who')?.textContent ?? '',
+  text: (li.querySelector('.text') ?? li).textContent,
+  chunks: [...li.querySelectorAll('.chunk')].map((c) => ({
+    id: c.dataset.chunkId, state: c.dataset.state, text: c.textContent})),
+}))"""
+
+# Cuts the page's connection as a network would: Chrome fires no event for a local close, so
+# the page has to notice by itself.
+CUT_JS = """() => {
+  window.cutPc = window.avatarDemo.pc;
+  window.cutPc.close();
+}"""
+
+# Whether the avatar element plays the current connection's audio track.
+AVATAR_AUDIO_JS = """() => {
+  const el = document.getElementById('avatar');
+  const track = el.srcObject ? el.srcObject.getAudioTracks()[0] : null;
+  const pc = window.avatarDemo.pc;
+  return {
+    paused: el.paused,
+    live: !!track && track.readyState === 'live',
+    current: !!track && !!pc && pc.getReceivers().some((r) => r.track === track),
+    tracks: el.srcObject ? el.srcObject.getTracks().length : 0,
+  };
+}"""
+
+
+def transcript(page: Page) -> list[dict[str, Any]]:
+    return list(page.evaluate(TRANSCRIPT_JS))
+
+
+def agent_level(page: Page) -> float:
+    """The reply's level as the page's meter hears it (WebAudio on the remote track)."""
+    return float(page.evaluate("() => window.avatarDemo.level.agent"))
+
+
+def test_a_cut_connection_resumes_mid_reply(server: ServerProcess, quiet: Browser) -> None:
+    """The page's connection is cut mid-reply (its RTCPeerConnection closed from here): the
+    page says it reconnects, resumes the same conversation on a new connection by itself, its
+    transcript stays as it was, and the reply's audio plays again and finishes."""
+    errors: list[str] = []
+    resumes_before = metric_value(server.metrics(), "avatar_session_resumes_total")
+    with open_page(quiet, server.url, errors=errors) as page:
+        page.evaluate(WATCH_STATES_JS)
+        session_id = start(page)
+        (created,) = events(page, "session.created")
+        assert created["resumed"] is False
+        token = created["session"]["resume_token"]
+        assert token.startswith(f"{session_id}.") and created["session"]["resume_window_s"] > 0
+
+        page.fill("#message", "Tell me a long story")
+        page.press("#message", "Enter")
+        wait_for(
+            lambda: page.query_selector('.msg.agent .chunk[data-state="playing"]'),
+            10,
+            "the reply to play",
+            page,
+        )
+        wait_for(lambda: audio_level(page) > 0.01, 5, "the reply's audio")
+        wait_for(lambda: sent(page, "playback.ack"), 5, "playback acknowledgements")
+        before = transcript(page)
+        acked_before = sent(page, "playback.ack")[-1]["played_ms"]
+        assert [line["kind"] for line in before] == ["msg user typed", "msg agent"], before
+
+        page.evaluate(CUT_JS)
+        cut = time.monotonic()
+        wait_for(
+            lambda: "Reconnecting…" in page.evaluate("() => window.statesShown"),
+            5,
+            "the page to say it reconnects",
+            page,
+        )
+        wait_for(
+            lambda: state(page) == "connected" and page.evaluate("() => avatarDemo.resumes") == 1,
+            15,
+            "the page to resume by itself",
+            page,
+        )
+        assert page.inner_text("#state-text") == "Connected"
+        assert page.evaluate("() => window.avatarDemo.pc !== window.cutPc")
+        shown = page.evaluate("() => window.statesShown")
+        assert shown[shown.index("Reconnecting…") :] == ["Reconnecting…", "Connected"], shown
+
+        # the same conversation, on a new connection, with a new resume token
+        assert page.evaluate("() => avatarDemo.sessionId") == session_id
+        assert live_session(server, session_id)["state"] == "connected"
+        assert server.health()["sessions"] == 1
+        resumed = [e for e in events(page, "session.created") if e["resumed"]]
+        assert len(resumed) == 1 and resumed[0]["session"]["id"] == session_id
+        assert resumed[0]["session"]["resume_token"] not in ("", token)
+        assert metric_value(server.metrics(), "avatar_session_resumes_total") == resumes_before + 1
+
+        # the reply's audio plays again, on the avatar element
+        wait_for(lambda: audio_level(page) > 0.01, 10, "the reply's audio after the resume", page)
+        wait_for(lambda: agent_level(page) > 0.01, 5, "the page's meter to hear the reply", page)
+        print(f"\ncut to audio playing again: {1000 * (time.monotonic() - cut):.0f} ms")
+        avatar = page.evaluate(AVATAR_AUDIO_JS)
+        assert avatar == {"paused": False, "live": True, "current": True, "tracks": 2}, avatar
+
+        # the transcript is as it was: the same lines, each chunk as it was or further on
+        after = transcript(page)
+        assert [(a["kind"], a["who"]) for a in after] == [(b["kind"], b["who"]) for b in before]
+        assert after[0]["text"] == before[0]["text"] == "Tell me a long story"
+        chunks_after = {c["id"]: c for c in after[1]["chunks"]}
+        for chunk in before[1]["chunks"]:
+            now = chunks_after.get(chunk["id"])
+            assert now is not None and now["text"] == chunk["text"], (chunk, after)
+            if chunk["state"] != "queued":
+                assert now["state"] in ("playing", "spoken"), (chunk, now)
+
+        # the reply plays out: completed, nothing dropped, its playback acknowledged further on
+        done = wait_for(lambda: events(page, "response.done"), 20, "the reply to end", page)[0]
+        assert done["status"] == "completed", done
+        assert page.get_attribute(".msg.agent", "data-state") == "completed"
+        assert not page.query_selector(".msg.agent del.dropped")
+        assert page.text_content(".msg.agent .who") == "Avatar"
+        assert sent(page, "playback.ack")[-1]["played_ms"] > acked_before
+        assert not events(page, "error"), events(page, "error")
+        assert not errors, errors
+
+        stop(page, server)
+        closed = wait_for(lambda: server.session(session_id, ("closed",)), 5, "the closed session")
+        assert closed["state"] == "closed"
+
+
+def test_a_conversation_the_server_ended_is_not_resumed(
+    server: ServerProcess, quiet: Browser
+) -> None:
+    """The server ends the conversation (its ``DELETE /whip/<id>``): the page's one resume
+    attempt is refused (410) and it explains the lost call at once, without retrying."""
+    requests: list[str] = []
+    with open_page(quiet, server.url, requests=requests) as page:
+        session_id = start(page)
+        delete = urllib.request.Request(f"{server.url}/whip/{session_id}", method="DELETE")
+        with urllib.request.urlopen(delete, timeout=5) as response:
+            assert response.status == 200
+        wait_for(lambda: state(page) == "error", 5, "the page to give up", page)
+        assert "closed the conversation" in page.inner_text("#notice-text")
+        assert [u for u in requests if u.endswith("/offer")] == [f"{server.url}/offer"] * 2
+        assert page.evaluate("() => avatarDemo.sessionId") is None
+        assert page.is_enabled("#start") and not page.is_enabled("#stop")
+        assert server.health()["sessions"] == 0
 
 
 def test_the_page_uses_the_servers_turn_relay(quiet: Browser) -> None:

@@ -1,0 +1,396 @@
+"""One conversation: the runtime session and everything that acts on it, apart from the peer.
+
+Data flow: 16 kHz frames -> turn detector -> Session (epoch, turn state) -> pipeline
+(transcript, reply sentences, speech) -> playback buffer -> pulled by the link's tracks. The
+conversation outlives a lost connection for ``session.resume_window_s``: while no link is
+attached nothing pulls, so playback pauses at the playback cursor, generation stops at the
+lookahead budget, turn deadlines wait and events queue (bounded) for the next link.
+The Conversation owns every task it starts and awaits them all in :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+from server.avatar.seam import AvatarRenderer
+from server.clock import Clock, MonotonicClock
+from server.config import Config
+from server.conversation.diagnostics import describe
+from server.conversation.inbox import Inbox
+from server.conversation.link import Link
+from server.conversation.looks import looks_for
+from server.conversation.outbound import SessionCreated
+from server.conversation.outlet import Outlet
+from server.conversation.partials import Partials
+from server.conversation.playout import Playout
+from server.conversation.protocol import (
+    ClientEvent,
+    ProtocolError,
+    ResponseCancel,
+    SessionUpdate,
+    TextInput,
+)
+from server.conversation.reply import Replies
+from server.conversation.resume import ResumeTicket
+from server.conversation.utterance import Utterance
+from server.errors import InvalidConditionUpdate, InvalidTransition
+from server.metrics import Metrics
+from server.owner import NO_OWNER
+from server.pipeline.seams import (
+    ReplyRequest,
+    ReportsLoad,
+    SessionScoped,
+    TurnPipeline,
+    TurnTrace,
+)
+from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind
+from server.runtime.events import ResponseDone
+from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
+from server.runtime.session import BargeIn, Session
+from server.runtime.turn import TurnState
+from server.scheduling.engine_queue import JobTag
+from server.tasks import TaskOwner, cancel
+from server.vision.sampling import PresenceTracker, VisionModel, presence_note
+
+log = logging.getLogger(__name__)
+
+BUSY_MESSAGE = "Still answering your last message, one moment."
+TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
+
+
+class Conversation:
+    """One conversation, attached to at most one link at a time."""
+
+    def __init__(
+        self,
+        session_id: str,
+        config: Config,
+        detector: TurnDetector,
+        pipeline: TurnPipeline | None,
+        metrics: Metrics,
+        renderer: AvatarRenderer | None = None,
+        vision: VisionModel | None = None,
+        owner: str = NO_OWNER,
+        clock: Clock | None = None,
+    ) -> None:
+        """``owner``: digest of the token that created it (NO_OWNER: no auth); ``clock``: the
+        runtime's time (turn deadlines, traces); media tracks keep real time whatever it is."""
+        self.session_id = session_id
+        self.owner = owner
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        # an appearance the renderer does not have is refused like any invalid update
+        self.appearances = () if renderer is None else renderer.appearances
+        choices = {"appearance": (*self.appearances, "default")} if self.appearances else {}
+        self.session = Session(session_id, config.runtime, self.clock, choices=choices)
+        self.detector = detector
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self._tasks = TaskOwner(f"session {session_id[:8]}")
+        self.outlet = Outlet()
+        self.detached_since_ms: float | None = None  # when the last link was lost
+        self.inbox = Inbox(session_id, config.transport.max_event_bytes, self.emit)
+        self._resampler: av.AudioResampler | None = None
+        self.ticket = ResumeTicket(session_id)
+        self.utterance = Utterance()
+        self.partials = Partials(
+            self.session,
+            detector,
+            self.utterance,
+            metrics,
+            self.clock,
+            config.pipeline.partial_interval_ms,
+            self.emit,
+            self.request,
+        )
+        self._partials_task: asyncio.Task[None] | None = None
+        looks = looks_for(
+            self.session,
+            config,
+            renderer,
+            vision,
+            self.clock,
+            metrics,
+            self._engines_busy,
+            self._presence_changed,
+        )
+        self.lipsync, self.animator = looks.lipsync, looks.animator
+        self.camera, self.avatar = looks.camera, looks.avatar
+        self.replies = Replies(
+            self.session,
+            pipeline,
+            config,
+            self.clock,
+            metrics,
+            self.lipsync,
+            self.partials,
+            self.emit,
+            self.flush_events,
+            self._tasks.spawn,
+            self.request,
+            self.tag,
+            self._announce,
+        )
+        self.playout = Playout(
+            self.session,
+            self.replies,
+            self.lipsync,
+            self.avatar,
+            metrics,
+            self.clock,
+            self.emit,
+            self.flush_events,
+            lambda ms: log.info("session %s barge-in reaction %.0f ms", session_id[:8], ms),
+        )
+        self.speech_starts = 0
+
+    # --- tasks ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the turn watch and the client-event handler (once, in the running loop)."""
+        self._tasks.spawn(self._watch_turn(), "turn-watch")
+        self._tasks.spawn(self._client_events(), "client-events")
+
+    async def close(self) -> None:
+        """Stop everything this conversation runs; the engines forget it."""
+        await self._tasks.stop(self.partials.abandon_decode())
+        if isinstance(self.pipeline, SessionScoped):
+            self.pipeline.forget(self.session_id)
+        for stage, count in self.session.stale_dropped.items():
+            self.metrics.stale_dropped.labels(stage.name.lower()).inc(count)
+
+    # --- the link ---------------------------------------------------------------------------
+    @property
+    def attached(self) -> bool:
+        return self.outlet.link is not None
+
+    def attach(self, link: Link) -> None:
+        """``link`` carries the conversation from now on (a first connection, or a resume:
+        turn deadlines resume where they stopped, media time goes on from the cursor)."""
+        if self.detached_since_ms is not None:
+            paused = self.clock.now_ms() - self.detached_since_ms
+            self.session.turn.pause_for(paused)
+            log.info("session %s resumed after %.0f ms", self.session_id[:8], paused)
+        self.outlet.link, self.detached_since_ms = link, None
+        self.playout.base_ms = samples_to_ms(self.session.cursors.playback_cursor)
+        self._resampler = None  # a new inbound stream
+
+    def detach(self, link: Link) -> None:
+        """``link`` is lost (if it is still the one attached): wait for a new one."""
+        if self.outlet.link is link:
+            self.outlet.link, self.detached_since_ms = None, self.clock.now_ms()
+            log.info("session %s: connection lost, waiting for a resume", self.session_id[:8])
+
+    def link_open(self, audio: bool, video: bool, resumed: bool) -> None:
+        """The link's events channel opened: ``session.created`` (with a new resume token),
+        then the events kept for it, in order."""
+        conditions = self.session.conditions
+        resume_s = self.config.session.resume_window_s
+        created = SessionCreated(
+            self.session_id,
+            self.session.epoch,
+            conditions.persona,
+            conditions.voice,
+            conditions.appearance,
+            tuple(self.appearances),
+            audio,
+            video,
+            resume_token=self.ticket.issue() if resume_s > 0 else None,
+            resume_window_s=resume_s,
+            resumed=resumed,
+        )
+        self.outlet.open(created.to_dict())
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Send ``event`` to the client now, or as soon as a link can take it."""
+        self.outlet.send(event)
+
+    def flush_events(self) -> None:
+        """Send what the runtime session emitted; a reply that ended reports its timings."""
+        for event in self.session.drain_events():
+            self.emit(event.to_dict())
+            if isinstance(event, ResponseDone):
+                self.replies.report(event)
+
+    # --- frames in ----------------------------------------------------------------------------
+    async def hear(self, frame: av.AudioFrame, arrival_ms: float) -> None:
+        """One inbound audio frame (any rate): resampled to 16 kHz mono for the detector."""
+        if self._resampler is None:
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
+        self.session.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
+        link = self.outlet.link
+        for out in self._resampler.resample(frame):
+            pcm = out.to_ndarray().reshape(-1).astype(np.int16)
+            media_ms = None if link is None else link.media_ms()
+            if media_ms is not None:  # never started by inbound audio
+                self.animator.hear_user(media_ms + self.playout.base_ms, pcm_level(pcm))
+            for event in self.detector.push(pcm, arrival_ms):
+                await self.on_vad(event)
+            self.keep_audio(pcm)
+
+    def keep_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+        self.utterance.keep(pcm, self.session.state is TurnState.USER_SPEAKING)
+
+    def _presence_changed(self, presence: PresenceTracker) -> None:
+        """Tell the client, and note it in the persona's conditions (next chunk boundary)."""
+        self.emit(presence.event().to_dict())
+        self.session.observe_presence(presence_note(presence.presence))
+        self.flush_events()
+
+    async def on_vad(self, event: VadEvent) -> None:
+        if event.kind is VadEventKind.START:
+            self.metrics.speech_starts.inc()
+            self.speech_starts += 1
+            barge = self.session.speech_started(event.at_ms)
+            if barge is not None:
+                self.playout.barged_in(event.onset_arrival_ms, event.confirmed_arrival_ms)
+                await self.interrupt(barge)
+            if self.session.state is TurnState.USER_SPEAKING and self._partials_task is None:
+                self.utterance.begin()
+                self.partials.reset()
+                if self.pipeline is not None and self.config.pipeline.incremental:
+                    run = self.partials.run(self.pipeline)
+                    self._partials_task = self._tasks.spawn(run, "partials")
+        elif self.session.state is TurnState.USER_SPEAKING:
+            await self._end_user_turn(event.at_ms)
+        self.flush_events()
+
+    async def _stop_partials(self) -> None:
+        task, self._partials_task = self._partials_task, None
+        await cancel(task)
+
+    async def _end_user_turn(self, at_ms: float) -> None:
+        """The user's turn ends (the VAD heard a pause from ``at_ms`` on the input timeline, or
+        the turn reached its deadline): transcribe it and reply."""
+        await self._stop_partials()
+        trace = TurnTrace(endpoint_ms=self.clock.now_ms())
+        self.session.speech_stopped(at_ms)
+        utterance = self.utterance.take()
+        # the audio after this index is the end-of-turn silence
+        silence = int((self.detector.position_ms - at_ms) * 16)
+        speech_end = max(0, len(utterance) - silence)
+        self.replies.start(self.session.epoch, trace, utterance=utterance, speech_end=speech_end)
+
+    # --- the one interruption path ------------------------------------------------------------
+    async def interrupt(self, barge: BargeIn | None, barge_in: bool = True) -> None:
+        """After the session bumped its epoch (speech, typed text, ``response.cancel``, or a
+        missed turn deadline: ``barge_in`` False), or found nothing to interrupt (``barge``
+        None): count it, drop the old epoch's mouth cues, tell the client (``response.done``
+        cancelled, with the timings of what was heard), and stop the reply task, which closes
+        its LLM stream (the engine aborts the request)."""
+        if barge is not None:
+            if barge_in:
+                self.metrics.barge_ins.inc()
+            self.metrics.discarded_output.observe(barge.flushed_samples / MEDIA_RATE_HZ)
+            self.lipsync.drop_older(self.session.epoch)
+        self.flush_events()
+        await self.replies.cancel()
+
+    # --- liveness: no turn state outlives its deadline (server/runtime/turn.py) -------------------
+    async def _watch_turn(self) -> None:
+        while True:
+            await asyncio.sleep(TURN_WATCH_S)
+            await self.enforce_deadline()
+
+    async def enforce_deadline(self) -> None:
+        """End the turn state if it passed its deadline: a user turn ends as at a pause; a
+        reply (thinking or speaking) stops with a ``timeout`` error naming the late stage.
+        While no link is attached the deadlines wait (the playback waits too)."""
+        if self.detached_since_ms is not None:
+            return
+        overdue = self.session.overdue()
+        if overdue is None:
+            return
+        self.metrics.turn_timeouts.labels(overdue.stage).inc()
+        log.warning(
+            "session %s: %s for %.0f ms (waiting for %s): past its deadline",
+            self.session_id[:8],
+            overdue.state.value,
+            overdue.waited_ms,
+            overdue.stage,
+        )
+        if overdue.state is TurnState.USER_SPEAKING:
+            await self._end_user_turn(self.detector.position_ms)
+            self.flush_events()
+            return
+        await self.interrupt(self.session.time_out(overdue), barge_in=False)
+
+    # --- client events ------------------------------------------------------------------------
+    def receive(self, raw: str | bytes) -> None:
+        """One client message (from the link's events channel)."""
+        self.inbox.receive(raw)
+
+    async def _client_events(self) -> None:
+        """Handles client events one at a time, in order."""
+        while True:
+            await self.handle(await self.inbox.next())
+
+    async def handle(self, event: ClientEvent) -> None:
+        """One client event; a refused one gets one ``error`` and changes nothing."""
+        session = self.session
+        try:
+            if isinstance(event, SessionUpdate):
+                session.request_update(event.changes)
+            elif isinstance(event, ResponseCancel):
+                barge = session.cancel_response()
+                if barge is None:
+                    self._refuse("no_active_response", "there is no reply to cancel", event)
+                await self.interrupt(barge)
+            elif isinstance(event, TextInput):
+                await self.typed_text(event.text)
+            else:
+                session.ack_playback(event.played_ms)
+        except InvalidConditionUpdate as exc:
+            self._refuse(exc.code, str(exc), event)
+        except InvalidTransition as exc:  # the turn's state names stay in the log
+            log.info("session %s: %s refused: %s", self.session_id[:8], type(event).__name__, exc)
+            self._refuse("conversation_busy", BUSY_MESSAGE, event)
+        self.flush_events()
+
+    def _refuse(self, code: str, message: str, event: ClientEvent) -> None:
+        self.emit(ProtocolError(code, message, event.event_id).to_event())
+
+    async def typed_text(self, text: str) -> None:
+        """Typed text: it supersedes speech in progress, interrupts a reply, and is answered."""
+        if self.session.state is TurnState.USER_SPEAKING:
+            await self._stop_partials()
+            self.utterance.clear()
+        _, barge = self.session.submit_text(text)
+        await self.interrupt(barge)
+        trace = TurnTrace(endpoint_ms=self.clock.now_ms())
+        self.replies.start(self.session.epoch, trace, text=text)
+
+    # --- requests to the engines --------------------------------------------------------------
+    def tag(self) -> JobTag:
+        """Engine jobs of this session are ordered by its live view (slack, waiting since)."""
+        return JobTag(self.session_id, self.session.epoch, self.session.view)
+
+    def request(self, epoch: int) -> ReplyRequest:
+        return ReplyRequest(
+            self.session_id,
+            epoch,
+            self.session.history.context(self.config.runtime.recent_window_tokens),
+            self.session.conditions,
+            owner=self.owner,  # its prefix-cache scope (per session when NO_OWNER)
+        )
+
+    def _engines_busy(self) -> bool:
+        """The shared engines have required work (any session's): shed optional work."""
+        return isinstance(self.pipeline, ReportsLoad) and self.pipeline.busy
+
+    def _announce(self, chunk_id: int) -> None:
+        self.playout.announce_visemes(chunk_id)
+
+    # --- diagnostics ----------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
+        turns = list(self.replies.traces)
+        figures = describe(
+            self.session, self.playout, turns, self.avatar, self.animator, self.speech_starts
+        )
+        return {**figures, "attached": self.attached}

@@ -1,0 +1,200 @@
+"""Partial transcripts while the user speaks, and the prefill of their stable words.
+
+The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when
+the speaker pauses, continuing after the words two partials agreed on (the stable words). A
+warm-up pushes the stable words into the LLM's prefix cache, beside the decodes, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from server.clock import Clock
+from server.conversation.outbound import TranscriptionDelta
+from server.conversation.utterance import Utterance
+from server.metrics import Metrics
+from server.pipeline.seams import ReplyRequest, TurnPipeline
+from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
+from server.runtime.session import Session
+from server.runtime.session_view import SessionView
+from server.scheduling.engine_queue import JobTag, ShedWork
+
+PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
+PARTIAL_TICK_S = 0.02  # how often the partial loop looks for a pause
+MIN_PARTIAL_SAMPLES = 4800  # 300 ms at 16 kHz: shorter utterances get no partial
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A partial transcript and how many utterance samples (16 kHz) it heard."""
+
+    covered: int
+    text: str
+
+
+def _normalise(word: str) -> str:
+    """A word case-folded, without punctuation or symbols."""
+    folded = unicodedata.normalize("NFKC", word).casefold()
+    return "".join(ch for ch in folded if ch.isalnum())
+
+
+def partial_due(
+    since_last_ms: float, interval_ms: float, quiet_ms: float, samples: int, covered: int
+) -> bool:
+    """Whether the partial loop decodes now: an interval after the last partial began, or at
+    once when the speaker paused (quiet for PAUSE_MS) after audio the last partial did not
+    hear, so that the decode hearing all the speech runs during the end-of-turn wait and is
+    the final transcript at the endpoint. Never when all the audio the last partial did not
+    hear is silence (the end-of-turn wait): that decode would find nothing new and hold the
+    recogniser while the reply starts. ``samples``/``covered``: 16 kHz samples of the
+    utterance and of the last partial's audio."""
+    if samples <= covered or samples < MIN_PARTIAL_SAMPLES:
+        return False
+    pause_start = samples - int(quiet_ms * 16)
+    if covered >= pause_start:
+        return False
+    return since_last_ms >= interval_ms or quiet_ms >= PAUSE_MS
+
+
+def stable_words(previous: str, current: str) -> str:
+    """Local agreement of two consecutive partial transcripts: their longest common prefix of
+    words (case and punctuation aside), as the words of ``current``."""
+    agreed: list[str] = []
+    for before, now in zip(previous.split(), current.split(), strict=False):
+        if _normalise(before) != _normalise(now):
+            break
+        agreed.append(now)
+    return " ".join(agreed)
+
+
+class Partials:
+    """The partial transcripts of the current user turn, and what they warmed in the LLM."""
+
+    def __init__(
+        self,
+        session: Session,
+        detector: TurnDetector,
+        utterance: Utterance,
+        metrics: Metrics,
+        clock: Clock,
+        interval_ms: float,
+        emit: Callable[[dict[str, object]], None],
+        request: Callable[[int], ReplyRequest],
+    ) -> None:
+        self._session = session
+        self._detector = detector
+        self._utterance = utterance
+        self._metrics = metrics
+        self._clock = clock
+        self._interval_ms = interval_ms
+        self._emit = emit
+        self._request = request
+        self.partial = Partial(0, "")
+        self.stable = ""
+        self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
+        self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
+        self._warming: asyncio.Task[None] | None = None
+
+    def reset(self) -> None:
+        """A new user turn: nothing heard yet."""
+        self.partial = Partial(0, "")
+        self.stable = ""
+
+    def take_prefill_cached(self) -> int:
+        cached, self.prefill_cached = self.prefill_cached, 0
+        return cached
+
+    def view(self) -> SessionView:
+        """Partial transcripts are nice to have: they go after work someone is waiting for."""
+        view = self._session.view()
+        return replace(view, slack_ms=view.budget_ms * PARTIAL_SLACK_SHARE, waiting_since_ms=None)
+
+    async def run(self, pipeline: TurnPipeline) -> None:
+        """Decode until cancelled (the turn ended); a warm-up still running then is of no use
+        to its reply and is cancelled too."""
+        try:
+            await self._decode_partials(pipeline)
+        finally:
+            task, self._warming = self._warming, None
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _decode_partials(self, pipeline: TurnPipeline) -> None:
+        session = self._session
+        last_ms = self._clock.now_ms()
+        while True:
+            await asyncio.sleep(PARTIAL_TICK_S)
+            since = self._clock.now_ms() - last_ms
+            quiet, samples = self._detector.quiet_ms, self._utterance.samples
+            if not partial_due(since, self._interval_ms, quiet, samples, self.partial.covered):
+                continue
+            last_ms = self._clock.now_ms()
+            audio = self._utterance.audio()
+            heard = session.cursors.heard_until
+            tag = JobTag(session.session_id, session.epoch, self.view)
+            decode = pipeline.partial_transcript(audio, tag, prefix=self.stable)
+            job = asyncio.get_running_loop().create_task(decode)
+            self.decode = (len(audio), job)
+            try:
+                text = await asyncio.shield(job)  # the endpoint may still want this decode
+            except ShedWork:  # required work went first; the next interval tries again
+                self.decode = None
+                self._metrics.work_shed.labels("partial").inc()
+                continue
+            previous, self.partial = self.partial, Partial(len(audio), text)
+            stable = stable_words(previous.text, text)
+            self._emit(TranscriptionDelta(text, stable).to_dict())
+            if len(stable) > len(self.stable):
+                self.stable = stable
+                session.set_user_transcript(stable)
+                if self._warming is None or self._warming.done():
+                    if self._warming is not None:
+                        await self._warming  # done: its outcome was handled in _warm
+                    warm = self._warm(pipeline, self._request(session.epoch), heard)
+                    self._warming = asyncio.get_running_loop().create_task(warm)
+
+    async def _warm(self, pipeline: TurnPipeline, request: ReplyRequest, heard: int) -> None:
+        """Push the stable words into the LLM's prefix cache (``heard``: input samples heard
+        when the decode that found them began)."""
+        try:
+            cached = await pipeline.prefill(request)
+        except ShedWork:  # a reply is being written: the warm-up would slow it
+            self._metrics.work_shed.labels("prefill").inc()
+            return
+        self.prefill_cached = max(self.prefill_cached, cached)
+        # heard_until only grows: what was heard when the decode began is still heard
+        cursors = self._session.cursors
+        self._session.advance_prefilled(max(cursors.prefilled_until, heard))
+
+    async def final(
+        self,
+        pipeline: TurnPipeline,
+        utterance: npt.NDArray[np.int16],
+        speech_end: int,
+        tag: JobTag,
+        incremental: bool,
+    ) -> str:
+        """The last partial when it already heard all the speech (``speech_end``: 16 kHz
+        samples), or the partial decode still running if it will have; else decode the
+        utterance now, after its stable words."""
+        decode, self.decode = self.decode, None
+        if incremental and speech_end > 0:
+            if self.partial.covered >= speech_end:
+                return self.partial.text
+            if decode is not None and decode[0] >= speech_end:
+                with contextlib.suppress(Exception):
+                    return await decode[1]
+        return await pipeline.transcribe(utterance, tag, prefix=self.stable)
+
+    def abandon_decode(self) -> asyncio.Task[str] | None:
+        """The decode in flight, handed over to be cancelled (the conversation closes)."""
+        decode, self.decode = self.decode, None
+        return None if decode is None else decode[1]

@@ -1,0 +1,104 @@
+"""What the link's tracks pull from a conversation, and what the conversation learns from
+what was sent: underruns, lookahead, frame lateness, first audio, barge-in reactions."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+from server.avatar.lipsync import LipSync
+from server.avatar.video import AvatarVideo
+from server.clock import Clock
+from server.conversation.reply import Replies
+from server.metrics import Metrics
+from server.runtime.session import Session
+
+LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
+
+
+class Playout:
+    """The output side of one conversation: audio pulls, faces, viseme announcements."""
+
+    def __init__(
+        self,
+        session: Session,
+        replies: Replies,
+        lipsync: LipSync,
+        avatar: AvatarVideo | None,
+        metrics: Metrics,
+        clock: Clock,
+        emit: Callable[[dict[str, Any]], None],
+        flush: Callable[[], None],
+        log_reaction: Callable[[float], None],
+    ) -> None:
+        self._session = session
+        self._replies = replies
+        self._lipsync = lipsync
+        self._avatar = avatar
+        self._metrics = metrics
+        self._clock = clock
+        self._emit = emit
+        self._flush = flush
+        self._log_reaction = log_reaction
+        self.base_ms = 0.0  # the playback cursor (ms) when the current link attached
+        self.send_log: deque[float] = deque(maxlen=3000)  # lateness (s) of recent audio frames
+        self.barge_in_reactions_ms: list[float] = []  # from the gate's voice onset
+        self.barge_in_confirmed_reactions_ms: list[float] = []  # from the confirmed voice
+        self._barge_onset_ms: float | None = None
+        self._barge_confirmed_ms = 0.0
+        self._pulls = 0
+        self._underruns_seen = 0
+
+    def barged_in(self, onset_ms: float, confirmed_ms: float) -> None:
+        """Speech interrupted a reply: its reaction is timed until the output goes quiet."""
+        self._barge_onset_ms, self._barge_confirmed_ms = onset_ms, confirmed_ms
+
+    def pull_audio(self, n: int) -> npt.NDArray[np.int16]:
+        """The next ``n`` samples (48 kHz) for the link's audio track."""
+        session = self._session
+        pulled = session.pull_audio(n)
+        self._replies.room_made()
+        underruns = session.playback.underruns
+        if underruns > self._underruns_seen:
+            self._metrics.underruns.inc(underruns - self._underruns_seen)
+            self._underruns_seen = underruns
+        self._pulls += 1
+        if self._pulls % LOOKAHEAD_SAMPLE_FRAMES == 0 and session.playback.streaming:
+            self._metrics.lookahead.observe(session.playback.slack_ms / 1000)
+        self._flush()
+        return pulled.pcm
+
+    async def face_at(self, media_ms: float) -> av.VideoFrame:
+        """The avatar's picture at ``media_ms`` on the link's media clock (needs a renderer)."""
+        assert self._avatar is not None
+        return await self._avatar(media_ms + self.base_ms)
+
+    def announce_visemes(self, chunk_id: int) -> None:
+        """``avatar.viseme`` events for the chunk's newly queued audio (ahead of its pts)."""
+        position = self._session.playback.chunk_position(chunk_id)
+        if position is None:
+            return
+        queued = self._session.chunk(chunk_id).duration
+        for event in self._lipsync.placed(chunk_id, position, queued):
+            self._emit(event)
+
+    def on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
+        """The link's audio track sent a frame ``lateness_s`` late."""
+        self._metrics.frame_lateness.observe(lateness_s)
+        trace = self._replies.trace
+        if trace is not None and trace.first_audio_ms is None and pcm.any():
+            trace.first_audio_ms = self._clock.now_ms()
+        self.send_log.append(lateness_s)
+        if self._barge_onset_ms is not None and not pcm.any():
+            now = self._clock.now_ms()
+            reaction = now - self._barge_onset_ms
+            self._barge_onset_ms = None
+            self.barge_in_reactions_ms.append(reaction)
+            self.barge_in_confirmed_reactions_ms.append(now - self._barge_confirmed_ms)
+            self._metrics.barge_in_reaction.observe(reaction / 1000)
+            self._log_reaction(reaction)

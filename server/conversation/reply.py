@@ -1,0 +1,220 @@
+"""The reply of one turn: the final transcript, the LLM's sentences, their speech queued for
+playback within the lookahead budget, and the stage timings of what was heard."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from server.avatar.lipsync import LipSync, cues_for
+from server.clock import Clock
+from server.config import Config
+from server.conversation.outbound import ResponseTimings, TranscriptDelta, TranscriptionCompleted
+from server.conversation.partials import Partials
+from server.conversation.protocol import error_event
+from server.metrics import Metrics
+from server.pipeline.seams import ReplyRequest, TurnPipeline, TurnTrace
+from server.runtime.events import ResponseDone, ResponseStatus
+from server.runtime.session import ChunkAudio, Session
+from server.runtime.stage import Stage
+from server.scheduling.engine_queue import JobTag, StaleWork
+
+log = logging.getLogger(__name__)
+
+TIMED_STAGES = ("asr_final", "llm_first_token", "first_chunk_text", "first_tts")
+
+
+class Replies:
+    """Starts, runs and cancels the reply task of a conversation (at most one at a time)."""
+
+    def __init__(
+        self,
+        session: Session,
+        pipeline: TurnPipeline | None,
+        config: Config,
+        clock: Clock,
+        metrics: Metrics,
+        lipsync: LipSync,
+        partials: Partials,
+        emit: Callable[[dict[str, Any]], None],
+        flush: Callable[[], None],
+        spawn: Callable[[Any, str], asyncio.Task[None]],
+        request: Callable[[int], ReplyRequest],
+        tag: Callable[[], JobTag],
+        announce: Callable[[int], None],
+    ) -> None:
+        self._session = session
+        self._pipeline = pipeline
+        self._config = config
+        self._clock = clock
+        self._metrics = metrics
+        self._lipsync = lipsync
+        self._partials = partials
+        self._emit = emit
+        self._flush = flush
+        self._spawn = spawn
+        self._request = request
+        self._tag = tag
+        self._announce = announce
+        self.task: asyncio.Task[None] | None = None
+        self.trace: TurnTrace | None = None
+        self.traces: deque[dict[str, Any]] = deque(maxlen=64)
+        self._room = asyncio.Event()  # set by every pull from the playback buffer
+
+    def room_made(self) -> None:
+        """The playback buffer was pulled from: there may be room in the lookahead budget."""
+        self._room.set()
+
+    def server_error(self, code: str, message: str) -> None:
+        """An engine failed (not the client's fault): ``error.type`` is ``server_error``."""
+        self._emit(error_event("server_error", code, message))
+
+    def start(
+        self,
+        epoch: int,
+        trace: TurnTrace,
+        utterance: npt.NDArray[np.int16] | None = None,
+        speech_end: int = 0,
+        text: str | None = None,
+    ) -> None:
+        """Reply to the turn of ``epoch``: to the ``utterance`` (16 kHz; ``speech_end``: where
+        its end-of-turn silence begins) or to typed ``text``."""
+        if self._pipeline is None:
+            if text is None:
+                self._session.commit_user_turn("")  # no ASR configured: listen only
+            else:
+                self._session.finish_response(epoch, ResponseStatus.FAILED)
+                self.server_error("no_pipeline", "this server has no reply pipeline")
+            self._flush()
+            return
+        trace.prefill_cached_tokens = self._partials.take_prefill_cached()
+        self.trace = trace
+        self.task = self._spawn(
+            self._respond(self._pipeline, epoch, trace, utterance, speech_end, text), "reply"
+        )
+
+    async def cancel(self) -> None:
+        """Stop the reply task (its LLM stream is closed: the engine aborts the request)."""
+        self.trace = None
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _wait_for_room(self) -> None:
+        """Stop pulling reply text while the lookahead budget is full; go on as it drains."""
+        while self._session.playback.space == 0:
+            self._room.clear()
+            await self._room.wait()
+
+    async def _respond(
+        self,
+        pipeline: TurnPipeline,
+        epoch: int,
+        trace: TurnTrace,
+        utterance: npt.NDArray[np.int16] | None,
+        speech_end: int,
+        text: str | None,
+    ) -> None:
+        session = self._session
+        limit_s = self._config.pipeline.stage_timeout_s  # each engine call: ASR, text, TTS
+        try:
+            if text is None:
+                assert utterance is not None
+                incremental = self._config.pipeline.incremental
+                async with asyncio.timeout(limit_s):
+                    transcript = await self._partials.final(
+                        pipeline, utterance, speech_end, self._tag(), incremental
+                    )
+                trace.asr_final_ms = self._clock.now_ms()
+                if epoch != session.epoch:
+                    return
+                self._emit(TranscriptionCompleted(epoch, transcript).to_dict())
+                if session.commit_user_turn(transcript) is None:
+                    self._flush()
+                    return
+            else:
+                trace.asr_final_ms = trace.endpoint_ms
+            if not session.start_response(epoch):
+                return
+            self._flush()
+            await self._speak(pipeline, epoch, trace, limit_s)
+            session.finish_response(epoch)
+        except asyncio.CancelledError:
+            raise
+        except StaleWork:
+            return  # a barge-in ended this reply's epoch while its job waited
+        except TimeoutError:
+            log.error("session %s: an engine call took over %g s", session.session_id[:8], limit_s)
+            self.server_error("engine_timeout", f"an engine took over {limit_s:g} s; reply stopped")
+            session.finish_response(epoch, ResponseStatus.FAILED)
+        except Exception as exc:
+            log.exception("session %s: reply failed", session.session_id[:8])
+            self.server_error("engine_error", f"the reply failed: {type(exc).__name__}: {exc}")
+            session.finish_response(epoch, ResponseStatus.FAILED)
+        finally:
+            self._flush()
+
+    async def _speak(
+        self, pipeline: TurnPipeline, epoch: int, trace: TurnTrace, limit_s: float
+    ) -> None:
+        """Each sentence of the reply: opened as a chunk, synthesised, queued for playback as
+        the lookahead budget allows."""
+        session = self._session
+        sentences = aiter(pipeline.reply(self._request(epoch), trace))
+        while True:
+            async with asyncio.timeout(limit_s):
+                sentence = await anext(sentences, None)
+            if sentence is None:
+                return
+            chunk = session.open_chunk(epoch, sentence)
+            if chunk is None:
+                return
+            self._flush()
+            self._emit(TranscriptDelta(epoch, chunk.chunk_id, chunk.text).to_dict())
+            async with asyncio.timeout(limit_s):
+                audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
+            if trace.first_tts_ms is None:
+                trace.first_tts_ms = self._clock.now_ms()
+            cues = cues_for(audio.phonemes, audio.pcm)
+            self._lipsync.add_chunk(chunk.chunk_id, epoch, session.conditions.appearance, cues)
+            pcm = audio.pcm
+            while True:
+                payload = ChunkAudio(pcm, audio.words, audio.phonemes, final=True)
+                accepted = session.deliver_audio(session.message(chunk, Stage.TTS, payload))
+                if accepted is None:
+                    return
+                self._announce(chunk.chunk_id)
+                pcm = pcm[accepted:]
+                if len(pcm) == 0:
+                    break
+                await self._wait_for_room()
+            await self._wait_for_room()
+
+    def report(self, done: ResponseDone) -> None:
+        """When a reply that was heard ends (completed, or cancelled after it started to
+        play): its stage timings, as an event and for /debug."""
+        trace, self.trace = self.trace, None
+        if trace is None or trace.first_audio_ms is None:
+            return
+        event = ResponseTimings(done.epoch, str(done.status), trace.as_dict())
+        self.traces.append({"epoch": done.epoch, "status": str(done.status), **trace.as_dict()})
+        self._observe(event.timings)
+        self._emit(event.to_dict())
+
+    def _observe(self, timings: dict[str, Any]) -> None:
+        metrics = self._metrics
+        for stage in TIMED_STAGES:
+            value = timings.get(f"{stage}_ms")
+            if value is not None:
+                metrics.stage_latency.labels(stage).observe(value / 1000)
+        if timings.get("voice_to_voice_ms") is not None:
+            metrics.voice_to_voice.observe(timings["voice_to_voice_ms"] / 1000)
+        metrics.cached_tokens.inc(timings.get("cached_tokens") or 0)
+        metrics.prompt_tokens.inc(timings.get("prompt_tokens") or 0)

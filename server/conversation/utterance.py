@@ -1,0 +1,46 @@
+"""The user's audio of the current turn (16 kHz mono s16), with the pre-roll before it."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
+PREROLL_FRAMES = 25  # 16 kHz audio kept before a speech start (500 ms), for the transcript
+MAX_UTTERANCE_S = 30
+
+
+class Utterance:
+    """What the user said this turn: the pre-roll, then every frame until the turn ends."""
+
+    def __init__(self) -> None:
+        self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
+        self._frames: list[npt.NDArray[np.int16]] = []
+        self.samples = 0  # 16 kHz samples in the utterance
+
+    def keep(self, pcm: npt.NDArray[np.int16], speaking: bool) -> None:
+        """One frame: into the utterance while the user has the floor, else the pre-roll."""
+        if not speaking:
+            self._preroll.append(pcm)
+        elif self.samples < MAX_UTTERANCE_S * 16_000:
+            self._frames.append(pcm)
+            self.samples += len(pcm)
+
+    def begin(self) -> None:
+        """Speech started: the utterance opens with the pre-roll."""
+        self._frames = list(self._preroll)
+        self.samples = sum(len(p) for p in self._frames)
+        self._preroll.clear()
+
+    def audio(self) -> npt.NDArray[np.int16]:
+        return np.concatenate(self._frames) if self._frames else np.zeros(0, np.int16)
+
+    def take(self) -> npt.NDArray[np.int16]:
+        """The whole utterance; the buffer is empty afterwards."""
+        audio = self.audio()
+        self.clear()
+        return audio
+
+    def clear(self) -> None:
+        self._frames, self.samples = [], 0

@@ -1,0 +1,59 @@
+"""The HTTP edge's middleware: every error leaves as JSON; browser origins are checked and
+get CORS headers."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from server.errors import Forbidden, RequestError
+from server.http.auth import CorsPolicy
+
+CORS_KEY = web.AppKey("cors", CorsPolicy)
+CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
+CORS_REQUEST_HEADERS = "Authorization, Content-Type, If-Match, Avatar-Resume-Token"
+CORS_EXPOSED = "Location, ETag, Link, Retry-After, Accept-Patch, Accept-Post, WWW-Authenticate"
+CORS_MAX_AGE_S = 600
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(
+    status: int, message: str, code: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response({"error": message, "code": code}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as JSON: typed runtime errors and aiohttp's own HTTP errors."""
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return error_response(exc.status, exc.message, exc.code, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return error_response(exc.status, exc.reason, exc.reason.lower().replace(" ", "_"), headers)
+
+
+@web.middleware
+async def cors_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Browser origins: an allowed one gets CORS headers (preflights their own), any other is
+    refused with 403 before the request does anything. Requests without Origin pass as is."""
+    origin = request.headers.get("Origin")
+    if origin is None or CORS_KEY not in request.app:
+        return await handler(request)
+    if not request.app[CORS_KEY].allows(origin, request.host):
+        return error_response(403, f"origin {origin} is not allowed", Forbidden.code)
+    response = await handler(request)
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
+    response.headers.add("Vary", "Origin")
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+        response.headers["Access-Control-Allow-Headers"] = CORS_REQUEST_HEADERS
+        response.headers["Access-Control-Max-Age"] = str(CORS_MAX_AGE_S)
+    return response

@@ -1,0 +1,140 @@
+"""Resume, piece by piece, on a fake clock: tokens, the event outlet, a detached
+conversation's deadlines, the registry's resume window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from server.clock import FakeClock
+from server.config import load_config
+from server.conversation.conversation import Conversation
+from server.conversation.outlet import MAX_PENDING, Outlet
+from server.conversation.resume import ResumeTicket, split_token
+from server.errors import BadRequest, NotFound, ResumeExpired, ResumeRefused
+from server.http.registry import SessionRegistry
+from server.metrics import Metrics
+from server.runtime.turn import TurnState
+
+
+class Link:
+    """A transport stand-in: its channel is open or not."""
+
+    def __init__(self, open_: bool = True) -> None:
+        self.open = open_
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, event: dict[str, Any]) -> bool:
+        if self.open:
+            self.sent.append(event)
+        return self.open
+
+    def media_ms(self) -> float | None:
+        return None
+
+
+def test_a_token_works_once_and_names_its_session() -> None:
+    ticket = ResumeTicket("w1-abc")
+    token = ticket.issue()
+    session_id, secret = split_token(token)
+    assert session_id == "w1-abc" and len(secret) >= 32  # 192 bits, URL-safe base64
+    assert not ticket.redeem(secret[:-1] + ("A" if secret[-1] != "A" else "B"))
+    assert ticket.redeem(secret)
+    assert not ticket.redeem(secret)  # used up
+    ticket.reinstate(secret)  # its connection could not be made: valid again
+    newer = ticket.issue()
+    assert not ticket.redeem(secret) and ticket.redeem(split_token(newer)[1])
+    for bad in ("", "no-dot", ".secret", "id.", "x" * 300 + ".y"):
+        with pytest.raises(BadRequest):
+            split_token(bad)
+
+
+def test_events_wait_for_a_link_and_come_in_order_after_session_created() -> None:
+    outlet = Outlet()
+    for i in range(3):
+        outlet.send({"type": "e", "i": i})
+    link = Link(open_=False)
+    outlet.link = link
+    outlet.send({"type": "e", "i": 3})
+    assert link.sent == []
+    link.open = True
+    outlet.open({"type": "session.created"})
+    assert [e.get("i") for e in link.sent] == [None, 0, 1, 2, 3]
+    outlet.send({"type": "e", "i": 4})
+    assert link.sent[-1]["i"] == 4 and not outlet.pending
+    outlet.link = None
+    for i in range(MAX_PENDING + 10):
+        outlet.send({"type": "e", "i": i})
+    assert len(outlet.pending) == MAX_PENDING and outlet.pending[0]["i"] == 10  # bounded
+
+
+async def test_a_detached_conversation_waits_and_its_deadlines_wait_too() -> None:
+    clock = FakeClock(1_000.0)
+    config = load_config()
+    detector: Any = None
+    conversation = Conversation("s" * 32, config, detector, None, Metrics(), clock=clock)
+    link = Link()
+    conversation.attach(link)
+    conversation.link_open(audio=True, video=False, resumed=False)
+    created = link.sent[0]
+    assert created["type"] == "session.created" and created["resumed"] is False
+    assert created["session"]["resume_token"].startswith("s" * 32 + ".")
+    conversation.session.submit_text("hello")  # thinking: its deadline runs
+    assert conversation.session.state is TurnState.THINKING
+    conversation.detach(link)
+    assert not conversation.attached and conversation.detached_since_ms == 1_000.0
+    clock.advance(config.runtime.thinking_timeout_ms + 5_000)
+    await conversation.enforce_deadline()  # nobody to tell: the deadline waits
+    assert conversation.session.state is TurnState.THINKING
+    conversation.emit({"type": "kept"})
+    again = Link()
+    conversation.attach(again)
+    assert conversation.session.overdue() is None  # the time away did not count
+    conversation.link_open(audio=True, video=False, resumed=True)
+    assert [e["type"] for e in again.sent] == ["session.created", "kept"]
+    assert again.sent[0]["resumed"] is True
+    assert again.sent[0]["session"]["resume_token"] != created["session"]["resume_token"]
+    clock.advance(config.runtime.thinking_timeout_ms)
+    assert conversation.session.overdue() is not None
+    await conversation.close()
+
+
+async def test_the_registry_ends_a_conversation_its_client_did_not_resume() -> None:
+    clock = FakeClock(0.0)
+    config = load_config(overrides={"session.resume_window_s": "30"})
+    registry = SessionRegistry(config, lambda: None, None, Metrics(), clock=clock)  # type: ignore[arg-type,return-value]
+    detector: Any = None
+    conversation = Conversation("c" * 32, config, detector, None, Metrics(), clock=clock)
+    registry.conversations[conversation.session_id] = conversation
+    link = Link()
+    conversation.attach(link)
+    conversation.link_open(audio=True, video=False, resumed=False)
+    token = link.sent[0]["session"]["resume_token"]
+    conversation.detach(link)
+    clock.advance(29_999)
+    assert registry.expired() == []
+    clock.advance(1)
+    assert registry.expired() == [conversation.session_id]
+    await registry.close(conversation.session_id)
+    with pytest.raises(ResumeExpired):
+        await registry.resume(token, "v=0")
+    with pytest.raises(NotFound):
+        await registry.resume("d" * 32 + ".secret", "v=0")
+
+
+async def test_a_wrong_token_changes_nothing() -> None:
+    config = load_config()
+    registry = SessionRegistry(config, lambda: None, None, Metrics())  # type: ignore[arg-type,return-value]
+    detector: Any = None
+    conversation = Conversation("e" * 32, config, detector, None, Metrics())
+    registry.conversations[conversation.session_id] = conversation
+    link = Link()
+    conversation.attach(link)
+    conversation.link_open(audio=True, video=False, resumed=False)
+    token = link.sent[0]["session"]["resume_token"]
+    with pytest.raises(ResumeRefused):
+        await registry.resume(conversation.session_id + ".not-the-secret", "v=0")
+    assert conversation.attached and split_token(token)[0] == conversation.session_id
+    assert conversation.ticket.redeem(split_token(token)[1])  # still valid
+    await conversation.close()
