@@ -32,9 +32,9 @@ from server.errors import (
     ResumeExpired,
     ResumeRefused,
     ServerFull,
-    TooManyRequests,
 )
-from server.http.auth import check_owner, is_loopback
+from server.http.auth import check_owner
+from server.http.shares import check_share, client_limit
 from server.http.whip import CandidateBudget
 from server.metrics import Metrics
 from server.owner import NO_OWNER
@@ -49,12 +49,6 @@ log = logging.getLogger(__name__)
 SESSION_ID_BYTES = 24  # 192 random bits, URL-safe
 REAP_INTERVAL_S = 1.0  # longest pause between two dead-peer checks
 MAX_ENDED = 4096  # ids of ended sessions remembered, to answer a late resume with 410
-
-
-class TooManySessions(TooManyRequests):
-    """The client (address or token) already holds its share of the sessions."""
-
-    code = "too_many_sessions"
 
 
 @dataclass(frozen=True)
@@ -111,35 +105,12 @@ class SessionRegistry:
         return len(self.conversations)
 
     def client_limit(self) -> int:
-        """Live sessions one client may hold (``transport.max_sessions_per_client``; 0: half of
-        ``max_sessions``, at least 1)."""
-        transport = self.config.transport
-        return transport.max_sessions_per_client or max(1, transport.max_sessions // 2)
+        return client_limit(self.config.transport)
 
     def _check_client(self, client: str, owner: str) -> None:
-        """TooManySessions when ``client`` (an address key) or ``owner`` (a token digest)
-        already holds its share. The automatic limit leaves loopback clients alone: on this
-        machine, or behind a proxy not in ``server.trusted_proxies``, every client is one.
-        Tokens count when there are several (with one, every client shares it)."""
-        transport = self.config.transport
-        limit = self.client_limit()
-        by_address = bool(client) and (
-            transport.max_sessions_per_client > 0 or not is_loopback(client)
-        )
-        if by_address and sum(a.client == client for a in self._admitted.values()) >= limit:
-            raise TooManySessions(
-                f"this client address already has {limit} live sessions (its share of the "
-                "server); end one first",
-                transport.retry_after_s,
-            )
-        by_token = owner != NO_OWNER and len(self.config.server.auth_tokens) > 1
-        owned = sum(c.owner == owner for c in self.conversations.values())
-        if by_token and owned >= limit:
-            raise TooManySessions(
-                f"this token already has {limit} live sessions (its share of the server); "
-                "end one first",
-                transport.retry_after_s,
-            )
+        owners = [c.owner for c in self.conversations.values()]
+        clients = [a.client for a in self._admitted.values()]
+        check_share(self.config, clients, owners, client, owner)
 
     async def create(
         self,
@@ -207,7 +178,11 @@ class SessionRegistry:
             raise BadRequest(f"cannot use this SDP offer: {exc}") from exc
 
     async def resume(
-        self, token: str, offer_sdp: str, owner: str = NO_OWNER
+        self,
+        token: str,
+        offer_sdp: str,
+        owner: str = NO_OWNER,
+        candidates: CandidateBudget | None = None,
     ) -> tuple[str, RTCSessionDescription]:
         """A new peer for the conversation ``token`` names (its resume token, used up here;
         the new connection's ``session.created`` carries the next). A peer still attached is
@@ -231,6 +206,9 @@ class SessionRegistry:
         except BadRequest:
             conversation.ticket.reinstate(secret)
             raise
+        if candidates is not None:  # the new connection's own (the old one's went with it)
+            admitted = self._admitted[session_id]
+            self._admitted[session_id] = Admission(admitted.client, candidates)
         self._metrics.resumes.inc()
         log.info("session %s resumed by a new connection", session_id[:8])
         return session_id, answer

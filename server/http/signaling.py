@@ -163,16 +163,15 @@ async def create_session(
 ) -> tuple[str, str]:
     """A session for the offer ``sdp``: its candidates filtered and counted before aiortc sees
     them (422 past the cap), then created within the client's share; (session id, answer).
-    With ``resume_token`` the offer resumes the conversation the token names instead (its
-    candidates count against that session's budget)."""
+    With ``resume_token`` the offer resumes the conversation the token names instead (the
+    new connection's candidates are counted afresh)."""
     sdp, kept = filter_offer(sdp, candidate_filter(request))
     registry = request.app[REGISTRY_KEY]
-    if resume_token is not None:
-        session_id, answer = await registry.resume(resume_token, sdp, owner)
-        registry.candidates(session_id).admit(kept)
-        return session_id, answer.sdp
     budget = CandidateBudget(request.app[TRANSPORT_KEY].max_remote_candidates)
     budget.admit(kept)
+    if resume_token is not None:  # a new connection: its candidates counted on their own
+        session_id, answer = await registry.resume(resume_token, sdp, owner, budget)
+        return session_id, answer.sdp
     client = client_key(client_address(request))
     session_id, answer = await registry.create(sdp, owner, client, budget)
     return session_id, answer.sdp

@@ -208,3 +208,23 @@ async def test_a_token_presented_after_the_window_gets_410() -> None:
                 await peer.resume()
         finally:
             await peer.close(delete=False)
+
+
+async def test_a_conversation_resumes_again_and_again() -> None:
+    """Each resume is a new connection with its own ICE candidates: twelve in a row (more
+    candidates than one session may name, all told) resume the same conversation."""
+    async with running() as (url, app):
+        peer = Peer(url, video=False)
+        try:
+            await peer.connect()
+            await peer.wait_event("session.created")
+            session_id = peer.session_id
+            for _ in range(12):
+                await until(lambda: bool(peer.audio), "audio from the server", 10)
+                cut_network(peer.pc)
+                await peer.resume()
+                assert peer.session_id == session_id
+            registry = app[REGISTRY_KEY]
+            assert list(registry.conversations) == [session_id] and len(peer.resumes) == 12
+        finally:
+            await peer.close()
