@@ -212,6 +212,7 @@ class Conversation:
 
     def flush_events(self) -> None:
         """Send what the runtime session emitted; a reply that ended reports its timings."""
+        self.outlet.flush()  # events kept while the link could not take them go first
         for event in self.session.drain_events():
             self.emit(event.to_dict())
             if isinstance(event, ResponseDone):

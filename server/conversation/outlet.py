@@ -24,13 +24,19 @@ class Outlet:
     def send(self, event: dict[str, Any]) -> None:
         """Send ``event`` now, or keep it (after whatever is kept already)."""
         link = self.link
-        if link is not None and not self.pending and link.send(event):
+        if link is not None and not self.flush() and link.send(event):
             return
         self.pending.append(event)
 
     def open(self, first: dict[str, Any]) -> None:
         """The link's channel opened: ``first``, then everything kept, in order."""
         self.pending.appendleft(first)
+        self.flush()
+
+    def flush(self) -> int:
+        """Hand the kept events to the link, in order, while it takes them; how many are
+        still kept (a link stops taking them while its path looks dead)."""
         link = self.link
         while link is not None and self.pending and link.send(self.pending[0]):
             self.pending.popleft()
+        return len(self.pending)

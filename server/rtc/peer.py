@@ -189,15 +189,15 @@ class PeerSession:
         return self.media_clock.peek_ms()
 
     def send(self, event: dict[str, Any]) -> bool:
-        """Send ``event`` on the events channel; False before it opens (the conversation keeps
-        it). Past MAX_QUEUED_BYTES queued towards the peer (aiortc's ``bufferedAmount``: sent
-        but not yet taken by SCTP, which stalls when the peer acknowledges nothing) the session
-        is closed and nothing more is sent."""
+        """Send ``event`` on the events channel; False before it opens or while the path looks
+        dead (the conversation keeps it). Past MAX_QUEUED_BYTES queued towards the peer
+        (aiortc's ``bufferedAmount``: sent but not yet taken by SCTP, which stalls when the peer
+        acknowledges nothing) the session is closed and nothing more is sent."""
         if self._overflowed:
             return True
         channel = self._channel
-        if channel is None or channel.readyState != "open":
-            return False
+        if channel is None or channel.readyState != "open" or self._stalled():
+            return False  # kept: a stalled path would lose it (a resume delivers it)
         payload = json.dumps(event)  # ASCII: characters are bytes
         queued = channel.bufferedAmount + len(payload)
         if queued > MAX_QUEUED_BYTES:
@@ -219,11 +219,15 @@ class PeerSession:
         STALL_MS ago: then the path is probably dead (a network change) and what we would send
         is lost, so silence goes out and the playback cursor waits (for the audio to come back,
         or for a resume on a new connection)."""
-        quiet_ms = self.clock.now_ms() - self.last_media_ms
-        if self._hears_audio and self.state is PeerState.CONNECTED and quiet_ms > STALL_MS:
+        if self._stalled():
             self.stalled_frames += 1
             return np.zeros(n, np.int16)
         return self.conversation.playout.pull_audio(n)
+
+    def _stalled(self) -> bool:
+        """The client's audio (every 20 ms, silence too) stopped arriving STALL_MS ago."""
+        quiet_ms = self.clock.now_ms() - self.last_media_ms
+        return self._hears_audio and self.state is PeerState.CONNECTED and quiet_ms > STALL_MS
 
     # --- inbound media --------------------------------------------------------------------
     def _on_track(self, track: MediaStreamTrack) -> None:

@@ -63,6 +63,11 @@ def test_events_wait_for_a_link_and_come_in_order_after_session_created() -> Non
     assert [e.get("i") for e in link.sent] == [None, 0, 1, 2, 3]
     outlet.send({"type": "e", "i": 4})
     assert link.sent[-1]["i"] == 4 and not outlet.pending
+    link.open = False  # the path looks dead: the link takes nothing and the events wait
+    outlet.send({"type": "e", "i": 5})
+    assert link.sent[-1]["i"] == 4 and outlet.flush() == 1
+    link.open = True  # it recovers: the next flush hands them over, in order
+    assert outlet.flush() == 0 and link.sent[-1]["i"] == 5
     outlet.link = None
     for i in range(MAX_PENDING + 10):
         outlet.send({"type": "e", "i": i})
