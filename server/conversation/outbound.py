@@ -91,3 +91,16 @@ class ResponseTimings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "epoch": self.epoch, "status": self.status, **self.timings}
+
+
+@dataclass(frozen=True)
+class BargeInReaction:
+    """How long (ms) the reply took to go silent after the user's voice began (the gate's
+    onset), as the server measured it for this session's own barge-in."""
+
+    type: ClassVar[str] = "input_audio_buffer.barge_in"
+    reaction_ms: float
+    confirmed_reaction_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **asdict(self)}

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from server.avatar.lipsync import LipSync
 from server.avatar.video import AvatarVideo
 from server.clock import Clock
+from server.conversation.outbound import BargeInReaction
 from server.conversation.reply import Replies
 from server.metrics import Metrics
 from server.runtime.session import Session
@@ -98,7 +99,9 @@ class Playout:
             now = self._clock.now_ms()
             reaction = now - self._barge_onset_ms
             self._barge_onset_ms = None
+            confirmed = now - self._barge_confirmed_ms
             self.barge_in_reactions_ms.append(reaction)
-            self.barge_in_confirmed_reactions_ms.append(now - self._barge_confirmed_ms)
+            self.barge_in_confirmed_reactions_ms.append(confirmed)
             self._metrics.barge_in_reaction.observe(reaction / 1000)
             self._log_reaction(reaction)
+            self._emit(BargeInReaction(round(reaction, 1), round(confirmed, 1)).to_dict())

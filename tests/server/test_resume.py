@@ -120,6 +120,8 @@ async def test_a_dropped_connection_resumes_where_the_reply_was(
         )
         barged_at = time.monotonic()
         assert conversation.session.epoch > done["epoch"]  # the barge-in's new epoch
+        reaction = await peer.wait_event("input_audio_buffer.barge_in", timeout=10)
+        assert 0 < reaction["reaction_ms"] < within(3000)  # the server's own measurement
 
         before = audio_between(peer, 0, cut_at)
         after = audio_between(peer, resumed_at, barged_at)
