@@ -36,7 +36,7 @@ from client.cli import ClientPeer
 from server.machine import this_machine
 from server.rtc.settings import pin_host_addresses
 from tests.support.peers import cut_network
-from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess
+from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess, tone_env
 
 RESULT = ROOT / "benchmarks" / "results" / "resume.json"
 DEFAULT_COUNT = 10
@@ -98,7 +98,7 @@ async def run(count: int, quick: bool) -> dict[str, Any]:
     env: dict[str, str] = {}
     if quick:
         settings.update({"pipeline.factory": TONE_PIPELINE, "transport.video": "false"})
-        env = {"TONE_PIPELINE_MS": "2000", "TONE_PIPELINE_SENTENCES": "4"}
+        env = tone_env(2000, sentences=4)
     server = ServerProcess(settings, env=env).start(timeout=240)
     try:
         results = await measure(server.url, count, video=not quick)

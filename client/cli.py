@@ -139,8 +139,6 @@ class ClientPeer:
         self.mic = mic or ScriptedMic()
         self.camera = camera  # sent as our video (sendrecv), else video is receive-only
         self._configuration = configuration or RTCConfiguration(iceServers=[])
-        self.pc = RTCPeerConnection(self._configuration)
-        self.channel = self.pc.createDataChannel("events")
         self.session_id: str | None = None
         self.resume_token: str | None = None  # from the last session.created
         self.posted_at = 0.0  # time.monotonic() when the last offer was posted
@@ -155,10 +153,13 @@ class ClientPeer:
         self._on_event = on_event
         self._tasks: set[asyncio.Task[None]] = set()
         self._event_signal = asyncio.Event()
-        self.channel_open = asyncio.Event()
-        self._wire()
+        self._new_connection()
 
-    def _wire(self) -> None:
+    def _new_connection(self) -> None:
+        """A fresh peer connection with its ``events`` channel (at start, and on a resume)."""
+        self.pc = RTCPeerConnection(self._configuration)
+        self.channel = self.pc.createDataChannel("events")
+        self.channel_open = asyncio.Event()
         self.channel.on("message", self._on_message)
         self.channel.on("open", self.channel_open.set)
         self.pc.on("track", self._on_track)
@@ -215,10 +216,7 @@ class ClientPeer:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(old.close(), 2.0)
         self.mic = ScriptedMic()
-        self.pc = RTCPeerConnection(self._configuration)
-        self.channel = self.pc.createDataChannel("events")
-        self.channel_open = asyncio.Event()
-        self._wire()
+        self._new_connection()
         frames_before = len(self.audio)
         await self.connect(timeout, resume_token=token)
         took = 0.0

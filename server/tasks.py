@@ -12,8 +12,9 @@ log = logging.getLogger(__name__)
 
 
 async def cancel(task: asyncio.Task[Any] | None) -> None:
-    """Cancel ``task`` (if any) and wait until it has ended."""
-    if task is not None and not task.done():
+    """Cancel ``task`` (if any) and wait until it has ended; its outcome is retrieved (a task
+    that had already failed logs no "exception was never retrieved")."""
+    if task is not None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 

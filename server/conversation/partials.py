@@ -25,6 +25,7 @@ from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
 from server.runtime.session import Session
 from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag, ShedWork
+from server.tasks import cancel
 
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 PARTIAL_TICK_S = 0.02  # how often the partial loop looks for a pause
@@ -123,9 +124,7 @@ class Partials:
             await self._decode_partials(pipeline)
         finally:
             task, self._warming = self._warming, None
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await cancel(task)
 
     async def _decode_partials(self, pipeline: TurnPipeline) -> None:
         session = self._session

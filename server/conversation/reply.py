@@ -24,6 +24,7 @@ from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.session import ChunkAudio, Session
 from server.runtime.stage import Stage
 from server.scheduling.engine_queue import JobTag, StaleWork
+from server.tasks import cancel
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,7 @@ class Replies:
         """Stop the reply task (its LLM stream is closed: the engine aborts the request)."""
         self.trace = None
         task, self.task = self.task, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await cancel(task)
 
     async def _wait_for_room(self) -> None:
         """Stop pulling reply text while the lookahead budget is full; go on as it drains."""

@@ -42,6 +42,7 @@ from server.pipeline.seams import TurnPipeline
 from server.pipeline.turn_detector import TurnDetector
 from server.procstats import trim_heap
 from server.rtc.peer import Gone, PeerSession, PeerState
+from server.tasks import cancel
 from server.vision.sampling import VisionModel
 
 log = logging.getLogger(__name__)
@@ -312,9 +313,7 @@ class SessionRegistry:
     async def stop_reaper(self) -> None:
         """Stop the reaper and wait until it has ended; idempotent."""
         task, self._reaper = self._reaper, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await cancel(task)
 
     def dead_peers(self) -> list[PeerSession]:
         """Connected sessions whose inbound audio stopped ``transport.dead_peer_timeout_s`` ago.
