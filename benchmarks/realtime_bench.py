@@ -46,6 +46,7 @@ from benchmarks import pct, source_commit
 from benchmarks.netns import isolate
 from benchmarks.voice_bench import QUESTIONS, synthesize_questions
 from client.cli import ClientPeer
+from server.config import LLM_ENGINES
 from server.machine import this_machine
 from server.rtc.settings import pin_host_addresses
 from tests.support.server_process import ServerProcess, metric_value
@@ -167,7 +168,7 @@ async def conversing(
     return {**summary(both, before, after), "underruns": underruns(after) - underruns(before)}
 
 
-async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
+async def run(quick: bool, slow_server: bool, engine: str = "auto") -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTIONS[:3] if quick else QUESTIONS[:6]
     questions = synthesize_questions(texts)
@@ -176,6 +177,7 @@ async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
             "server.debug_endpoints": "true",
             "transport.connect_timeout_s": "60",
             "transport.max_sessions": "4",
+            "pipeline.llm_engine": engine,
         },
         wrapper=[str(SLOW), "--"] if slow_server else None,
     ).start(timeout=400)
@@ -184,6 +186,8 @@ async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
         results: dict[str, Any] = {
             "calibration": health.get("calibration"),
             "profile": "server in the slow profile (scripts/slow.sh)" if slow_server else "as is",
+            "llm_engine": engine,
+            "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
         }
         results["one_session"] = await conversing(server, [questions])
         print("one session", json.dumps(results["one_session"]))
@@ -215,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the server (only) in the slow profile: AVX-512 off, 0.5 CPUs",
     )
+    parser.add_argument(
+        "--engine", choices=LLM_ENGINES, default="auto", help="pipeline.llm_engine of the server"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/realtime.json"))
     args = parser.parse_args(argv)
     isolate("benchmarks.realtime_bench", argv)
     print(f"machine: {this_machine().describe()}")
     started = time.monotonic()
-    results = asyncio.run(run(args.quick, args.slow_server))
+    results = asyncio.run(run(args.quick, args.slow_server, args.engine))
     results["machine"] = this_machine().to_dict()
     results["commit"] = source_commit()
     results["wall_s"] = round(time.monotonic() - started, 1)

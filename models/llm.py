@@ -144,6 +144,21 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def open_text(render: Callable[[Sequence[Message]], str], messages: Sequence[Message]) -> str:
+    """The text of a chat whose last message is still being said: the template (``render``)
+    up to that message's :func:`settled_words`, the turn left open; a prefix of ``render`` of
+    any chat whose last message starts with this one's words."""
+    if not messages:
+        raise LlmError("no message to leave open")
+    *before, last = messages
+    content = last["content"]
+    text = render([*before, {**last, "content": content + OPEN_MARK}])
+    end = text.find(OPEN_MARK)
+    if end < 0 or text.count(OPEN_MARK) != 1:
+        raise LlmError("the chat template does not keep a message's words in place")
+    return text[: end - (len(content) - len(settled_words(content)))]
+
+
 class ChatPrompts:
     """Chat messages as prompt token ids, by a model's tokenizer and chat template."""
 
@@ -174,16 +189,7 @@ class ChatPrompts:
         BPE's split (GPT-2's) never merges across it. Kept to the ids :meth:`render` of
         ``messages`` shares, in case a template rewrites the words.
         """
-        if not messages:
-            raise LlmError("no message to leave open")
-        *before, last = messages
-        content = last["content"]
-        text = self._template([*before, {**last, "content": content + OPEN_MARK}])
-        end = text.find(OPEN_MARK)
-        if end < 0 or text.count(OPEN_MARK) != 1:
-            raise LlmError("the chat template does not keep a message's words in place")
-        cut = end - (len(content) - len(settled_words(content)))
-        ids = self._ids(text[:cut])
+        ids = self._ids(open_text(self._template, messages))
         return ids[: _common_prefix(ids, self.render(messages))]
 
 

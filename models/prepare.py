@@ -74,6 +74,11 @@ def locate_llm_gguf() -> Path:
     return path
 
 
+def default_gguf(cache_dir: Path | None = None) -> Path:
+    """The embedded default model's GGUF file, for llama.cpp."""
+    return locate_llm_gguf()
+
+
 def is_prepared(folder: Path) -> bool:
     """Whether ``folder`` holds a complete conversion of the current format."""
     marker = folder / MARKER

@@ -21,6 +21,7 @@ ENV_PREFIX = "AVATAR_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULER_POLICIES = ("edf", "round_robin")
 ASR_WINDOWS = ("audio", "full")
+LLM_ENGINES = ("auto", "llamacpp", "vllm")
 PRIVATE_CANDIDATES = ("auto", "allow", "drop")
 MIN_TOKEN_CHARS = 16  # a bearer token is at least this long
 
@@ -290,8 +291,23 @@ class PipelineConfig:
         "server.pipeline.wiring:voice_pipeline",
         "Import path (module:function) of the reply pipeline; empty: listen only (no replies).",
     )
+    llm_engine: str = _setting(
+        "auto",
+        "The in-process LLM engine: 'llamacpp' (llama.cpp on a GGUF file), 'vllm' (a Hugging"
+        " Face folder), 'auto' (vLLM where the GPU build of vLLM is installed, else llama.cpp).",
+        choices=LLM_ENGINES,
+    )
     llm_model: str = _setting(
-        "", "Local Hugging Face model folder for vLLM; empty: the prepared SmolLM2-135M-Instruct."
+        "",
+        "Local model: a GGUF file (llama.cpp) or a Hugging Face folder (vLLM); empty: the"
+        " embedded default, prepared by python -m models.prepare.",
+    )
+    llm_slots: int = _setting(
+        0,
+        "llama.cpp: sessions whose KV cache it keeps at once, decoded together (0: as many as"
+        " transport.max_sessions, at least 2).",
+        min=0,
+        max=256,
     )
     llm_remote_urls: tuple[str, ...] = _setting(
         (),

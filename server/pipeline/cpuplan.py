@@ -5,7 +5,9 @@ the machine's core count) and the cgroup's CPU quota (``docker --cpus``), so tha
 assumes it owns the machine:
 
 - the LLM's OpenMP threads are bound to cores of their own: the last core on up to 3 cores,
-  the upper half of them on more;
+  the upper half of them on more; llama.cpp decodes on that many threads and reads a prompt
+  (right after the final transcript, when the recogniser is done and speech not begun) on
+  every core;
 - the speech synthesiser runs while the LLM writes, so it gets the cores the LLM leaves;
 - the speech recogniser's final transcript runs while the LLM and TTS wait for it (and its
   partials while the user speaks, when no reply is being made), so it may use every core, up
@@ -39,6 +41,7 @@ class CpuPlan:
     llm_cores: tuple[int, ...]  # where the LLM's OpenMP threads are bound, one per core
     asr_threads: int
     tts_threads: int
+    llm_prompt_threads: int = 1  # llama.cpp's threads for reading a prompt
     vad_threads: int = 1
     avatar_threads: int = 1
     cpu_quota: float | None = None  # CPUs the cgroup grants, when less than the cores
@@ -47,6 +50,12 @@ class CpuPlan:
         assert self.cores, "a plan needs at least one core"
         assert set(self.llm_cores) <= set(self.cores), "the LLM is bound outside the mask"
         assert self.asr_threads >= 1 and self.tts_threads >= 1
+        assert 1 <= self.llm_prompt_threads <= len(self.cores)
+
+    @property
+    def llm_threads(self) -> int:
+        """The LLM's decoding threads: one per core it is bound to."""
+        return len(self.llm_cores)
 
     @property
     def llm_bind(self) -> str:
@@ -58,7 +67,7 @@ class CpuPlan:
         quota = "" if self.cpu_quota is None else f" (quota {self.cpu_quota:g} CPUs)"
         return (
             f"{len(self.cores)} cores {list(self.cores)}{quota}: LLM bound to"
-            f" {list(self.llm_cores)},"
+            f" {list(self.llm_cores)} (prompts on {self.llm_prompt_threads} threads),"
             f" ASR {self.asr_threads} threads, TTS {self.tts_threads},"
             f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads}"
         )
@@ -67,6 +76,7 @@ class CpuPlan:
         return {
             "cores": list(self.cores),
             "llm_cores": list(self.llm_cores),
+            "llm_prompt_threads": self.llm_prompt_threads,
             "asr_threads": self.asr_threads,
             "tts_threads": self.tts_threads,
             "vad_threads": self.vad_threads,
@@ -97,7 +107,7 @@ def plan_cpus(
     llm = mask[-1:] if n <= 3 else mask[-(n - n // 2) :]
     asr = asr_threads or min(MAX_ASR_THREADS, n if n <= 2 else n // 2)
     tts = tts_threads or max(1, min(MAX_TTS_THREADS, n - len(llm)))
-    return CpuPlan(mask, llm, asr, tts, cpu_quota=cpu_quota)
+    return CpuPlan(mask, llm, asr, tts, llm_prompt_threads=n, cpu_quota=cpu_quota)
 
 
 def this_process_plan(asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:

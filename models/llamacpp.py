@@ -1,0 +1,400 @@
+"""The CPU engine: llama.cpp in this process (the ``xllamacpp`` wheel), one KV slot per session.
+
+llama.cpp's server core runs in this process on threads of its own; each request blocks one
+thread of the engine's own pool (not the event loop's) while its chunks are handed to the
+event loop. Behaviour matches :class:`models.llm.VllmEngine`:
+
+- ``stream`` yields text deltas; closing the stream (a barge-in) stops it: the callback tells
+  llama.cpp to stop at the next token, which frees the slot;
+- prefix reuse: every cache scope (a ``cache_salt``: one session) gets a slot of its own whose
+  KV cache stays between requests, so a reply computes only the tokens after what the slot
+  already holds (a prefill's, or the previous turn's). A slot that last served another scope
+  is wiped first (``cache_prompt: false``), so no scope reuses, or can time, another's tokens;
+- several sessions at once: llama.cpp batches the running slots together;
+- each request leaves :class:`GenerationStats` (prompt, cached and output tokens, first token).
+
+llama.cpp also starts an HTTP listener that cannot be switched off; it listens on a unix socket
+in a private (0700) folder, with a random API key, and its slots, metrics and web UI are off.
+The prompt cache in host memory, shared across slots, is off too (it would share prefixes
+between scopes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from itertools import count
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from models.llm import GenerationStats, LlmError, Message, _StatsBook, check_salt
+from models.prompt_text import ChatText
+
+if TYPE_CHECKING:
+    import xllamacpp
+
+log = logging.getLogger(__name__)
+
+_END = object()  # the sentinel that ends a request's chunk queue
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """llama.cpp settings; threads come from the CPU plan.
+
+    ``slots``: sessions whose KV caches are kept at once (and requests decoded together);
+    ``context_tokens``: each slot's context, prompt and reply together.
+    ``repeat_penalty`` > 1 makes a small model less likely to loop (1.0: off).
+    """
+
+    slots: int = 4
+    context_tokens: int = 2048
+    threads: int = 1  # decoding
+    batch_threads: int = 1  # prompt processing
+    temperature: float = 0.0  # 0 = greedy
+    repeat_penalty: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.slots >= 1 and self.context_tokens >= 64
+        assert self.threads >= 1 and self.batch_threads >= 1
+
+
+@dataclass(frozen=True)
+class SlotLease:
+    """A slot given to one request: ``fresh`` when the slot's cache holds another scope's
+    tokens (or none), so the request must not reuse them."""
+
+    slot: int
+    fresh: bool
+
+
+class SlotBook:
+    """Which cache scope owns which slot (synchronous, no I/O).
+
+    A scope keeps its slot while it is used; a new scope takes the least recently used idle
+    slot. A scope's requests run one at a time on its slot (llama.cpp would queue them anyway).
+    """
+
+    def __init__(self, slots: int) -> None:
+        assert slots >= 1
+        self._owner: list[str | None] = [None] * slots  # the scope whose tokens a slot holds
+        self._busy = [False] * slots
+        self._used = [0] * slots  # a logical clock of last use, for LRU
+        self._tick = count(1)
+        self._ever = [False] * slots
+
+    @property
+    def slots(self) -> int:
+        return len(self._owner)
+
+    def busy(self) -> int:
+        return sum(self._busy)
+
+    def acquire(self, scope: str) -> SlotLease | None:
+        """The slot for ``scope``'s next request; None while no slot can take it (its own slot
+        is busy, or every slot is)."""
+        if scope in self._owner:
+            slot = self._owner.index(scope)
+            if self._busy[slot]:
+                return None
+            return self._take(slot, fresh=False)
+        idle = [i for i, busy in enumerate(self._busy) if not busy]
+        if not idle:
+            return None
+        slot = min(idle, key=lambda i: self._used[i])
+        self._owner[slot] = scope
+        return self._take(slot, fresh=True)
+
+    def _take(self, slot: int, *, fresh: bool) -> SlotLease:
+        self._busy[slot] = True
+        self._used[slot] = next(self._tick)
+        fresh = fresh or not self._ever[slot]
+        self._ever[slot] = True
+        return SlotLease(slot, fresh)
+
+    def release(self, slot: int) -> None:
+        assert self._busy[slot], f"slot {slot} released twice"
+        self._busy[slot] = False
+
+
+@dataclass
+class _Request:
+    """One running request: its chunk queue and the flag that stops it."""
+
+    queue: asyncio.Queue[Any]
+    stop: threading.Event
+    done: concurrent.futures.Future[None] | None = None
+
+
+class LlamaCppEngine:
+    """llama.cpp in this process, serving one GGUF model to every session.
+
+    Constructing it loads the model and blocks (about a second); in async code use
+    :meth:`start`.
+    """
+
+    def __init__(self, model_path: Path, options: LlamaCppOptions | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.options = options or LlamaCppOptions()
+        if not self.model_path.is_file():
+            raise LlmError(f"no GGUF model at {self.model_path} (run python -m models.prepare)")
+        started = time.perf_counter()
+        log.info("loading LLM from %s with llama.cpp", self.model_path)
+        self.chat = ChatText.from_gguf(self.model_path)
+        self._folder = Path(tempfile.mkdtemp(prefix="llamacpp-"))  # mode 0700
+        try:
+            self._server = _start_server(self.model_path, self.options, self._folder)
+        except Exception as e:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise LlmError(f"could not start llama.cpp on {self.model_path}: {e}") from e
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.options.slots + 1, thread_name_prefix="llamacpp"
+        )
+        self._book = SlotBook(self.options.slots)
+        self._freed = asyncio.Condition()  # binds to a loop at its first use
+        self._requests: dict[str, _Request] = {}
+        self._stopping: set[asyncio.Future[None]] = set()  # stopped requests' last token
+        self._stats = _StatsBook()
+        self._closed = False
+        log.info(
+            "LLM ready in %.1f s (llama.cpp, %d slots of %d tokens, %d threads)",
+            time.perf_counter() - started,
+            self.options.slots,
+            self.options.context_tokens,
+            self.options.threads,
+        )
+
+    @classmethod
+    async def start(
+        cls, model_path: Path, options: LlamaCppOptions | None = None
+    ) -> LlamaCppEngine:
+        """Load the model without blocking the event loop."""
+        return await asyncio.to_thread(cls, model_path, options)
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Reply deltas; ``aclose()`` or cancelling the consumer stops the request."""
+        return self._generate(self.chat.render(messages), request_id, max_tokens, cache_salt)
+
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> GenerationStats:
+        """Compute the prompt stream() would send into the scope's slot (one token generated
+        and dropped); a later stream() of the same or a longer chat reuses it."""
+        return await self._one_token(self.chat.render(messages), request_id, cache_salt)
+
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> GenerationStats:
+        """Warm the scope's slot while the last message is still being said: the prompt up to
+        its settled words, a prefix of the one stream() sends once the message is complete."""
+        return await self._one_token(self.chat.render_open(messages), request_id, cache_salt)
+
+    async def _one_token(self, prompt: str, request_id: str, salt: str | None) -> GenerationStats:
+        async for _ in self._generate(prompt, request_id, 1, salt):
+            pass
+        stats = self._stats.get(request_id)
+        if stats is None:  # pragma: no cover - _generate always records
+            raise LlmError(f"prefill {request_id} left no stats")
+        return stats
+
+    async def _lease(self, scope: str) -> SlotLease:
+        async with self._freed:
+            while (lease := self._book.acquire(scope)) is None:
+                await self._freed.wait()
+            return lease
+
+    async def _release(self, slot: int) -> None:
+        async with self._freed:
+            self._book.release(slot)
+            self._freed.notify_all()
+
+    async def _generate(
+        self, prompt: str, request_id: str, max_tokens: int, cache_salt: str | None
+    ) -> AsyncGenerator[str, None]:
+        if self._closed:
+            raise LlmError("the engine is closed")
+        if request_id in self._requests:
+            raise LlmError(f"request {request_id} is already running")
+        check_salt(cache_salt)
+        started = time.perf_counter()
+        request = _Request(asyncio.Queue(), threading.Event())
+        self._requests[request_id] = request
+        tally = _Tally()
+        lease: SlotLease | None = None
+        try:
+            lease = await self._lease(cache_salt if cache_salt is not None else "")
+            body = self._body(prompt, max_tokens, lease)
+            request.done = self._submit(body, request)
+            async for text in self._chunks(request, tally, request_id):
+                if tally.ttft_ms is None:
+                    tally.ttft_ms = (time.perf_counter() - started) * 1000.0
+                yield text
+        except (GeneratorExit, asyncio.CancelledError):
+            tally.finish = tally.finish or "abort"
+            raise
+        finally:
+            request.stop.set()  # llama.cpp stops at its next token and frees its slot
+            if request.done is not None and not request.done.done():
+                # the stream ends now; the engine owns the thread until that token
+                stopping = asyncio.wrap_future(request.done)
+                self._stopping.add(stopping)
+                stopping.add_done_callback(self._stopping.discard)
+            if lease is not None:
+                await self._release(lease.slot)
+            self._requests.pop(request_id, None)
+            if request.stop.is_set() and tally.finish is None:
+                tally.finish = "abort"
+            self._stats.put(request_id, tally.stats())
+
+    def _body(self, prompt: str, max_tokens: int, lease: SlotLease) -> dict[str, Any]:
+        return {  # a prompt longer than a slot's context is refused with an error chunk
+            "prompt": prompt,
+            "max_tokens": max(1, max_tokens),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": self.options.temperature,
+            "repeat_penalty": self.options.repeat_penalty,
+            "seed": self.options.seed,
+            "id_slot": lease.slot,
+            "cache_prompt": not lease.fresh,
+        }
+
+    def _submit(self, body: dict[str, Any], request: _Request) -> concurrent.futures.Future[None]:
+        loop = asyncio.get_running_loop()
+        put = request.queue.put_nowait
+
+        def on_chunk(chunk: Any) -> bool:
+            loop.call_soon_threadsafe(put, chunk)
+            return request.stop.is_set()
+
+        def run() -> None:
+            try:
+                self._server.handle_completions(body, on_chunk)
+            except BaseException as e:  # handed to the consumer, who raises LlmError
+                loop.call_soon_threadsafe(put, e)
+            finally:
+                loop.call_soon_threadsafe(put, _END)
+
+        return self._pool.submit(run)
+
+    async def _chunks(
+        self, request: _Request, tally: _Tally, request_id: str
+    ) -> AsyncGenerator[str, None]:
+        while (chunk := await request.queue.get()) is not _END:
+            if isinstance(chunk, BaseException):
+                raise LlmError(f"llama.cpp request {request_id} failed: {chunk}") from chunk
+            text = tally.apply(chunk, request_id)
+            if text:
+                yield text
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request at its next token; its stream ends with finish "abort"."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.stop.set()
+            request.queue.put_nowait(_END)
+
+    def last_stats(self, request_id: str) -> GenerationStats | None:
+        return self._stats.get(request_id)
+
+    def running(self) -> int:
+        """Requests not yet finished (0 once every stream ended or was stopped)."""
+        return len(self._requests)
+
+    async def close(self) -> None:
+        """Stop every request, then llama.cpp's threads; streams still running end."""
+        if self._closed:
+            return
+        self._closed = True
+        for request_id in list(self._requests):
+            await self.abort(request_id)
+        await asyncio.gather(*self._stopping)
+        started = time.perf_counter()
+        await asyncio.to_thread(self._shutdown)
+        log.info("LLM engine shut down in %.1f s", time.perf_counter() - started)
+
+    def _shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        del self._server  # its destructor ends llama.cpp's loop and joins its threads
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+@dataclass
+class _Tally:
+    """What a request's chunks reported so far (usage and timings come with the last one)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    deltas: int = 0
+    ttft_ms: float | None = None
+    finish: str | None = None
+
+    def apply(self, chunk: Any, request_id: str) -> str | None:
+        """Take one chunk; its text, if any. An error chunk raises LlmError."""
+        if not isinstance(chunk, dict):
+            raise LlmError(f"llama.cpp request {request_id}: unexpected chunk {chunk!r:.200}")
+        if "error" in chunk or ("code" in chunk and "message" in chunk):
+            detail = chunk.get("error") or chunk.get("message")
+            raise LlmError(f"llama.cpp refused request {request_id}: {detail}")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.output_tokens = int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            self.cached_tokens = int(details.get("cached_tokens") or 0)
+        choices = chunk.get("choices") or []
+        if not choices:
+            return None
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+        text = choice.get("text")
+        if not text:
+            return None
+        self.deltas += 1
+        return str(text)
+
+    def stats(self) -> GenerationStats:
+        outputs = self.output_tokens or self.deltas
+        return GenerationStats(
+            self.prompt_tokens, self.cached_tokens, outputs, self.ttft_ms, self.finish
+        )
+
+
+def _start_server(model_path: Path, options: LlamaCppOptions, folder: Path) -> xllamacpp.Server:
+    """llama.cpp's server core, its HTTP listener on a private unix socket."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model_path)
+    params.n_parallel = options.slots
+    params.n_ctx = options.slots * options.context_tokens  # split evenly between the slots
+    params.kv_unified = False
+    params.cpuparams.n_threads = options.threads
+    params.cpuparams_batch.n_threads = options.batch_threads
+    params.cache_ram_mib = 0  # no prompt cache shared between slots
+    params.hostnames = [str(folder / "llm.sock")]
+    params.api_keys = [secrets.token_hex(16)]
+    params.endpoint_slots = False
+    params.endpoint_metrics = False
+    params.ui = False
+    params.warmup = True
+    params.verbosity = -1
+    return xllamacpp.Server(params)

@@ -1,0 +1,90 @@
+"""Chat prompts as text, by a model's own chat template (Jinja, as Hugging Face renders it).
+
+An engine that tokenizes the text itself (llama.cpp) needs no tokenizer here: a prompt's
+tokens are a prefix of a longer prompt's when its text is, up to the last token or two, and
+the engine reuses whatever prefix its cache holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.llm import LlmError, Message, open_text
+
+
+def _raise(message: str) -> None:
+    raise LlmError(f"the chat template refused the chat: {message}")
+
+
+@dataclass(frozen=True)
+class ChatText:
+    """A chat template with its special tokens; renders chats to prompt text."""
+
+    template: str
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> ChatText:
+        """The template and BOS/EOS tokens in a GGUF file's metadata."""
+        from gguf import GGUFReader
+
+        try:
+            fields = GGUFReader(str(path)).fields
+        except (OSError, ValueError) as e:
+            raise LlmError(f"cannot read GGUF metadata of {path}: {e}") from e
+        if "tokenizer.chat_template" not in fields:
+            raise LlmError(f"{path} has no chat template")
+        template = str(fields["tokenizer.chat_template"].contents())
+        tokens = fields.get("tokenizer.ggml.tokens")
+
+        def token(key: str) -> str:
+            if tokens is None or key not in fields:
+                return ""
+            index = int(fields[key].contents())
+            return str(tokens.contents(index))
+
+        return cls(
+            template, token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
+        )
+
+    def _compiled(self) -> Any:
+        cached = _COMPILED.get(self.template)
+        if cached is None:
+            from jinja2.ext import loopcontrols
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+            )
+            env.globals["raise_exception"] = _raise
+            cached = env.from_string(self.template)
+            _COMPILED[self.template] = cached
+        return cached
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """Prompt text: the chat template with the assistant turn opened."""
+        try:
+            return str(
+                self._compiled().render(
+                    messages=[dict(m) for m in messages],
+                    add_generation_prompt=True,
+                    bos_token=self.bos_token,
+                    eos_token=self.eos_token,
+                )
+            )
+        except LlmError:
+            raise
+        except Exception as e:  # jinja2's errors
+            raise LlmError(f"the chat template failed: {type(e).__name__}: {e}") from e
+
+    def render_open(self, messages: Sequence[Message]) -> str:
+        """Prompt text of a chat whose last message is still being said
+        (:func:`models.llm.open_text`)."""
+        return open_text(self.render, messages)
+
+
+_COMPILED: dict[str, Any] = {}  # template source -> compiled template

@@ -1,0 +1,24 @@
+"""Which in-process LLM engine the server starts: the setting, the model's kind, the machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.pipeline.wiring import llm_engine_name
+
+
+@pytest.mark.parametrize(
+    ("setting", "model", "gpu_vllm", "engine"),
+    [
+        ("auto", "", False, "llamacpp"),  # the embedded default on a CPU machine
+        ("auto", "", True, "vllm"),  # ... and where vLLM's GPU build is installed
+        ("auto", "/models/qwen.gguf", True, "llamacpp"),  # a GGUF file runs on llama.cpp
+        ("auto", "/models/qwen-hf", False, "vllm"),  # a Hugging Face folder on vLLM
+        ("vllm", "", False, "vllm"),  # the operator's choice wins
+        ("llamacpp", "", True, "llamacpp"),
+    ],
+)
+def test_the_llm_engine_follows_the_setting_the_model_and_the_machine(
+    setting: str, model: str, gpu_vllm: bool, engine: str
+) -> None:
+    assert llm_engine_name(setting, model, gpu_vllm) == engine
