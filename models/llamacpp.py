@@ -201,9 +201,14 @@ class LlamaCppEngine:
     async def prefill_open(
         self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
     ) -> GenerationStats:
-        """Warm the scope's slot while the last message is still being said: the prompt up to
-        its settled words, a prefix of the one stream() sends once the message is complete."""
-        return await self._one_token(self.chat.render_open(messages), request_id, cache_salt)
+        """Warm the scope's slot while the last message is still being said.
+
+        llama.cpp reuses the longest common token prefix, not whole blocks, so the prompt of
+        the chat as said so far is computed whole, its assistant turn opened: when the final
+        transcript is what was heard last, the reply computes one token; when the user went on
+        (or a word grew), only the tokens after the first difference.
+        """
+        return await self._one_token(self.chat.render(messages), request_id, cache_salt)
 
     async def _one_token(self, prompt: str, request_id: str, salt: str | None) -> GenerationStats:
         async for _ in self._generate(prompt, request_id, 1, salt):

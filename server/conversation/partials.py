@@ -1,8 +1,10 @@
-"""Partial transcripts while the user speaks, and the prefill of their stable words.
+"""Partial transcripts while the user speaks, and the prefill of what they said so far.
 
 The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when
 the speaker pauses, continuing after the words two partials agreed on (the stable words). A
-warm-up pushes the stable words into the LLM's prefix cache, beside the decodes, one at a time.
+warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
+time: the stable words while the user speaks, and at a pause the whole partial, which heard
+all the speech and is usually the final transcript (so the reply computes almost nothing).
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class Partials:
         self._request = request
         self.partial = Partial(0, "")
         self.stable = ""
+        self._said = ""  # the user's words the warm-ups push: stable words, or a pause's partial
+        self._said_heard = 0  # input samples heard when the decode that found them began
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
@@ -107,6 +111,8 @@ class Partials:
         """A new user turn: nothing heard yet."""
         self.partial = Partial(0, "")
         self.stable = ""
+        self._said = ""
+        self._said_heard = 0
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -153,25 +159,32 @@ class Partials:
             self._emit(TranscriptionDelta(text, stable).to_dict())
             if len(stable) > len(self.stable):
                 self.stable = stable
-                session.set_user_transcript(stable)
+            # a decode begun in a pause heard all the speech: likely the final transcript
+            said = text.strip() if quiet >= PAUSE_MS else self.stable
+            if said and said != self._said and (quiet >= PAUSE_MS or len(said) > len(self._said)):
+                self._said, self._said_heard = said, heard
+                session.set_user_transcript(said)
                 if self._warming is None or self._warming.done():
                     if self._warming is not None:
                         await self._warming  # done: its outcome was handled in _warm
-                    warm = self._warm(pipeline, self._request(session.epoch), heard)
+                    warm = self._warm(pipeline, session.epoch)
                     self._warming = asyncio.get_running_loop().create_task(warm)
 
-    async def _warm(self, pipeline: TurnPipeline, request: ReplyRequest, heard: int) -> None:
-        """Push the stable words into the LLM's prefix cache (``heard``: input samples heard
-        when the decode that found them began)."""
-        try:
-            cached = await pipeline.prefill(request)
-        except ShedWork:  # a reply is being written: the warm-up would slow it
-            self._metrics.work_shed.labels("prefill").inc()
-            return
-        self.prefill_cached = max(self.prefill_cached, cached)
-        # heard_until only grows: what was heard when the decode began is still heard
-        cursors = self._session.cursors
-        self._session.advance_prefilled(max(cursors.prefilled_until, heard))
+    async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
+        """Push the words said so far into the LLM's prefix cache, again while they changed
+        during the last warm-up (one warm-up at a time)."""
+        warmed = ""
+        while warmed != self._said:
+            warmed, heard = self._said, self._said_heard
+            try:
+                cached = await pipeline.prefill(self._request(epoch))
+            except ShedWork:  # a reply is being written: the warm-up would slow it
+                self._metrics.work_shed.labels("prefill").inc()
+                return
+            self.prefill_cached = max(self.prefill_cached, cached)
+            # heard_until only grows: what was heard when the decode began is still heard
+            cursors = self._session.cursors
+            self._session.advance_prefilled(max(cursors.prefilled_until, heard))
 
     async def final(
         self,

@@ -6,7 +6,7 @@ more word of the question per 150 ms of audio heard), an LLM that records every 
 TTS that answers with a short tone.
 
 While the user speaks, the partial loop must warm the LLM with the stable words, the user turn
-left open (``prefill_open``); the reply's prompt must extend every warm-up's prompt token for
+left open (``prefill_open``), and at the pause before the endpoint with the whole partial; the reply's prompt must extend every warm-up's prompt token for
 token under the embedded model's tokenizer and chat template, in the same cache scope.
 """
 
@@ -204,13 +204,16 @@ async def test_the_partial_loop_warms_the_prompt_the_reply_extends(
     # while the user spoke (before the endpoint's event left the server), before the reply
     assert all(c.at < stopped_at for c in warm_ups)
     assert llm.calls.index(reply) > llm.calls.index(warm_ups[-1])
-    # each warm-up holds the stable words the peer was told of, growing with the speech
+    # each warm-up holds the stable words the peer was told of, growing with the speech; the
+    # last one the whole partial decoded in the pause before the endpoint, the final transcript
     delta = "conversation.item.input_audio_transcription.delta"
     stable = {e["stable"] for _, e in peer.events if e.get("type") == delta}
     said = [_words(c.messages) for c in warm_ups]
-    assert set(said) <= stable and said == sorted(said, key=len)
-    assert len(said[-1].split()) >= len(QUESTION.split()) // 2
-    assert set(said) <= set(asr.prefixes)  # and the recogniser continued from them
+    *growing, heard_all = said
+    assert heard_all == QUESTION
+    assert set(growing) <= stable and said == sorted(said, key=len)
+    assert len(growing[-1].split()) >= len(QUESTION.split()) // 2
+    assert set(growing) <= set(asr.prefixes)  # and the recogniser continued from them
     # the reply's prompt extends every warm-up's, token for token, in the same cache scope
     reply_ids = prompts.render(reply.messages)
     assert _words(reply.messages) == QUESTION
