@@ -87,10 +87,10 @@ def score(
 
 def voices(sentences: list[str]) -> list[tuple[str, str, npt.NDArray[np.int16]]]:
     """(voice, sentence, 16 kHz audio) for Piper's joe and espeak-ng."""
-    from models.tts import PiperTts
+    from models.tts import OnnxVoiceTts
     from server.runtime.media import resample
 
-    piper = PiperTts()
+    piper = OnnxVoiceTts()
     out = []
     for text in sentences:
         out.append(("piper", text, resample(piper.synthesize(text).pcm, 48_000, RATE_HZ)))

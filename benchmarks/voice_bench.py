@@ -50,9 +50,9 @@ QUESTIONS = [
 
 
 def synthesize_questions(texts: list[str]) -> list[npt.NDArray[np.int16]]:
-    from models.tts import PiperTts
+    from models.tts import OnnxVoiceTts
 
-    tts = PiperTts()
+    tts = OnnxVoiceTts()
     return [tts.synthesize(t).pcm for t in texts]
 
 

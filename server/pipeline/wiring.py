@@ -154,7 +154,7 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     default or the configured model, or remote vLLM servers), the joe voice."""
     from models.asr import WhisperAsr
     from models.llm import LlmEngine, RemoteVllm
-    from models.tts import PiperTts, split_sentences
+    from models.tts import OnnxVoiceTts, split_sentences
 
     pc = config.pipeline
     started = time.monotonic()
@@ -162,8 +162,8 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     log.info("CPU plan: %s", plan.describe())
     log.info("loading speech recogniser (Whisper tiny.en, %s window)", pc.asr_window)
     asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
-    log.info("loading speech synthesiser (Piper, joe)")
-    tts = PiperTts(threads=plan.tts_threads)
+    log.info("loading speech synthesiser (joe voice, onnxruntime + gruut)")
+    tts = OnnxVoiceTts(threads=plan.tts_threads)
     llm: LlmEngine
     if pc.llm_remote_urls:
         llm = RemoteVllm(remote_options(config))

@@ -1,4 +1,5 @@
-"""Lip-sync cues from real Piper speech: on the phoneme timings, open mouths where it is loud."""
+"""Lip-sync cues from real speech (the joe voice): on the phoneme timings, open mouths where it
+is loud; every symbol the TTS emits has a sensible mouth shape."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import itertools
 import numpy as np
 import pytest
 
-from models.tts import PiperTts
-from server.avatar.lipsync import cues_for
-from server.avatar.seam import VISEME_OPENING, Viseme
+from models.tts import OnnxVoiceTts
+from server.avatar.lipsync import LENGTH, STRESS, WORD_GAP, cues_for
+from server.avatar.seam import VISEME_OPENING, Viseme, viseme_of
 from server.runtime.chunk import PhonemeTiming
 
 SENTENCE = "Hello there, how are you doing on this fine morning?"
 
 
 @pytest.fixture(scope="module")
-def speech() -> tuple[np.ndarray, tuple[PhonemeTiming, ...]]:
-    spoken = PiperTts().synthesize(SENTENCE)
+def tts() -> OnnxVoiceTts:
+    return OnnxVoiceTts()
+
+
+@pytest.fixture(scope="module")
+def speech(tts: OnnxVoiceTts) -> tuple[np.ndarray, tuple[PhonemeTiming, ...]]:
+    spoken = tts.synthesize(SENTENCE)
     phonemes = tuple(PhonemeTiming(p, s, e) for p, s, e in spoken.phonemes)
     return spoken.pcm, phonemes
 
@@ -55,3 +61,21 @@ def test_open_visemes_are_the_loud_parts(
     loudness = [rms(c.start, c.end) for c in sounding]
     weights = [c.weight for c in sounding]
     assert np.corrcoef(loudness, weights)[0, 1] > 0.5
+
+
+PAUSES = frozenset("^$,.;:?!")
+
+
+def test_every_symbol_the_voice_speaks_has_a_mouth_shape(tts: OnnxVoiceTts) -> None:
+    text = (
+        "Sure, I can help you with that! The weather is lovely; my sister thinks it's 30 degrees."
+        " Which judge measured the thoughtful bird's usual voice? Yes: the church's new tower."
+    )
+    symbols = {p for p, _, _ in tts.synthesize(text).phonemes}
+    marks = {*STRESS, LENGTH, WORD_GAP}
+    sounds = symbols - PAUSES - marks
+    assert len(sounds) >= 30
+    silent = sorted(s for s in sounds if viseme_of(s) is Viseme.SIL)
+    assert not silent, silent  # a sound shown as a closed, resting mouth
+    assert all(viseme_of(p) is Viseme.SIL for p in symbols & PAUSES)
+    assert symbols <= sounds | PAUSES | marks

@@ -1,20 +1,30 @@
-"""Whisper ASR and Piper TTS with the bundled models (real inference on CPU, no mocks)."""
+"""Whisper ASR and the joe voice's TTS (onnxruntime, gruut) with the bundled models (real
+inference on CPU, no mocks)."""
 
+# ruff: noqa: RUF001  (IPA symbols look like Latin letters on purpose)
 from __future__ import annotations
 
+import logging
 import re
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from models.asr import FULL_WINDOW_S, WhisperAsr, Window, cut_loop
+from models.phonemes import Phonemizer, assign_words, espeak_symbols, verbalise
 from models.tts import (
     RATE_HZ,
-    PiperTts,
+    OnnxVoiceTts,
     Speech,
-    _word_times,
+    VoiceConfig,
     flush_sentences,
+    joe_voice_paths,
     split_sentences,
 )
 from server.runtime.media import resample
@@ -29,8 +39,8 @@ HOP_48K = 256 * 48_000 / 22_050  # one step of the voice's duration predictor, i
 
 
 @pytest.fixture(scope="module")
-def tts() -> PiperTts:
-    return PiperTts()
+def tts() -> OnnxVoiceTts:
+    return OnnxVoiceTts()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +65,7 @@ def test_edit_distance() -> None:
     assert edit_distance([], words_of("a b")) == 2
 
 
-def test_tts_to_asr_round_trip(tts: PiperTts, asr: WhisperAsr) -> None:
+def test_tts_to_asr_round_trip(tts: OnnxVoiceTts, asr: WhisperAsr) -> None:
     errors = total = 0
     heard = []
     for sentence in SENTENCES:
@@ -95,7 +105,7 @@ def test_cut_loop(text: str, kept: str | None) -> None:
     assert cut_loop(text) == (kept or text)
 
 
-def test_asr_continues_after_a_prefix(tts: PiperTts, asr: WhisperAsr) -> None:
+def test_asr_continues_after_a_prefix(tts: OnnxVoiceTts, asr: WhisperAsr) -> None:
     sentence = "Please open the window in the kitchen."
     pcm = resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)
     heard = asr.transcribe(pcm, prefix="Please open the")
@@ -111,9 +121,9 @@ def test_asr_hears_nothing_in_silence_and_noise(asr: WhisperAsr) -> None:
 
 
 def test_asr_audio_window_is_about_as_accurate_as_the_full_window(
-    tts: PiperTts, asr: WhisperAsr
+    tts: OnnxVoiceTts, asr: WhisperAsr
 ) -> None:
-    """The same synthesized audio through both windows. Piper's synthesis is random, and the
+    """The same synthesized audio through both windows. The voice's synthesis is random, and the
     shorter window slips on a word now and then (24 runs: "colors blue" every time, "wethers"
     once), so the bound is a word error rate over all sentences, not an exact match."""
     full = WhisperAsr(cpu_threads=1, window="full")
@@ -164,13 +174,15 @@ def assert_timings(speech: Speech, words: int) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "The weather is sunny today.",  # one phoneme run per word
-        "Please open the window in the kitchen.",  # espeak merges "in the" into one run
-        "Hello there. How are you doing today? I am fine, thank you!",  # several chunks
+        "The weather is sunny today.",  # one spoken word per written word
+        "Please open the window in the kitchen.",
+        "Hello there. How are you doing today? I am fine, thank you!",  # several sentences
         "Mr. Smith paid $3.14 for 2 apples, e.g. red ones.",  # words that expand when spoken
+        "The U.S.A. and NASA loved rock-and-roll in the café at 10:30.",  # split, joined
+        "It was 25°C, 3/4 of the 1990s 2 3 times.",  # verbalised next to each other
     ],
 )
-def test_tts_alignment(tts: PiperTts, text: str) -> None:
+def test_tts_alignment(tts: OnnxVoiceTts, text: str) -> None:
     speech = tts.synthesize(text)
     assert_timings(speech, len(text.split()))
     assert [w.word for w in speech.words] == text.split()
@@ -179,52 +191,110 @@ def test_tts_alignment(tts: PiperTts, text: str) -> None:
     assert all(w.start in edges and w.end in edges for w in speech.words)
 
 
-def test_tts_numbers_take_their_spoken_time(tts: PiperTts) -> None:
+def test_tts_numbers_take_their_spoken_time(tts: OnnxVoiceTts) -> None:
     speech = tts.synthesize("Mr. Smith paid $3.14 for 2 apples.")
     by_word = {w.word: w.end - w.start for w in speech.words}
     # "dollar three point one four" lasts far longer than "paid"
     assert by_word["$3.14"] > 3 * by_word["paid"]
 
 
-def test_tts_blank_text_is_empty(tts: PiperTts) -> None:
+def test_tts_blank_text_is_empty(tts: OnnxVoiceTts) -> None:
     for text in ("", "   \n"):
         speech = tts.synthesize(text)
         assert len(speech.pcm) == 0 and speech.words == () and speech.phonemes == ()
 
 
-def test_word_times_fall_back_to_letter_counts() -> None:
-    # two phoneme runs for three words and no per-word counts: spread by letters
-    phonemes = [("^", 0, 100), ("a", 100, 400), (" ", 400, 500), ("b", 500, 1100)]
-    phonemes.append(("$", 1100, 1200))
-    timed = _word_times(["aa", "b", "cccccc"], phonemes, None)
-    assert [w for w, _, _ in timed] == ["aa", "b", "cccccc"]
-    assert timed[0][1] == 100 and timed[-1][2] == 1100
-    previous = 0
-    for _, start, end in timed:
-        assert previous <= start <= end
-        previous = end
-    assert (timed[2][2] - timed[2][1]) > 2 * (timed[0][2] - timed[0][1])
+def test_tts_speaks_numbers_and_abbreviations(tts: OnnxVoiceTts, asr: WhisperAsr) -> None:
+    # gruut verbalises them; Whisper writes numbers back as digits
+    said = {
+        "It costs 15 dollars.": {"15", "dollars", "$15"},
+        "Call me at 7 tomorrow.": {"7", "seven"},
+        "Dr. Jones is 42 years old.": {"doctor", "dr", "42"},
+    }
+    for sentence, expected in said.items():
+        heard = asr.transcribe(resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000))
+        assert expected & set(words_of(heard)), (sentence, heard)
 
 
-def test_word_times_one_run_per_word() -> None:
-    # no per-word spelling: as many runs as words, each word takes its run and the space after
-    phonemes = [("^", 0, 100), ("a", 100, 400), (" ", 400, 500), ("b", 500, 1100)]
-    phonemes.append(("$", 1100, 1200))
-    assert _word_times(["x", "y"], phonemes, None) == [("x", 100, 500), ("y", 500, 1100)]
+def test_tts_is_safe_from_several_threads(tts: OnnxVoiceTts) -> None:
+    # the server calls synthesize from worker threads; gruut's lexicon lives on its own thread
+    texts = ["One two three.", "Four five six.", "Seven eight nine."]
+    with ThreadPoolExecutor(3) as pool:
+        spoken = list(pool.map(tts.synthesize, texts))
+    assert [[w.word for w in s.words] for s in spoken] == [t.split() for t in texts]
 
 
-def test_word_times_align_spelled_words() -> None:
-    # "in the" spoken as one run; "2" spelled differently from how it was spoken
-    spoken = "inthe tuu kats"
-    phonemes, t = [("^", 0, 10)], 10
-    for p in spoken:
-        phonemes.append((p, t, t + 10))
-        t += 10
-    phonemes.append(("$", t, t + 10))
-    spelled = [list("in"), list("the"), list("tuw"), list("kats")]
-    timed = _word_times(["in", "the", "2", "cats."], phonemes, spelled)
-    # a word owns the space after it
-    assert timed == [("in", 10, 30), ("the", 30, 70), ("2", 70, 110), ("cats.", 110, 150)]
+def test_tts_process_imports_no_piper() -> None:
+    # the server process must not load GPL code: piper-tts (and espeak-ng through it)
+    script = textwrap.dedent(
+        """
+        import sys
+        from models.tts import OnnxVoiceTts
+        speech = OnnxVoiceTts(threads=1).synthesize("Hello there, 2 apples.")
+        assert len(speech.pcm) > 0 and "gruut" in sys.modules
+        loaded = [m for m in sys.modules if m.split(".")[0] in ("piper", "espeakbridge")]
+        print(loaded)
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_espeak_symbols_follow_espeak_conventions() -> None:
+    def said(*phonemes: str, primary: str = "ˈ") -> str:
+        return "".join(espeak_symbols(phonemes, primary))
+
+    assert espeak_symbols(["h", "ɛ", "l", "ˈoʊ"]) == ["h", "ɛ", "l", "ˈ", "o", "ʊ"]
+    assert said("b", "ˈɚ", "d") == "bˈɜːd"  # stressed r-coloured vowel
+    assert said("h", "ˈæ", "p", "i") == "hˈæpi"  # a short final i
+    assert said("s", "ˈi") == "sˈiː"  # long vowels
+    assert said("w", "ˈɔ", "t", "ɚ") == "wˈɔːɾɚ"  # a flap between vowels
+    assert said("b", "ˈʌ", "t", "ə", "n") == "bˈʌtən"  # but not in "-ton"
+    assert said("d͡ʒ", "ˈʌ", "d͡ʒ") == "dʒˈʌdʒ"  # affricates without the tie bar
+    assert said("s", "ˈʌ", "n", "l", "ˌaɪ", "t") == "sˈʌnlaɪt"  # compounds: one stress
+    assert said("ð", "ˈɪ", "s", primary="") == "ðɪs"  # function words unstressed
+    assert said("ə", primary="") == "ɐ"  # the article "a"
+
+
+def test_assign_words_maps_written_tokens_to_spoken_words() -> None:
+    tokens = ["Mr.", "Smith", "paid", "$3.14", "for", "2", "apples,", "U.S.A.", "rock-and-roll"]
+    spoken = "Mister Smith paid three dollars fourteen cents for two apples U S A rock and roll"
+    ranges = assign_words(tokens, spoken.split())
+    assert ranges == [
+        (0, 1), (1, 2), (2, 3), (3, 7), (7, 8), (8, 9), (9, 10), (10, 13), (13, 16)
+    ]  # fmt: skip
+    # a token nothing was spoken for gets no words; every spoken word belongs to a token
+    assert assign_words(["hello", "###x", "world"], ["hello", "world"]) == [(0, 1), (1, 1), (1, 2)]
+    assert assign_words(["café"], ["cafe"]) == [(0, 1)]
+    assert assign_words([], []) == []
+    # two verbalised tokens side by side: where each one's words said alone fit
+    said = "twenty five degrees Celsius three quarters"
+    alone = ["twentyfivedegreescelsius", "threequarters"]
+    assert assign_words(["25°C", "3/4"], said.split(), alone) == [(0, 4), (4, 6)]
+
+
+def test_verbalise_what_gruut_misreads() -> None:
+    assert verbalise("25°C and 100km") == "25 degrees Celsius and 100 kilometers"
+    assert verbalise("the 1990s, 80s and 1900s") == "the 19 nineties, eighties and 19 hundreds"
+    assert verbalise("3/4 cup, 5/8 inch") == "three quarters cup, 5 over 8 inch"
+    assert verbalise("on 1/2/2024 at 10:30") == "on 1/2/2024 at 10:30"  # gruut reads dates
+
+
+def test_phonemizer_keeps_to_the_voice_map(caplog: pytest.LogCaptureFixture) -> None:
+    ids = VoiceConfig.read(joe_voice_paths()[1]).ids
+    symbols = set(ids) - {"ð"}
+    with caplog.at_level(logging.WARNING, logger="models.phonemes"):
+        phonemized = Phonemizer(symbols).phonemize("The other one, then the rest.")
+    spoken = [s for sentence in phonemized.sentences for s in sentence.symbols]
+    assert spoken and set(spoken) <= symbols
+    assert phonemized.words == ("The", "other", "one", "then", "the", "rest")
+    assert [r.getMessage() for r in caplog.records].count(
+        "phoneme 'ð' is not in the voice's map: dropped"
+    ) == 1  # logged once
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 
 from client.cli import ClientPeer
 from models.asr import WhisperAsr
-from models.tts import PiperTts
+from models.tts import OnnxVoiceTts
 from server.runtime.media import resample
 from tests.support.pace import within
 from tests.support.peers import Peer
@@ -46,8 +46,8 @@ server = server_process(
 
 
 @pytest.fixture(scope="module")
-def tts() -> PiperTts:
-    return PiperTts()
+def tts() -> OnnxVoiceTts:
+    return OnnxVoiceTts()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def reply_text(peer: ClientPeer, epoch: int) -> str:
 
 
 async def test_spoken_question_gets_a_spoken_answer(
-    server: ServerProcess, peer: ClientPeer, tts: PiperTts, asr: WhisperAsr
+    server: ServerProcess, peer: ClientPeer, tts: OnnxVoiceTts, asr: WhisperAsr
 ) -> None:
     question = tts.synthesize("What is the capital of France?").pcm
     peer.mic.play(np.concatenate([silence(300), question]))
@@ -104,7 +104,7 @@ async def test_spoken_question_gets_a_spoken_answer(
 
 
 async def test_barge_in_keeps_only_what_was_played(
-    server: ServerProcess, peer: ClientPeer, tts: PiperTts
+    server: ServerProcess, peer: ClientPeer, tts: OnnxVoiceTts
 ) -> None:
     question = tts.synthesize("Tell me a long story about a brave little dragon.").pcm
     stop = tts.synthesize("Stop, please.").pcm  # made now: synthesis would hold up the peer

@@ -6,8 +6,9 @@ more word of the question per 150 ms of audio heard), an LLM that records every 
 TTS that answers with a short tone.
 
 While the user speaks, the partial loop must warm the LLM with the stable words, the user turn
-left open (``prefill_open``), and at the pause before the endpoint with the whole partial; the reply's prompt must extend every warm-up's prompt token for
-token under the embedded model's tokenizer and chat template, in the same cache scope.
+left open (``prefill_open``), and at the pause before the endpoint with the whole partial; the
+reply's prompt must extend every warm-up's prompt token for token under the embedded model's
+tokenizer and chat template, in the same cache scope.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models.tts import PiperTts, split_sentences
+from models.tts import OnnxVoiceTts, split_sentences
 from server.config import Config
 from server.conversation.conversation import Conversation
 from server.conversation.partials import partial_due, stable_words
@@ -88,7 +88,7 @@ async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
     pipeline = VoicePipeline(
         None,  # type: ignore[arg-type]
         NoLlm(),  # type: ignore[arg-type]
-        PiperTts(),
+        OnnxVoiceTts(),
         split_sentences,
         max_tokens=10,
         first_chunk_words=6,

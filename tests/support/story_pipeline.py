@@ -15,7 +15,7 @@ from typing import Any
 
 from models.asr import WhisperAsr
 from models.llm import Message
-from models.tts import PiperTts, split_sentences
+from models.tts import OnnxVoiceTts, split_sentences
 from server.config import Config
 from server.pipeline.voice import VoicePipeline
 
@@ -71,7 +71,7 @@ def create(config: Config) -> VoicePipeline:
     return VoicePipeline(
         WhisperAsr(cpu_threads=1),
         StoryLlm(),
-        PiperTts(threads=1),
+        OnnxVoiceTts(threads=1),
         split_sentences,
         max_tokens=400,
         first_chunk_words=config.pipeline.first_chunk_words,
