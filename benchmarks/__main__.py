@@ -1,7 +1,8 @@
 """The benchmark suite: ``python -m benchmarks [--smoke]``.
 
 Runs the scheduler simulation, the transport benchmarks (real server, real peers, own network
-namespace), the voice benchmark (embedded models), the prefix-cache probe and the avatar benchmarks
+namespace), the voice benchmark (embedded models), the speech synthesiser and the LLM engine on
+their own, the prefix-cache probe and the avatar benchmarks
 (render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions held open,
 a STUN spray, a peer that acknowledges nothing), the prefill ablation and the WHIP connect times
 (aiortc and GStreamer) and the resume time after a lost connection, prints a summary table and
@@ -25,12 +26,14 @@ from benchmarks import (
     avatar_bench,
     avatar_sync,
     cache_probe,
+    llm_bench,
     prefill_ablation,
     realtime_bench,
     resume_bench,
     scheduler_sim,
     stamped,
     transport_bench,
+    tts_bench,
     unacked_peer,
     voice_bench,
     whip_connect,
@@ -73,6 +76,20 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     rows.append(("memory per session MB", str(t["memory"]["per_session_mb"])))
+    tts = results["tts"]["onnx"]
+    rows.append(
+        (
+            "TTS real-time factor p50, first chunk p50 ms",
+            f"{tts['rtf_p50']}, {tts['first_chunk_ms_p50']}",
+        )
+    )
+    llm = results["llm"]
+    rows.append(
+        (
+            f"LLM ({llm['engine']}) warm first token p50 ms, decode tok/s",
+            f"{llm['warm_ttft_ms_p50']}, {llm['decode_tokens_per_s_p50']}",
+        )
+    )
     rows.append(
         ("capacity: sessions with 0 underruns (tone replies)", str(t["capacity"]["sessions_clean"]))
     )
@@ -247,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         "transport": transport_bench.main([*quick, "--out", str(out / "transport.json")]),
         "voice": voice_bench.main([*quick, "--out", str(out / "voice.json")]),
         "asr": asr_bench.main([*quick, "--out", str(out / "asr.json")]),
+        "tts": tts_bench.main([*quick, "--out", str(out / "tts.json")]),
+        "llm": llm_bench.main([*quick, "--out", str(out / "llm.json")]),
         "cache_probe": cache_probe.main([*quick, "--out", str(out / "cache_probe.json")]),
         "realtime": realtime_bench.main([*quick, "--out", str(out / "realtime.json")]),
         "avatar_render": avatar_bench.main(
@@ -271,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         "transport": _load(out, "transport.json"),
         "voice": _load(out, "voice.json"),
         "asr": _load(out, "asr.json"),
+        "tts": _load(out, "tts.json"),
+        "llm": _load(out, "llm.json"),
         "cache_probe": _load(out, "cache_probe.json"),
         "realtime": _load(out, "realtime.json"),
         "avatar_render": _load(out, "avatar.json"),

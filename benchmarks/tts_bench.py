@@ -180,7 +180,7 @@ def run(
         started = time.perf_counter()
         say = piper_engine(threads) if name == "piper" else onnx_engine(threads)
         if say is None:
-            results[name] = {"skipped": "piper-tts is not installed (pip install piper-tts)"}
+            results[name] = {"skipped": "piper-tts is not installed (pip install -e '.[piper]')"}
             continue
         say("Hello.")  # first-call costs out of the figures
         loaded[name] = (say, Tally((time.perf_counter() - started) * 1000))
