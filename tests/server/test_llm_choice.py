@@ -14,6 +14,7 @@ from server.pipeline.wiring import llm_engine_name
         ("auto", "", True, "vllm"),  # ... and where vLLM's GPU build is installed
         ("auto", "/models/qwen.gguf", True, "llamacpp"),  # a GGUF file runs on llama.cpp
         ("auto", "/models/qwen-hf", False, "vllm"),  # a Hugging Face folder on vLLM
+        ("auto", "smollm2-135m", True, "llamacpp"),  # an embedded model by its name
         ("vllm", "", False, "vllm"),  # the operator's choice wins
         ("llamacpp", "", True, "llamacpp"),
     ],
