@@ -165,7 +165,11 @@ async def conversing(
         for peer in peers:
             await peer.close()
     both = [t for mine in turns for t in mine]
-    return {**summary(both, before, after), "underruns": underruns(after) - underruns(before)}
+    return {
+        **summary(both, before, after),
+        "underruns": underruns(after) - underruns(before),
+        "turns": [{k: v for k, v in t.items() if k != "gaps_ms"} for t in both],
+    }
 
 
 async def run(
@@ -194,11 +198,17 @@ async def run(
             "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
         }
         results["one_session"] = await conversing(server, [questions])
-        print("one session", json.dumps(results["one_session"]))
+        print(
+            "one session",
+            json.dumps({k: v for k, v in results["one_session"].items() if k != "turns"}),
+        )
         per = 1 if quick else 2
         halves = [questions[0:per], questions[per : 2 * per]]
         results["two_sessions"] = await conversing(server, halves)
-        print("two sessions", json.dumps(results["two_sessions"]))
+        print(
+            "two sessions",
+            json.dumps({k: v for k, v in results["two_sessions"].items() if k != "turns"}),
+        )
         results["log_settings"] = [
             line.split("calibration: ", 1)[1]
             for line in server.log().splitlines()
