@@ -54,7 +54,7 @@ from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
-from server.scheduling.engine_queue import JobTag
+from server.scheduling.engine_queue import JobTag, ShedWork
 from server.tasks import TaskOwner, cancel
 from server.vision.sampling import PresenceTracker, VisionModel, presence_note
 
@@ -155,6 +155,18 @@ class Conversation:
         """Start the turn watch and the client-event handler (once, in the running loop)."""
         self._tasks.spawn(self._watch_turn(), "turn-watch")
         self._tasks.spawn(self._client_events(), "client-events")
+        if self.pipeline is not None and self.config.pipeline.incremental:
+            self._tasks.spawn(self._warm_persona(self.pipeline), "persona-warm-up")
+
+    async def _warm_persona(self, pipeline: TurnPipeline) -> None:
+        """Push the persona into the LLM's prefix cache before the user first speaks: on a slow
+        CPU the persona alone takes the LLM seconds to read, and a reader cannot stop halfway,
+        so a first turn's warm-ups and reply would wait for it. Optional work: shed while a
+        reply is being written, and a failure only logs (in the pipeline)."""
+        try:
+            await pipeline.prefill(self.request(self.session.epoch))
+        except ShedWork:
+            self.metrics.work_shed.labels("prefill").inc()
 
     async def close(self) -> None:
         """Stop everything this conversation runs; the engines forget it."""

@@ -200,7 +200,11 @@ async def test_the_partial_loop_warms_the_prompt_the_reply_extends(
 
     warm_ups = [c for c in llm.calls if c.kind == "prefill_open"]
     (reply,) = [c for c in llm.calls if c.kind == "stream"]
-    assert [c.kind for c in llm.calls if c.kind != "prefill_open"] == ["stream"]
+    # the persona was warmed when the session started, alone, in the reply's cache scope
+    assert [c.kind for c in llm.calls if c.kind != "prefill_open"] == ["prefill", "stream"]
+    (persona,) = [c for c in llm.calls if c.kind == "prefill"]
+    assert [m["role"] for m in persona.messages] == ["system"] and persona.salt == reply.salt
+    assert llm.calls.index(persona) < llm.calls.index(warm_ups[0])
     assert len(warm_ups) >= 3, llm.calls
     # while the user spoke (before the endpoint's event left the server), before the reply
     assert all(c.at < stopped_at for c in warm_ups)
