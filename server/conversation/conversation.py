@@ -27,7 +27,7 @@ from server.conversation.link import Link
 from server.conversation.looks import looks_for
 from server.conversation.outbound import SessionCreated
 from server.conversation.outlet import Outlet
-from server.conversation.partials import Partials
+from server.conversation.partials import Partials, warm_persona
 from server.conversation.playout import Playout
 from server.conversation.protocol import (
     ClientEvent,
@@ -54,7 +54,7 @@ from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
-from server.scheduling.engine_queue import JobTag, ShedWork
+from server.scheduling.engine_queue import JobTag
 from server.tasks import TaskOwner, cancel
 from server.vision.sampling import PresenceTracker, VisionModel, presence_note
 
@@ -156,17 +156,8 @@ class Conversation:
         self._tasks.spawn(self._watch_turn(), "turn-watch")
         self._tasks.spawn(self._client_events(), "client-events")
         if self.pipeline is not None and self.config.pipeline.incremental:
-            self._tasks.spawn(self._warm_persona(self.pipeline), "persona-warm-up")
-
-    async def _warm_persona(self, pipeline: TurnPipeline) -> None:
-        """Push the persona into the LLM's prefix cache before the user first speaks: on a slow
-        CPU the persona alone takes the LLM seconds to read, and a reader cannot stop halfway,
-        so a first turn's warm-ups and reply would wait for it. Optional work: shed while a
-        reply is being written, and a failure only logs (in the pipeline)."""
-        try:
-            await pipeline.prefill(self.request(self.session.epoch))
-        except ShedWork:
-            self.metrics.work_shed.labels("prefill").inc()
+            warm = warm_persona(self.pipeline, self.request(self.session.epoch), self.metrics)
+            self._tasks.spawn(warm, "persona-warm-up")
 
     async def close(self) -> None:
         """Stop everything this conversation runs; the engines forget it."""

@@ -77,6 +77,17 @@ def stable_words(previous: str, current: str) -> str:
     return " ".join(agreed)
 
 
+async def warm_persona(pipeline: TurnPipeline, request: ReplyRequest, metrics: Metrics) -> None:
+    """Push a new session's persona into the LLM's prefix cache before the user first speaks:
+    on a slow CPU the persona alone takes the LLM seconds to read, and a reader cannot stop
+    halfway, so a first turn's warm-ups and reply would wait for it. Optional work: shed while
+    a reply is being written; a failure only logs (in the pipeline)."""
+    try:
+        await pipeline.prefill(request)
+    except ShedWork:
+        metrics.work_shed.labels("prefill").inc()
+
+
 class Partials:
     """The partial transcripts of the current user turn, and what they warmed in the LLM."""
 

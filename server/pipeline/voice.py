@@ -19,6 +19,7 @@ import numpy.typing as npt
 from server.clock import Clock, MonotonicClock
 from server.config import PipelineConfig, SchedulerConfig
 from server.errors import RuntimeErrorBase
+from server.pipeline.repetition import loop_end
 from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
@@ -150,6 +151,12 @@ class FirstChunkCutter:
         tail, self._buffer = self._buffer.strip(), ""
         return [tail] if tail else []
 
+    def end_with(self, text: str, fed: int) -> None:
+        """The reply is ``text`` (``fed`` characters of the text were fed so far): the text not
+        yet cut becomes the rest of ``text``; what was cut already is said already."""
+        start = fed - len(self._buffer)  # where the buffer begins in the text
+        self._buffer = text[start:]
+
 
 class VoicePipeline:
     """ASR -> LLM -> TTS behind the TurnPipeline seam, shared by every session.
@@ -270,10 +277,16 @@ class VoicePipeline:
             to_messages(request.context), rid, self._max_tokens, cache_salt=salt
         )
         self._replying += 1
+        said = ""
         try:
             async for delta in stream:
                 if trace.llm_first_token_ms is None:
                     trace.llm_first_token_ms = self._clock.now_ms()
+                said += delta
+                if (end := loop_end(said)) is not None:
+                    log.info("reply %s repeats itself: it ends after the first saying", rid)
+                    cutter.end_with(said[:end], len(said) - len(delta))
+                    break
                 for chunk in cutter.feed(delta):
                     if trace.first_chunk_text_ms is None:
                         trace.first_chunk_text_ms = self._clock.now_ms()

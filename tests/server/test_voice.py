@@ -415,3 +415,37 @@ def test_a_partial_is_due_after_an_interval_or_at_once_at_a_pause() -> None:
     # nothing new, or too short to transcribe: never
     assert not partial_due(900, 300, quiet_ms=0, samples=second, covered=second)
     assert not partial_due(900, 300, quiet_ms=0, samples=4_000, covered=0)
+
+
+class _LoopingLlm(_Engines):
+    """An LLM caught in a loop (as SmolLM2 was on a question about Brazil)."""
+
+    def __init__(self) -> None:
+        self.pieces = 0
+        self.closed = False
+
+    async def stream(
+        self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
+    ) -> Any:
+        try:
+            yield "In Brazil they speak Portuguese."
+            for _ in range(200):
+                self.pieces += 1
+                yield " Thank you,"
+        finally:
+            self.closed = True
+
+    def last_stats(self, request_id: str) -> None:
+        return None
+
+
+async def test_a_reply_that_repeats_itself_ends_after_the_first_saying() -> None:
+    engines = _LoopingLlm()
+    pipeline = _pipeline(engines)
+    request = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"))
+    try:
+        chunks = [chunk async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
+    finally:
+        await pipeline.close()
+    assert " ".join(chunks) == "In Brazil they speak Portuguese. Thank you,"
+    assert engines.closed and engines.pieces < 10  # the request was stopped, not read out
