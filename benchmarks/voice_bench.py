@@ -74,6 +74,18 @@ async def ask(
     return {**timings, "heard": transcript["transcript"], "reply": " ".join(deltas)}
 
 
+TURN_KEYS = (
+    "voice_to_voice_ms",
+    "asr_final_ms",
+    "llm_first_token_ms",
+    "first_chunk_text_ms",
+    "first_tts_ms",
+    "prompt_tokens",
+    "cached_tokens",
+    "prefill_cached_tokens",
+)
+
+
 def summarize(turns: list[dict[str, Any]]) -> dict[str, Any]:
     def stat(key: str) -> dict[str, float | None]:
         values = [t[key] for t in turns if t.get(key) is not None]
@@ -141,6 +153,7 @@ async def concurrent(
         "underruns": sum(s["underruns"] for s in stats),
         "voice_to_voice_p50_ms": round(statistics.median(v2v), 1),
         "voice_to_voice_p95_ms": round(pct(v2v, 0.95), 1),
+        "turns": [{k: t.get(k) for k in TURN_KEYS} for r in results for t in r],
     }
 
 
