@@ -35,7 +35,14 @@ from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.llm import GenerationStats, LlmError, Message, _StatsBook, check_salt
+from models.llm import (
+    GenerationStats,
+    LlmError,
+    Message,
+    _one_token,
+    _StatsBook,
+    check_salt,
+)
 from models.prompt_text import ChatText
 
 if TYPE_CHECKING:
@@ -196,7 +203,8 @@ class LlamaCppEngine:
     ) -> GenerationStats:
         """Compute the prompt stream() would send into the scope's slot (one token generated
         and dropped); a later stream() of the same or a longer chat reuses it."""
-        return await self._one_token(self.chat.render(messages), request_id, cache_salt)
+        generation = self._generate(self.chat.render(messages), request_id, 1, cache_salt)
+        return await _one_token(generation, self._stats, request_id)
 
     async def prefill_open(
         self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
@@ -208,15 +216,8 @@ class LlamaCppEngine:
         transcript is what was heard last, the reply computes one token; when the user went on
         (or a word grew), only the tokens after the first difference.
         """
-        return await self._one_token(self.chat.render(messages), request_id, cache_salt)
-
-    async def _one_token(self, prompt: str, request_id: str, salt: str | None) -> GenerationStats:
-        async for _ in self._generate(prompt, request_id, 1, salt):
-            pass
-        stats = self._stats.get(request_id)
-        if stats is None:  # pragma: no cover - _generate always records
-            raise LlmError(f"prefill {request_id} left no stats")
-        return stats
+        generation = self._generate(self.chat.render(messages), request_id, 1, cache_salt)
+        return await _one_token(generation, self._stats, request_id)
 
     async def _lease(self, scope: str) -> SlotLease:
         async with self._freed:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -22,6 +21,7 @@ from server.clock import Clock
 from server.conversation.outbound import TranscriptionDelta
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
+from server.pipeline.repetition import normalise_word
 from server.pipeline.seams import ReplyRequest, TurnPipeline
 from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
 from server.runtime.session import Session
@@ -40,12 +40,6 @@ class Partial:
 
     covered: int
     text: str
-
-
-def _normalise(word: str) -> str:
-    """A word case-folded, without punctuation or symbols."""
-    folded = unicodedata.normalize("NFKC", word).casefold()
-    return "".join(ch for ch in folded if ch.isalnum())
 
 
 def partial_due(
@@ -71,7 +65,7 @@ def stable_words(previous: str, current: str) -> str:
     words (case and punctuation aside), as the words of ``current``."""
     agreed: list[str] = []
     for before, now in zip(previous.split(), current.split(), strict=False):
-        if _normalise(before) != _normalise(now):
+        if normalise_word(before) != normalise_word(now):
             break
         agreed.append(now)
     return " ".join(agreed)

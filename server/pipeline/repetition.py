@@ -15,7 +15,8 @@ REPEATS = 3  # a phrase said this many times in a row is a loop
 REPEATS_OF_ONE_WORD = 4  # "no, no, no" is English; four times is a loop
 
 
-def _normalise(word: str) -> str:
+def normalise_word(word: str) -> str:
+    """A word case-folded, without punctuation or symbols."""
     folded = unicodedata.normalize("NFKC", word).casefold()
     return "".join(ch for ch in folded if ch.isalnum())
 
@@ -27,7 +28,7 @@ def loop_end(text: str) -> int | None:
     began. None when it does not."""
     complete = text if text[-1:].isspace() else text[: max(text.rfind(" "), 0)]
     spans = [m.span() for m in WORD.finditer(complete)]
-    words = [_normalise(complete[a:b]) for a, b in spans]
+    words = [normalise_word(complete[a:b]) for a, b in spans]
     for size in range(1, MAX_PHRASE_WORDS + 1):
         times = REPEATS_OF_ONE_WORD if size == 1 else REPEATS
         if len(words) < size * times:
