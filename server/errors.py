@@ -27,6 +27,18 @@ class InvalidConditionUpdate(RuntimeErrorBase):
     code = "invalid_session_update"
 
 
+class UnknownItem(RuntimeErrorBase):
+    """No conversation item has this id (never had, or deleted, or slid out of history)."""
+
+    code = "item_not_found"
+
+
+class InvalidItem(RuntimeErrorBase):
+    """A conversation item cannot be made or changed so (a taken id, a user item's audio)."""
+
+    code = "invalid_item"
+
+
 class UnknownChunk(RuntimeErrorBase):
     """A stage message named a chunk the session never opened."""
 

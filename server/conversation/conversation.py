@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 import av
@@ -21,6 +22,7 @@ import numpy.typing as npt
 from server.avatar.seam import AvatarRenderer
 from server.clock import Clock, MonotonicClock
 from server.config import Config
+from server.conversation.commands import handle
 from server.conversation.diagnostics import describe
 from server.conversation.inbox import Inbox
 from server.conversation.link import Link
@@ -29,17 +31,13 @@ from server.conversation.outbound import SessionCreated
 from server.conversation.outlet import Outlet
 from server.conversation.partials import Partials, warm_persona
 from server.conversation.playout import Playout
-from server.conversation.protocol import (
-    ClientEvent,
-    ProtocolError,
-    ResponseCancel,
-    SessionUpdate,
-    TextInput,
-)
+from server.conversation.protocol import parse_client_event
+from server.conversation.realtime_client import RealtimeEvent, parse_realtime_event
+from server.conversation.realtime_session import SessionPatch, TurnSettings, session_object
+from server.conversation.realtime_wire import RealtimeWire
 from server.conversation.reply import Replies
 from server.conversation.resume import ResumeTicket
 from server.conversation.utterance import Utterance
-from server.errors import InvalidConditionUpdate, InvalidTransition
 from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.seams import (
@@ -60,7 +58,7 @@ from server.vision.sampling import PresenceTracker, VisionModel, presence_note
 
 log = logging.getLogger(__name__)
 
-BUSY_MESSAGE = "Still answering your last message, one moment."
+REALTIME_DIALECT = "realtime"  # the oai-events channel: OpenAI Realtime GA events
 TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
 
 
@@ -94,6 +92,8 @@ class Conversation:
         self.metrics = metrics
         self._tasks = TaskOwner(f"session {session_id[:8]}")
         self.outlet = Outlet()
+        self.wire = RealtimeWire(self.session_view, lambda: self.session.conditions.voice)
+        self.turn_settings = TurnSettings.from_config(config)
         self.detached_since_ms: float | None = None  # when the last link was lost
         self.inbox = Inbox(session_id, config.transport.max_event_bytes, self.emit)
         self._resampler: av.AudioResampler | None = None
@@ -136,6 +136,7 @@ class Conversation:
             self.request,
             self.tag,
             self._announce,
+            lambda: self.turn_settings.create_response,
         )
         self.playout = Playout(
             self.session,
@@ -154,7 +155,7 @@ class Conversation:
     def start(self) -> None:
         """Start the turn watch and the client-event handler (once, in the running loop)."""
         self._tasks.spawn(self._watch_turn(), "turn-watch")
-        self._tasks.spawn(self._client_events(), "client-events")
+        self._tasks.spawn(self.inbox.serve(self.handle), "client-events")
         if self.pipeline is not None and self.config.pipeline.incremental:
             warm = warm_persona(self.pipeline, self.request(self.session.epoch), self.metrics)
             self._tasks.spawn(warm, "persona-warm-up")
@@ -172,6 +173,19 @@ class Conversation:
     def attached(self) -> bool:
         return self.outlet.link is not None
 
+    def session_view(self) -> dict[str, Any]:
+        """The session as the OpenAI Realtime GA dialect describes it."""
+        conditions, turn = self.session.conditions, self.turn_settings
+        return session_object(
+            self.session_id, self.config, conditions.persona, conditions.voice, turn
+        )
+
+    def configure(self, patch: SessionPatch) -> None:
+        """Turn detection as a client set it (``session.update``): from the next frame on."""
+        self.turn_settings = settings = patch.apply_turn(self.turn_settings)
+        self.detector.tune(settings.threshold, settings.silence_ms)
+        self.utterance.preroll_ms = settings.prefix_ms
+
     def attach(self, link: Link) -> None:
         """``link`` carries the conversation from now on (a first connection, or a resume:
         turn deadlines resume where they stopped, media time goes on from the cursor)."""
@@ -179,35 +193,29 @@ class Conversation:
             paused = self.clock.now_ms() - self.detached_since_ms
             self.session.turn.pause_for(paused)
             log.info("session %s resumed after %.0f ms", self.session_id[:8], paused)
-        self.outlet.link, self.detached_since_ms = link, None
+        self.outlet.attach(link)
+        self.detached_since_ms = None
         self.playout.base_ms = samples_to_ms(self.session.cursors.playback_cursor)
         self._resampler = None  # a new inbound stream
 
     def detach(self, link: Link) -> None:
         """``link`` is lost (if it is still the one attached): wait for a new one."""
         if self.outlet.link is link:
-            self.outlet.link, self.detached_since_ms = None, self.clock.now_ms()
+            self.outlet.attach(None)
+            self.detached_since_ms = self.clock.now_ms()
             log.info("session %s: connection lost, waiting for a resume", self.session_id[:8])
 
-    def link_open(self, audio: bool, video: bool, resumed: bool) -> None:
-        """The link's events channel opened: ``session.created`` (with a new resume token),
-        then the events kept for it, in order."""
-        conditions = self.session.conditions
+    def link_open(self, audio: bool, video: bool, resumed: bool, dialect: str = "native") -> None:
+        """The link's events channel opened, speaking ``dialect`` (``native``, or
+        ``realtime``: OpenAI Realtime GA): ``session.created`` (with a new resume token), then
+        the events kept for it, in order."""
+        realtime = dialect == REALTIME_DIALECT
+        self.inbox.parse = parse_realtime_event if realtime else parse_client_event
         resume_s = self.config.session.resume_window_s
-        created = SessionCreated(
-            self.session_id,
-            self.session.epoch,
-            conditions.persona,
-            conditions.voice,
-            conditions.appearance,
-            tuple(self.appearances),
-            audio,
-            video,
-            resume_token=self.ticket.issue() if resume_s > 0 else None,
-            resume_window_s=resume_s,
-            resumed=resumed,
-        )
-        self.outlet.open(created.to_dict())
+        token = self.ticket.issue() if resume_s > 0 else None
+        created = SessionCreated.of(self.session, self.appearances, (audio, video), token, resume_s)
+        created = replace(created, resumed=resumed)
+        self.outlet.open(created.to_dict(), self.wire.translate if realtime else None)
 
     def emit(self, event: dict[str, Any]) -> None:
         """Send ``event`` to the client now, or as soon as a link can take it."""
@@ -250,6 +258,9 @@ class Conversation:
         if event.kind is VadEventKind.START:
             self.metrics.speech_starts.inc()
             self.speech_starts += 1
+            replying = self.session.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING)
+            if replying and not self.turn_settings.interrupt_response:
+                return  # speech over a reply is not heard (interrupt_response off)
             barge = self.session.speech_started(event.at_ms)
             if barge is not None:
                 self.playout.barged_in(event.onset_arrival_ms, event.confirmed_arrival_ms)
@@ -329,35 +340,9 @@ class Conversation:
         """One client message (from the link's events channel)."""
         self.inbox.receive(raw)
 
-    async def _client_events(self) -> None:
-        """Handles client events one at a time, in order."""
-        while True:
-            await self.handle(await self.inbox.next())
-
-    async def handle(self, event: ClientEvent) -> None:
-        """One client event; a refused one gets one ``error`` and changes nothing."""
-        session = self.session
-        try:
-            if isinstance(event, SessionUpdate):
-                session.request_update(event.changes)
-            elif isinstance(event, ResponseCancel):
-                barge = session.cancel_response()
-                if barge is None:
-                    self._refuse("no_active_response", "there is no reply to cancel", event)
-                await self.interrupt(barge)
-            elif isinstance(event, TextInput):
-                await self.typed_text(event.text)
-            else:
-                session.ack_playback(event.played_ms)
-        except InvalidConditionUpdate as exc:
-            self._refuse(exc.code, str(exc), event)
-        except InvalidTransition as exc:  # the turn's state names stay in the log
-            log.info("session %s: %s refused: %s", self.session_id[:8], type(event).__name__, exc)
-            self._refuse("conversation_busy", BUSY_MESSAGE, event)
-        self.flush_events()
-
-    def _refuse(self, code: str, message: str, event: ClientEvent) -> None:
-        self.emit(ProtocolError(code, message, event.event_id).to_event())
+    async def handle(self, event: RealtimeEvent) -> None:
+        """One client event (server/conversation/commands.py)."""
+        await handle(self, event)
 
     async def typed_text(self, text: str) -> None:
         """Typed text: it supersedes speech in progress, interrupts a reply, and is answered."""
@@ -366,8 +351,20 @@ class Conversation:
             self.utterance.clear()
         _, barge = self.session.submit_text(text)
         await self.interrupt(barge)
+        self.answer(None)
+
+    def answer(self, instructions: str | None) -> None:
+        """Reply to the conversation as it stands (the turn is THINKING); ``instructions``
+        replace the persona for this reply only."""
         trace = TurnTrace(endpoint_ms=self.clock.now_ms())
-        self.replies.start(self.session.epoch, trace, text=text)
+        self.replies.start(self.session.epoch, trace, instructions=instructions)
+
+    async def clear_input(self) -> None:
+        """``input_audio_buffer.clear``: the user's speech in progress is dropped."""
+        if self.session.state is TurnState.USER_SPEAKING:
+            await self._stop_partials()
+            self.utterance.clear()
+        self.session.clear_input()
 
     # --- requests to the engines --------------------------------------------------------------
     def tag(self) -> JobTag:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from server.conversation.protocol import ClientEvent, ProtocolError, error_event, parse_client_event
+from server.conversation.protocol import ProtocolError, error_event, parse_client_event
+from server.conversation.realtime_client import RealtimeEvent
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +25,15 @@ class Inbox:
         self._session_id = session_id
         self._max_event_bytes = max_event_bytes
         self._emit = emit
-        self._queue: asyncio.Queue[ClientEvent] = asyncio.Queue(maxsize=MAX_INBOX)
+        self._queue: asyncio.Queue[RealtimeEvent] = asyncio.Queue(maxsize=MAX_INBOX)
+        # the dialect's parser (the native one until a GA channel opens)
+        self.parse: Callable[[str | bytes, int], RealtimeEvent] = parse_client_event
 
     def receive(self, raw: str | bytes) -> None:
         """One client message: parsed and queued, or answered with one ``error``. Runs inside
         the transport's receive path, where an exception would end it: none escapes."""
         try:
-            event = parse_client_event(raw, self._max_event_bytes)
+            event = self.parse(raw, self._max_event_bytes)
         except ProtocolError as exc:
             self._emit(exc.to_event())
             return
@@ -45,5 +48,10 @@ class Inbox:
             error = ProtocolError("rate_limited", "too many events queued", event.event_id)
             self._emit(error.to_event())
 
-    async def next(self) -> ClientEvent:
+    async def next(self) -> RealtimeEvent:
         return await self._queue.get()
+
+    async def serve(self, handle: Callable[[RealtimeEvent], Awaitable[None]]) -> None:
+        """Hands the client events to ``handle`` one at a time, in order (until cancelled)."""
+        while True:
+            await handle(await self.next())

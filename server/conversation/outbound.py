@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from server.runtime.session import Session
+
 
 @dataclass(frozen=True)
 class TranscriptionDelta:
@@ -26,6 +28,7 @@ class TranscriptionCompleted:
     type: ClassVar[str] = "conversation.item.input_audio_transcription.completed"
     epoch: int
     transcript: str
+    item_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
@@ -39,6 +42,8 @@ class TranscriptDelta:
     epoch: int
     chunk_id: int
     delta: str
+    response_id: str = ""
+    item_id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **asdict(self)}
@@ -62,6 +67,23 @@ class SessionCreated:
     resume_token: str | None = None
     resume_window_s: float = 0.0
     resumed: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        session: Session,
+        appearances: tuple[str, ...],
+        media: tuple[bool, bool],
+        resume_token: str | None,
+        resume_window_s: float,
+    ) -> SessionCreated:
+        """``session`` as it stands; ``media``: the link sends audio, video."""
+        c = session.conditions
+        persona, voice, look = c.persona, c.voice, c.appearance
+        return cls(
+            session.session_id, session.epoch, persona, voice, look, tuple(appearances), *media,
+            resume_token, resume_window_s,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         session: dict[str, Any] = {

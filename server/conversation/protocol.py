@@ -52,27 +52,36 @@ def _bounded(message: str) -> str:
     return message[: MAX_ERROR_MESSAGE_CHARS - len(ELLIPSIS)] + ELLIPSIS
 
 
-def error_event(kind: str, code: str, message: str, event_id: str | None = None) -> dict[str, Any]:
+def error_event(
+    kind: str, code: str, message: str, event_id: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     """An ``error`` event; ``kind`` (``error.type``) says whose fault it was: the client's
     (``invalid_request_error``) or the server's (``server_error``). ``message`` is cut to
-    MAX_ERROR_MESSAGE_CHARS, whatever it quotes."""
+    MAX_ERROR_MESSAGE_CHARS, whatever it quotes; ``param``: the field at fault."""
     error: dict[str, Any] = {"type": kind, "code": code, "message": _bounded(message)}
     if event_id is not None:
         error["event_id"] = event_id
+    if param is not None:
+        error["param"] = param
     return {"type": "error", "error": error}
 
 
 class ProtocolError(RuntimeErrorBase):
     """A client event that cannot be accepted; nothing was changed."""
 
-    def __init__(self, code: str, message: str, event_id: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, event_id: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.event_id = event_id
+        self.param = param
 
     def to_event(self) -> dict[str, Any]:
-        return error_event("invalid_request_error", self.code, self.message, self.event_id)
+        return error_event(
+            "invalid_request_error", self.code, self.message, self.event_id, self.param
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,33 @@ class PlaybackAck:
 
 
 ClientEvent = SessionUpdate | ResponseCancel | TextInput | PlaybackAck
+
+
+def milliseconds(data: dict[str, Any], name: str, code: str, event_id: str | None) -> float:
+    """The field ``name`` of a client event: a finite number of ms >= 0, or ProtocolError
+    (``code``, naming the field)."""
+    value = data.get(name)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ProtocolError(code, f"{name} must be a number >= 0", event_id, name)
+    return float(value)
+
+
+def session_fields(data: dict[str, Any], event_id: str | None) -> dict[str, object]:
+    """The ``session`` object of a (native) ``session.update``, its field names bounded."""
+    session = data.get("session")
+    if not isinstance(session, dict):
+        raise ProtocolError("invalid_event", "session.update needs a 'session' object", event_id)
+    for key in session:  # no field name is this long; the session would quote it in full
+        if len(key) > MAX_QUOTED_CHARS:
+            raise ProtocolError(
+                "invalid_session_update", f"session.update: unknown field {quoted(key)}", event_id
+            )
+    return dict(session)
 
 
 def _text_of(data: dict[str, Any], event_id: str | None) -> str:
@@ -139,9 +175,10 @@ def _too_deep(data: object, limit: int) -> bool:
     return False
 
 
-def parse_client_event(raw: str | bytes, max_bytes: int) -> ClientEvent:
-    """Parse one data-channel message (``max_bytes``: its largest size in bytes); raises
-    ProtocolError with a code and a clear message, whatever the message holds."""
+def decode_event(raw: str | bytes, max_bytes: int) -> tuple[dict[str, Any], str | None, str]:
+    """One data-channel message (``max_bytes``: its largest size in bytes) as a JSON object,
+    its ``event_id`` and its ``type``; ProtocolError with a code and a clear message, whatever
+    the message holds."""
     size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
     if size > max_bytes:
         raise ProtocolError("message_too_large", f"event of {size} bytes exceeds {max_bytes}")
@@ -169,32 +206,18 @@ def parse_client_event(raw: str | bytes, max_bytes: int) -> ClientEvent:
     kind = data.get("type")
     if not isinstance(kind, str):
         raise ProtocolError("invalid_event", "event needs a string 'type'", event_id)
+    return data, event_id, kind
+
+
+def parse_client_event(raw: str | bytes, max_bytes: int) -> ClientEvent:
+    """Parse one message of the native dialect (see :func:`decode_event`)."""
+    data, event_id, kind = decode_event(raw, max_bytes)
     if kind == "session.update":
-        session = data.get("session")
-        if not isinstance(session, dict):
-            raise ProtocolError(
-                "invalid_event", "session.update needs a 'session' object", event_id
-            )
-        for key in session:  # no field name is this long; the session would quote it in full
-            if len(key) > MAX_QUOTED_CHARS:
-                raise ProtocolError(
-                    "invalid_session_update",
-                    f"session.update: unknown field {quoted(key)}",
-                    event_id,
-                )
-        return SessionUpdate(dict(session), event_id)
+        return SessionUpdate(session_fields(data, event_id), event_id)
     if kind == "response.cancel":
         return ResponseCancel(event_id)
     if kind == "conversation.item.create":
         return TextInput(_text_of(data, event_id), event_id)
     if kind == "playback.ack":
-        played = data.get("played_ms")
-        if (
-            isinstance(played, bool)
-            or not isinstance(played, int | float)
-            or not math.isfinite(played)
-            or played < 0
-        ):
-            raise ProtocolError("invalid_event", "played_ms must be a number >= 0", event_id)
-        return PlaybackAck(float(played), event_id)
+        return PlaybackAck(milliseconds(data, "played_ms", "invalid_event", event_id), event_id)
     raise ProtocolError("unknown_event", f"unknown event type {quoted(kind)}", event_id)

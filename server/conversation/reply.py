@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from server.conversation.protocol import error_event
 from server.metrics import Metrics
 from server.pipeline.seams import ReplyRequest, TurnPipeline, TurnTrace
 from server.runtime.events import ResponseDone, ResponseStatus
+from server.runtime.history import CacheClass
 from server.runtime.session import ChunkAudio, Session
 from server.runtime.stage import Stage
 from server.scheduling.engine_queue import JobTag, StaleWork
@@ -29,6 +31,18 @@ from server.tasks import cancel
 log = logging.getLogger(__name__)
 
 TIMED_STAGES = ("asr_final", "llm_first_token", "first_chunk_text", "first_tts")
+
+
+def with_instructions(request: ReplyRequest, instructions: str | None) -> ReplyRequest:
+    """``request`` with ``instructions`` in place of the persona (one reply's own)."""
+    if instructions is None:
+        return request
+    context = tuple(
+        replace(entry, text=instructions) if entry.cache_class is CacheClass.ANCHOR else entry
+        for entry in request.context
+    )
+    conditions = replace(request.conditions, persona=instructions)
+    return replace(request, context=context, conditions=conditions)
 
 
 class Replies:
@@ -49,7 +63,10 @@ class Replies:
         request: Callable[[int], ReplyRequest],
         tag: Callable[[], JobTag],
         announce: Callable[[int], None],
+        answers: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``answers``: whether a spoken turn is answered by itself (turn detection's
+        ``create_response``)."""
         self._session = session
         self._pipeline = pipeline
         self._config = config
@@ -63,6 +80,7 @@ class Replies:
         self._request = request
         self._tag = tag
         self._announce = announce
+        self._answers = answers
         self.task: asyncio.Task[None] | None = None
         self.trace: TurnTrace | None = None
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
@@ -82,12 +100,13 @@ class Replies:
         trace: TurnTrace,
         utterance: npt.NDArray[np.int16] | None = None,
         speech_end: int = 0,
-        text: str | None = None,
+        instructions: str | None = None,
     ) -> None:
         """Reply to the turn of ``epoch``: to the ``utterance`` (16 kHz; ``speech_end``: where
-        its end-of-turn silence begins) or to typed ``text``."""
+        its end-of-turn silence begins), or (None) to the conversation as history holds it
+        (typed text, ``response.create``); ``instructions`` replace the persona for it."""
         if self._pipeline is None:
-            if text is None:
+            if utterance is not None:
                 self._session.commit_user_turn("")  # no ASR configured: listen only
             else:
                 self._session.finish_response(epoch, ResponseStatus.FAILED)
@@ -97,7 +116,8 @@ class Replies:
         trace.prefill_cached_tokens = self._partials.take_prefill_cached()
         self.trace = trace
         self.task = self._spawn(
-            self._respond(self._pipeline, epoch, trace, utterance, speech_end, text), "reply"
+            self._respond(self._pipeline, epoch, trace, utterance, speech_end, instructions),
+            "reply",
         )
 
     async def cancel(self) -> None:
@@ -119,13 +139,12 @@ class Replies:
         trace: TurnTrace,
         utterance: npt.NDArray[np.int16] | None,
         speech_end: int,
-        text: str | None,
+        instructions: str | None,
     ) -> None:
         session = self._session
         limit_s = self._config.pipeline.stage_timeout_s  # each engine call: ASR, text, TTS
         try:
-            if text is None:
-                assert utterance is not None
+            if utterance is not None:
                 incremental = self._config.pipeline.incremental
                 async with asyncio.timeout(limit_s):
                     transcript = await self._partials.final(
@@ -134,8 +153,10 @@ class Replies:
                 trace.asr_final_ms = self._clock.now_ms()
                 if epoch != session.epoch:
                     return
-                self._emit(TranscriptionCompleted(epoch, transcript).to_dict())
-                if session.commit_user_turn(transcript) is None:
+                item_id = session.user_item_id or ""
+                self._emit(TranscriptionCompleted(epoch, transcript, item_id).to_dict())
+                answer = self._answers()
+                if session.commit_user_turn(transcript, answer) is None or not answer:
                     self._flush()
                     return
             else:
@@ -143,7 +164,7 @@ class Replies:
             if not session.start_response(epoch):
                 return
             self._flush()
-            await self._speak(pipeline, epoch, trace, limit_s)
+            await self._speak(pipeline, epoch, trace, limit_s, instructions)
             session.finish_response(epoch)
         except asyncio.CancelledError:
             raise
@@ -161,12 +182,18 @@ class Replies:
             self._flush()
 
     async def _speak(
-        self, pipeline: TurnPipeline, epoch: int, trace: TurnTrace, limit_s: float
+        self,
+        pipeline: TurnPipeline,
+        epoch: int,
+        trace: TurnTrace,
+        limit_s: float,
+        instructions: str | None,
     ) -> None:
         """Each sentence of the reply: opened as a chunk, synthesised, queued for playback as
         the lookahead budget allows."""
         session = self._session
-        sentences = aiter(pipeline.reply(self._request(epoch), trace))
+        request = with_instructions(self._request(epoch), instructions)
+        sentences = aiter(pipeline.reply(request, trace))
         while True:
             async with asyncio.timeout(limit_s):
                 sentence = await anext(sentences, None)
@@ -176,7 +203,10 @@ class Replies:
             if chunk is None:
                 return
             self._flush()
-            self._emit(TranscriptDelta(epoch, chunk.chunk_id, chunk.text).to_dict())
+            items = session.items
+            ids = (items.reply_response_id or "", items.reply_item_id or "")
+            delta = TranscriptDelta(epoch, chunk.chunk_id, chunk.text, *ids)
+            self._emit(delta.to_dict())
             async with asyncio.timeout(limit_s):
                 audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
             if trace.first_tts_ms is None:

@@ -18,6 +18,7 @@ class Utterance:
         self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
         self._frames: list[npt.NDArray[np.int16]] = []
         self.samples = 0  # 16 kHz samples in the utterance
+        self.preroll_ms = PREROLL_FRAMES * 20  # of audio before the speech start kept
 
     def keep(self, pcm: npt.NDArray[np.int16], speaking: bool) -> None:
         """One frame: into the utterance while the user has the floor, else the pre-roll."""
@@ -28,8 +29,14 @@ class Utterance:
             self.samples += len(pcm)
 
     def begin(self) -> None:
-        """Speech started: the utterance opens with the pre-roll."""
-        self._frames = list(self._preroll)
+        """Speech started: the utterance opens with the pre-roll (its last ``preroll_ms``)."""
+        wanted = self.preroll_ms * 16
+        frames: list[npt.NDArray[np.int16]] = []
+        for pcm in reversed(self._preroll):
+            if sum(len(p) for p in frames) >= wanted:
+                break
+            frames.insert(0, pcm)
+        self._frames = frames
         self.samples = sum(len(p) for p in self._frames)
         self._preroll.clear()
 

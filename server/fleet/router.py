@@ -2,11 +2,13 @@
 
 Requests go where sessions live.
 
-- ``POST /offer`` and ``POST /whip`` go to the least-loaded ready worker. A worker that answers
+- ``POST /offer``, ``POST /whip`` and ``POST /v1/realtime/calls`` go to the least-loaded
+  ready worker. A worker that answers
   503 (full) is skipped; when every worker is full the last 503 (JSON, ``Retry-After``) is
   returned. The per-address session rate limit (429) is kept here for the machine (each
   worker keeps it too, as a second line).
-- ``/whip/<id>`` (DELETE, PATCH, OPTIONS, ...) goes to the worker named by the id's ``wk-``
+- ``/whip/<id>`` and ``/v1/realtime/calls/<id>`` (DELETE, PATCH, ``hangup``, OPTIONS, ...) go to
+  the worker named by the id's ``wk-``
   prefix; an id that names no running worker is 404 (a worker that died took its sessions along).
 - ``GET /healthz`` and ``GET /metrics`` cover every worker (metrics labelled ``worker="k"``, plus
   ``avatar_worker_up`` and ``avatar_worker_restarts_total``); ``GET /debug/sessions`` joins the
@@ -45,6 +47,7 @@ from server.fleet.merge import join_objects, merge_expositions, pool_metrics
 from server.fleet.pool import Pool, Upstream
 from server.http.guards import WORKER_KEY_HEADER, request_guards
 from server.http.middleware import json_errors
+from server.http.realtime_calls import CALLS_PATH
 from server.http.signaling import add_session_limit, limit_session_rate, read_limited
 
 log = logging.getLogger(__name__)
@@ -215,7 +218,8 @@ class Router:
     # ----- handlers
 
     async def place(self, request: web.Request) -> web.Response:
-        """A new session (``POST /offer``, ``POST /whip``) on the least-loaded worker with room."""
+        """A new session (``POST /offer``, ``/whip``, ``/v1/realtime/calls``) on the
+        least-loaded worker with room."""
         limit_session_rate(request)
         body = await self._body(request)
         candidates = self._by_load()
@@ -241,7 +245,8 @@ class Router:
         raise WorkerUnavailable("no worker answered")
 
     async def to_owner(self, request: web.Request) -> web.Response:
-        """A request for one session (``/whip/<id>``) to the worker that holds it."""
+        """A request for one session (``/whip/<id>``, ``/v1/realtime/calls/<id>``) to the
+        worker that holds it."""
         index = worker_of(request.match_info["session_id"])
         owner = next((w for w in self.pool.workers if w.index == index), None)
         if owner is None or not owner.alive:
@@ -318,5 +323,8 @@ def create_router(config: Config, pool: Pool, worker_key: str = "") -> web.Appli
     app.router.add_post("/whip", router.place)
     app.router.add_route("*", "/whip/{session_id}", router.to_owner)
     app.router.add_route("*", "/whip/{session_id}/{tail:.*}", router.to_owner)
+    app.router.add_post(CALLS_PATH, router.place)
+    app.router.add_route("*", CALLS_PATH + "/{session_id}", router.to_owner)
+    app.router.add_route("*", CALLS_PATH + "/{session_id}/{tail:.*}", router.to_owner)
     app.router.add_route("*", "/{tail:.*}", router.to_any)
     return app

@@ -22,6 +22,7 @@ from server.config import Config
 from server.errors import NotFound
 from server.http.guards import request_guards
 from server.http.middleware import cors_headers, json_errors
+from server.http.realtime_calls import add_call_routes
 from server.http.registry import SessionRegistry
 from server.http.signaling import REGISTRY_KEY, add_routes, authenticate
 from server.looplag import LoopLagMonitor
@@ -217,6 +218,7 @@ def create_app(
     if config.server.debug_endpoints:
         app.router.add_get("/debug/sessions", debug_sessions)
     add_routes(app, config)
+    add_call_routes(app)
     if web_root(config).is_dir():
         app[STATIC_ROOT_KEY] = web_root(config).resolve()  # once, not per request
         app.router.add_get("/static/{filename:.+}", static_file)

@@ -19,24 +19,39 @@ CORS_MAX_AGE_S = 600
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+OPENAI_PREFIX = "/v1/"  # paths of the OpenAI-compatible API: errors in OpenAI's shape
+
+
 def error_response(
-    status: int, message: str, code: str, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    code: str,
+    headers: dict[str, str] | None = None,
+    openai: bool = False,
 ) -> web.Response:
+    """``{"error": message, "code"}``; ``openai``: ``{"error": {"message", "type", "code",
+    "param"}}`` as the OpenAI API (and its client packages) have it."""
+    if openai:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        error = {"message": message, "type": kind, "code": code, "param": None}
+        return web.json_response({"error": error}, status=status, headers=headers)
     return web.json_response({"error": message, "code": code}, status=status, headers=headers)
 
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves as JSON: typed runtime errors and aiohttp's own HTTP errors."""
+    openai = request.path.startswith(OPENAI_PREFIX)
     try:
         return await handler(request)
     except RequestError as exc:
-        return error_response(exc.status, exc.message, exc.code, exc.headers)
+        return error_response(exc.status, exc.message, exc.code, exc.headers, openai)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-        return error_response(exc.status, exc.reason, exc.reason.lower().replace(" ", "_"), headers)
+        code = exc.reason.lower().replace(" ", "_")
+        return error_response(exc.status, exc.reason, code, headers, openai)
 
 
 @web.middleware

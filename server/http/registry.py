@@ -119,10 +119,13 @@ class SessionRegistry:
         owner: str = NO_OWNER,
         client: str = "",
         candidates: CandidateBudget | None = None,
+        prepare: Callable[[Conversation], None] | None = None,
     ) -> tuple[str, RTCSessionDescription]:
         """A new session for ``offer_sdp``, owned by ``owner`` (the digest of the token that
         created it), for ``client`` (its address key), with the offer's remote ``candidates``
-        counted; raises ServerFull, TooManySessions or BadRequest, leaving nothing."""
+        counted; ``prepare`` sets the conversation up before its peer exists (a validated
+        session configuration). Raises ServerFull, TooManySessions or BadRequest, leaving
+        nothing."""
         if self._accepting:
             self._check_client(client, owner)  # its own share first: waiting will not help it
         if not self._accepting or len(self) >= self.config.transport.max_sessions:
@@ -142,6 +145,8 @@ class SessionRegistry:
             owner,
             self._clock,
         )
+        if prepare is not None:
+            prepare(conversation)
         self.conversations[session_id] = conversation  # counts while we negotiate
         self._admitted[session_id] = Admission(client, candidates)
         try:

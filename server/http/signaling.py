@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from server.clock import MonotonicClock
 from server.config import Config, TransportConfig
+from server.conversation.conversation import Conversation
 from server.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -159,12 +161,17 @@ def candidate_filter(request: web.Request) -> CandidateFilter:
 
 
 async def create_session(
-    request: web.Request, sdp: str, owner: str, resume_token: str | None = None
+    request: web.Request,
+    sdp: str,
+    owner: str,
+    resume_token: str | None = None,
+    prepare: Callable[[Conversation], None] | None = None,
 ) -> tuple[str, str]:
     """A session for the offer ``sdp``: its candidates filtered and counted before aiortc sees
-    them (422 past the cap), then created within the client's share; (session id, answer).
-    With ``resume_token`` the offer resumes the conversation the token names instead (the
-    new connection's candidates are counted afresh)."""
+    them (422 past the cap), then created within the client's share (``prepare``: sets up its
+    conversation first); (session id, answer). With ``resume_token`` the offer resumes the
+    conversation the token names instead (the new connection's candidates are counted
+    afresh)."""
     sdp, kept = filter_offer(sdp, candidate_filter(request))
     registry = request.app[REGISTRY_KEY]
     budget = CandidateBudget(request.app[TRANSPORT_KEY].max_remote_candidates)
@@ -173,7 +180,7 @@ async def create_session(
         session_id, answer = await registry.resume(resume_token, sdp, owner, budget)
         return session_id, answer.sdp
     client = client_key(client_address(request))
-    session_id, answer = await registry.create(sdp, owner, client, budget)
+    session_id, answer = await registry.create(sdp, owner, client, budget, prepare)
     return session_id, answer.sdp
 
 

@@ -129,6 +129,12 @@ class TurnDetector:
     def state(self) -> VadState:
         return self._state
 
+    def tune(self, threshold: float, end_of_turn_ms: int) -> None:
+        """A session's own settings (OpenAI ``server_vad``): the confirming model's speech
+        probability ``threshold`` (0-1) and the silence (ms) that ends a turn."""
+        self._threshold = threshold
+        self._stop_frames = max(1, end_of_turn_ms // 20)
+
     @property
     def quiet_ms(self) -> float:
         """How long the speaker has been quiet (ms), while the turn is not yet over (0 when

@@ -3,7 +3,8 @@ channel and watchdog.
 
 Inbound audio frames go to the conversation (:meth:`Conversation.hear`), camera frames to its
 camera stage; the outbound tracks pull audio and faces from it; its events go out on the
-first data channel labelled ``events``. The peer is the conversation's
+first data channel labelled ``events`` (the native dialect) or ``oai-events`` (OpenAI Realtime
+GA events). The peer is the conversation's
 :class:`server.conversation.link.Link`; when the connection is lost the conversation can
 wait for a new peer (a resume). The PeerSession owns every task it starts and awaits them
 all in :meth:`close`.
@@ -27,7 +28,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from server.config import Config
-from server.conversation.conversation import Conversation
+from server.conversation.conversation import REALTIME_DIALECT, Conversation
 from server.conversation.protocol import quoted
 from server.rtc.ice import ice_servers
 from server.rtc.settings import (
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 MAX_QUEUED_BYTES = 1024 * 1024  # events queued towards a peer that does not take them
 STALL_MS = 500.0  # no inbound audio this long: the path looks dead, output holds its cursor
 EVENTS_LABEL = "events"
+# the label of a client's events channel -> the dialect the conversation speaks on it
+DIALECTS = {EVENTS_LABEL: "native", "oai-events": REALTIME_DIALECT}
 
 
 class PeerState(Enum):
@@ -245,25 +248,26 @@ class PeerSession:
 
     # --- events channel ---------------------------------------------------------------------
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        """The first channel labelled ``events`` carries the session's events; every other
-        channel is closed at once (no task, no ``session.created``; the first refusal of a
-        session is logged)."""
-        if channel.label != EVENTS_LABEL or self._channel is not None:
+        """The first channel labelled ``events`` or ``oai-events`` carries the session's events
+        in its dialect; every other channel is closed at once (no task, no ``session.created``;
+        the first refusal of a session is logged)."""
+        dialect = DIALECTS.get(channel.label)
+        if dialect is None or self._channel is not None:
             self._refuse_channel(channel)
             return
         self._channel = channel
         channel.on("message", self.conversation.receive)
-        self.conversation.link_open(self.sends_audio, self.sends_video, self.resumed)
+        audio, video = self.sends_audio, self.sends_video
+        self.conversation.link_open(audio, video, self.resumed, dialect)
 
     def _refuse_channel(self, channel: RTCDataChannel) -> None:
         self._refused_channels += 1
         if self._refused_channels == 1:
             log.info(
-                "session %s: refusing data channel %s (only the first %r channel is used; "
-                "further refusals are not logged)",
+                "session %s: refusing data channel %s (only the first 'events' or 'oai-events' "
+                "channel is used; further refusals are not logged)",
                 self.session_id[:8],
                 quoted(channel.label),
-                EVENTS_LABEL,
             )
         channel.close()
 

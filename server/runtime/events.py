@@ -1,6 +1,8 @@
 """Typed events the session runtime emits; the transport serialises them for the data channel.
 
-Names follow the OpenAI Realtime events where one fits. Every event of a response has its epoch.
+Names follow the OpenAI Realtime events where one fits. Every event of a response has its epoch,
+and the ids of the conversation's items and responses (server/conversation/realtime_wire.py
+turns them into the OpenAI Realtime GA shapes).
 """
 
 from __future__ import annotations
@@ -22,20 +24,87 @@ class SessionEvent:
 
 @dataclass(frozen=True)
 class SpeechStarted(SessionEvent):
+    """The user started speaking; ``item_id``: the user item the speech will become."""
+
     type: ClassVar[str] = "input_audio_buffer.speech_started"
     audio_start_ms: float
+    item_id: str = ""
 
 
 @dataclass(frozen=True)
 class SpeechStopped(SessionEvent):
     type: ClassVar[str] = "input_audio_buffer.speech_stopped"
     audio_end_ms: float
+    item_id: str = ""
+
+
+@dataclass(frozen=True)
+class InputCommitted(SessionEvent):
+    """The user's spoken turn ended: it becomes item ``item_id``, after ``previous_item_id``."""
+
+    type: ClassVar[str] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class InputCleared(SessionEvent):
+    """The user's speech in progress was discarded (``input_audio_buffer.clear``)."""
+
+    type: ClassVar[str] = "input_audio_buffer.cleared"
+
+
+@dataclass(frozen=True)
+class UserItemAdded(SessionEvent):
+    """A typed user message became item ``item_id``, after ``previous_item_id``."""
+
+    type: ClassVar[str] = "conversation.item.created"
+    item_id: str
+    text: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class ItemDeleted(SessionEvent):
+    type: ClassVar[str] = "conversation.item.deleted"
+    item_id: str
 
 
 @dataclass(frozen=True)
 class ResponseCreated(SessionEvent):
+    """A response began: ``response_id``, and ``item_id`` of the assistant item it makes."""
+
     type: ClassVar[str] = "response.created"
     epoch: int
+    response_id: str = ""
+    item_id: str = ""
+
+
+@dataclass(frozen=True)
+class OutputAudioStarted(SessionEvent):
+    """The first audio of response ``response_id`` went out."""
+
+    type: ClassVar[str] = "output_audio_buffer.started"
+    epoch: int
+    response_id: str
+
+
+@dataclass(frozen=True)
+class OutputAudioStopped(SessionEvent):
+    """Response ``response_id`` played out to its end."""
+
+    type: ClassVar[str] = "output_audio_buffer.stopped"
+    epoch: int
+    response_id: str
+
+
+@dataclass(frozen=True)
+class OutputAudioCleared(SessionEvent):
+    """An interruption flushed the audio of response ``response_id`` that was still queued."""
+
+    type: ClassVar[str] = "output_audio_buffer.cleared"
+    epoch: int
+    response_id: str
 
 
 class ResponseStatus(StrEnum):
@@ -53,20 +122,26 @@ class ResponseDone(SessionEvent):
     type: ClassVar[str] = "response.done"
     epoch: int
     status: ResponseStatus
+    response_id: str = ""
+    item_id: str = ""  # the assistant item ("" when the response said nothing)
+    transcript: str = ""  # what of it was heard
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "epoch": self.epoch, "status": str(self.status)}
+        return {**asdict(self), "type": self.type, "status": str(self.status)}
 
 
 @dataclass(frozen=True)
 class ItemTruncated(SessionEvent):
-    """After a barge-in: the chunk that was playing was heard up to ``audio_end_ms``."""
+    """After a barge-in: the chunk that was playing was heard up to ``audio_end_ms`` (of the
+    chunk); ``item_audio_end_ms``: the same place in the whole assistant item ``item_id``."""
 
     type: ClassVar[str] = "conversation.item.truncated"
     epoch: int
     chunk_id: int
     audio_end_ms: float
     heard_text: str
+    item_id: str = ""
+    item_audio_end_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from server.errors import InvalidItem, UnknownItem
+
 TokenCounter = Callable[[str], int]
 
 
@@ -36,12 +38,20 @@ class CacheClass(Enum):
 
 @dataclass(frozen=True)
 class Turn:
-    """One committed turn. ``truncated``: an agent turn cut short by a barge-in."""
+    """One committed turn (a conversation item). ``truncated``: an agent turn cut short.
+
+    ``item_id``: its id in the conversation. An agent turn also has ``word_ends_ms``: where in
+    its audio (ms from the item's first sample) each word of ``text`` ended, so that it can be
+    cut to what a client says it played (``conversation.item.truncate``).
+    """
 
     role: Role
     text: str
     epoch: int
     truncated: bool = False
+    item_id: str = ""
+    word_ends_ms: tuple[float, ...] = ()
+    audio_ms: float = 0.0  # agent audio of this item heard (ms); 0 for a user turn
 
 
 @dataclass(frozen=True)
@@ -90,26 +100,94 @@ class History:
         """A new user turn begins (speech start or barge-in); nothing of it is known yet."""
         self._current_user = ""
 
-    def end_user_turn(self, epoch: int) -> Turn | None:
-        """Commit the current user text as a turn; None if the user said nothing."""
+    def end_user_turn(self, epoch: int, item_id: str = "") -> Turn | None:
+        """Commit the current user text as a turn (item ``item_id``); None if the user said
+        nothing."""
         text, self._current_user = self._current_user, ""
         if not text:
             return None
-        turn = Turn(Role.USER, text, epoch)
+        turn = Turn(Role.USER, text, epoch, item_id=item_id)
         self._turns.append(turn)
         return turn
 
-    def commit_agent_text(self, epoch: int, text: str, truncated: bool = False) -> None:
-        """Append heard agent text to that epoch's agent turn (created on first commit)."""
+    def add_user_item(self, text: str, epoch: int, item_id: str) -> Turn:
+        """A user message added as a whole (typed), whatever turn is in progress."""
+        turn = Turn(Role.USER, text.strip(), epoch, item_id=item_id)
+        self._turns.append(turn)
+        return turn
+
+    def commit_agent_text(
+        self,
+        epoch: int,
+        text: str,
+        truncated: bool = False,
+        item_id: str = "",
+        word_ends_ms: tuple[float, ...] = (),
+        audio_ms: float = 0.0,
+    ) -> None:
+        """Append heard agent text to that epoch's agent turn (created on first commit);
+        ``word_ends_ms``: where each of its words ended, in ms from the chunk's first sample;
+        ``audio_ms``: how much of the chunk's audio was heard."""
         if not text and not truncated:
             return
+        if len(word_ends_ms) != len(text.split()):  # no timing: every word counts as heard
+            word_ends_ms = (0.0,) * len(text.split())
         last = self._turns[-1] if self._turns else None
-        if last is not None and last.role is Role.ASSISTANT and last.epoch == epoch:
+        same = last.item_id == item_id if last is not None and item_id else True
+        if last is not None and last.role is Role.ASSISTANT and last.epoch == epoch and same:
+            offset = last.audio_ms
             self._turns[-1] = replace(
-                last, text=_join(last.text, text), truncated=last.truncated or truncated
+                last,
+                text=_join(last.text, text),
+                truncated=last.truncated or truncated,
+                word_ends_ms=last.word_ends_ms + tuple(offset + e for e in word_ends_ms),
+                audio_ms=offset + audio_ms,
             )
         elif text:
-            self._turns.append(Turn(Role.ASSISTANT, text, epoch, truncated))
+            turn = Turn(Role.ASSISTANT, text, epoch, truncated, item_id, word_ends_ms, audio_ms)
+            self._turns.append(turn)
+
+    # --- items by id ----------------------------------------------------------------------------
+    def item(self, item_id: str) -> Turn:
+        """The turn with ``item_id``; UnknownItem if there is none."""
+        for turn in self._turns:
+            if turn.item_id and turn.item_id == item_id:
+                return turn
+        raise UnknownItem(f"no conversation item {item_id[:64]!r}")
+
+    @property
+    def last_item_id(self) -> str | None:
+        """The id of the newest item, None when there is none."""
+        return self._turns[-1].item_id or None if self._turns else None
+
+    def delete(self, item_id: str) -> Turn:
+        """Forget the item ``item_id`` (UnknownItem if there is none)."""
+        turn = self.item(item_id)
+        self._turns.remove(turn)
+        return turn
+
+    def truncate(self, item_id: str, audio_end_ms: float) -> Turn:
+        """Cut the agent item ``item_id`` to the words whose audio ended by ``audio_end_ms``
+        (ms from its first sample). UnknownItem for an unknown id, InvalidItem for a user item
+        or a position past the item's audio."""
+        turn = self.item(item_id)
+        if turn.role is not Role.ASSISTANT:
+            raise InvalidItem("only an assistant item has audio to truncate")
+        if audio_end_ms > turn.audio_ms + 1.0:
+            raise InvalidItem(
+                f"audio_end_ms {audio_end_ms:.0f} is past the item's audio ({turn.audio_ms:.0f} ms)"
+            )
+        kept = sum(1 for end in turn.word_ends_ms if end <= audio_end_ms)
+        words = turn.text.split()
+        cut = replace(
+            turn,
+            text=" ".join(words[:kept]),
+            truncated=turn.truncated or kept < len(words),
+            word_ends_ms=turn.word_ends_ms[:kept],
+            audio_ms=min(turn.audio_ms, audio_end_ms),
+        )
+        self._turns[self._turns.index(turn)] = cut
+        return cut
 
     def recent_window(self, budget_tokens: int) -> tuple[Turn, ...]:
         """The latest turns whose token count fits ``budget_tokens`` (oldest first)."""
@@ -129,6 +207,7 @@ class History:
         entries += [
             ContextEntry(CacheClass.RECENT, t.role, t.text)
             for t in self.recent_window(budget_tokens)
+            if t.text  # an item truncated to nothing says nothing
         ]
         if self._current_user:
             entries.append(ContextEntry(CacheClass.CURRENT, Role.USER, self._current_user))

@@ -11,10 +11,13 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.errors import UnknownChunk
+from server.errors import UnknownChunk, UnknownItem
 from server.runtime.chunk import Chunk, ChunkState, PhonemeTiming, WordTiming, transition_chunk
 from server.runtime.events import (
     ItemTruncated,
+    OutputAudioCleared,
+    OutputAudioStarted,
+    OutputAudioStopped,
     ResponseCreated,
     ResponseDone,
     ResponseStatus,
@@ -23,6 +26,7 @@ from server.runtime.events import (
 from server.runtime.history import History
 from server.runtime.media import samples_to_ms
 from server.runtime.playback import PCM, PlaybackBuffer, PlayedSpan
+from server.runtime.turn import TurnState
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,19 @@ def heard_prefix(chunk: Chunk, played: int) -> str:
     return " ".join(words)
 
 
+def word_ends_ms(chunk: Chunk, text: str, played: int) -> tuple[float, ...]:
+    """Where each word of ``text`` (what was heard of ``chunk``) ended, in ms from the chunk's
+    first sample: the TTS's word timings when they match the words, else spread evenly over the
+    ``played`` samples."""
+    words = text.split()
+    if chunk.words and len(chunk.words) >= len(words):
+        return tuple(samples_to_ms(w.end) for w in chunk.words[: len(words)])
+    if not words:
+        return ()
+    step = samples_to_ms(played) / len(words)
+    return tuple(step * (n + 1) for n in range(len(words)))
+
+
 class Response:
     """The chunks of a session's responses and the state of the one in progress.
 
@@ -94,6 +111,10 @@ class Response:
         self._chunks: dict[int, Chunk] = {}
         self._next_chunk_id = 1
         self.epoch: int | None = None
+        self.response_id = ""  # of the response in progress (or the last one)
+        self.item_id = ""  # its assistant item
+        self.audio_started = False  # its first audio went out
+        self.heard_samples = 0  # of its audio played so far
         self.generation_done = False
         self.status = ResponseStatus.COMPLETED
 
@@ -114,9 +135,14 @@ class Response:
         self._chunks[chunk.chunk_id] = chunk
         return chunk
 
-    def waiting_for(self) -> str:
-        """The stage the response in progress waits for: ``tts`` (the newest chunk has text
-        but no speech), ``llm`` (more text) or ``playback`` (everything is generated)."""
+    def waiting_for(self, state: TurnState) -> str:
+        """The stage the turn in ``state`` waits for: ``speech`` (the user speaks), ``asr`` (no
+        reply yet), ``tts`` (the newest chunk has text but no speech), ``llm`` (more text) or
+        ``playback`` (everything is generated)."""
+        if state is TurnState.USER_SPEAKING:
+            return "speech"
+        if self.epoch is None:  # no reply yet: the final transcript
+            return "asr" if state is TurnState.THINKING else "playback"
         chunks = [c for c in self._chunks.values() if c.epoch == self.epoch]
         if self.generation_done:
             return "playback"
@@ -125,13 +151,16 @@ class Response:
         return "llm"
 
     # --- the response's course --------------------------------------------------------------
-    def begin(self, epoch: int) -> None:
-        """Generation of the response of ``epoch`` begins."""
+    def begin(self, epoch: int, response_id: str = "", item_id: str = "") -> None:
+        """Generation of the response of ``epoch`` (``response_id``, making the assistant item
+        ``item_id``) begins."""
         self.epoch = epoch
+        self.response_id, self.item_id = response_id, item_id
+        self.audio_started, self.heard_samples = False, 0
         self.generation_done = False
         self.status = ResponseStatus.COMPLETED
         self._playback.begin_response(epoch)
-        self._events.append(ResponseCreated(epoch))
+        self._events.append(ResponseCreated(epoch, response_id, item_id))
 
     def add_audio(self, chunk_id: int, epoch: int, audio: ChunkAudio) -> int:
         """Queue audio of a chunk within the lookahead budget; the samples accepted (a prefix)."""
@@ -172,6 +201,11 @@ class Response:
         chunk = self._chunks.get(span.chunk_id)
         if chunk is None or chunk.state is not ChunkState.PENDING:
             return False
+        if chunk.epoch == self.epoch:
+            if not self.audio_started:
+                self.audio_started = True
+                self._events.append(OutputAudioStarted(chunk.epoch, self.response_id))
+            self.heard_samples += span.samples
         chunk = replace(chunk, played=max(chunk.played, span.start + span.samples))
         self._set(chunk)
         if chunk.audio_complete and chunk.played >= chunk.duration:
@@ -186,7 +220,9 @@ class Response:
             return False
         epoch, self.epoch = self.epoch, None
         self.generation_done = False
-        self._events.append(ResponseDone(epoch, self.status))
+        if self.audio_started:
+            self._events.append(OutputAudioStopped(epoch, self.response_id))
+        self._events.append(self._done(epoch, self.status))
         self._forget_settled()
         return True
 
@@ -201,14 +237,21 @@ class Response:
                 text = heard_prefix(chunk, chunk.played)
                 self._commit(chunk, text, truncated=True)
                 truncated = ItemTruncated(
-                    old_epoch, chunk.chunk_id, samples_to_ms(chunk.played), text
+                    old_epoch,
+                    chunk.chunk_id,
+                    samples_to_ms(chunk.played),
+                    text,
+                    self.item_id,
+                    samples_to_ms(self.heard_samples),
                 )
                 self._events.append(truncated)
             else:
                 self._set(transition_chunk(chunk, ChunkState.DISCARDED))
                 discarded.append(chunk.chunk_id)
         if self.epoch is not None:
-            self._events.append(ResponseDone(self.epoch, status))
+            if self.audio_started:
+                self._events.append(OutputAudioCleared(self.epoch, self.response_id))
+            self._events.append(self._done(self.epoch, status))
         self.epoch = None
         self.generation_done = False
         self._forget_settled()
@@ -220,7 +263,20 @@ class Response:
 
     def _commit(self, chunk: Chunk, text: str, truncated: bool) -> None:
         self._set(transition_chunk(chunk, ChunkState.COMMITTED, heard_text=text))
-        self._history.commit_agent_text(chunk.epoch, text, truncated)
+        played = min(chunk.played, chunk.duration) if chunk.duration else chunk.played
+        ends = word_ends_ms(chunk, text, played)
+        item_id = self.item_id if chunk.epoch == self.epoch else ""
+        self._history.commit_agent_text(
+            chunk.epoch, text, truncated, item_id, ends, samples_to_ms(played)
+        )
+
+    def _done(self, epoch: int, status: ResponseStatus) -> ResponseDone:
+        """``response.done`` of the response of ``epoch``, with what of it was heard."""
+        try:
+            heard = self._history.item(self.item_id).text if self.item_id else ""
+        except UnknownItem:
+            heard = ""
+        return ResponseDone(epoch, status, self.response_id, self.item_id, heard)
 
     def _maybe_end_stream(self) -> None:
         if (

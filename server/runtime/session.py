@@ -20,14 +20,18 @@ from server.runtime.boundary import ConditionGate
 from server.runtime.chunk import Chunk, StageMessage
 from server.runtime.conditions import ConditionQueue, Conditions
 from server.runtime.events import (
+    InputCleared,
+    InputCommitted,
     ResponseDone,
     ResponseStatus,
     SessionEvent,
     SpeechStarted,
     SpeechStopped,
     TurnTimedOut,
+    UserItemAdded,
 )
 from server.runtime.history import History, TokenCounter, Turn, approx_tokens
+from server.runtime.items import ItemIds, Items
 from server.runtime.media import ms_to_samples, samples_to_ms
 from server.runtime.playback import PlaybackBuffer, Pull
 from server.runtime.response import ChunkAudio, Response, heard_prefix
@@ -36,7 +40,7 @@ from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.runtime.turn import TurnDeadlines, TurnMachine, TurnState
 
-# defined in server/runtime/response.py and session_records.py; imported from here too
+# from server/runtime/response.py and session_records.py; imported from here too
 __all__ = ["BargeIn", "ChunkAudio", "Cursors", "Overdue", "Session", "heard_prefix"]
 
 log = logging.getLogger(__name__)
@@ -85,6 +89,9 @@ class Session:
         )
         self._response = Response(session_id, self.playback, self.history, self._events)
         self.acked_playback_ms = 0.0
+        self.ids = ItemIds()
+        self.user_item_id: str | None = None  # the item the user's speech in progress becomes
+        self.items = Items(self.history, self.ids, self._response, self._events)
 
     # --- read-only views ------------------------------------------------------------------
     @property
@@ -97,12 +104,9 @@ class Session:
 
     @property
     def cursors(self) -> Cursors:
-        return Cursors(
-            self._heard_until,
-            self._prefilled_until,
-            self.playback.generation_cursor,
-            self.playback.playback_cursor,
-        )
+        playback = self.playback
+        heard, prefilled = self._heard_until, self._prefilled_until
+        return Cursors(heard, prefilled, playback.generation_cursor, playback.playback_cursor)
 
     def chunk(self, chunk_id: int) -> Chunk:
         """The chunk ``chunk_id``; UnknownChunk if there is none (or no longer)."""
@@ -148,18 +152,19 @@ class Session:
         """The VAD heard the user start speaking (``at_ms`` on the input timeline); over a
         response this is a barge-in."""
         barge: BargeIn | None = None
+        if self.state is not TurnState.USER_SPEAKING or self.user_item_id is None:
+            self.user_item_id = self.ids.item()  # a new turn: a new user item
         if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
             barge = self.bump_epoch("barge-in: user speech", TurnState.USER_SPEAKING)
         elif self.state is TurnState.LISTENING:
             self.history.start_user_turn()
             self.turn.to(TurnState.USER_SPEAKING, "speech started")
         start = samples_to_ms(self._heard_until) if at_ms is None else at_ms
-        self._events.append(SpeechStarted(start))
+        self._events.append(SpeechStarted(start, self.user_item_id))
         return barge
 
     def set_user_transcript(self, text: str) -> None:
-        """Latest partial transcript of the user's turn in progress."""
-        self.history.set_user_text(text)
+        self.history.set_user_text(text)  # the latest partial transcript of the turn
 
     def speech_stopped(self, at_ms: float | None = None) -> None:
         """End of the user's turn (VAD silence from ``at_ms``); the agent starts thinking."""
@@ -168,14 +173,18 @@ class Session:
         self.turn.to(TurnState.THINKING, "end of turn")
         self._turn_ended_ms = self.clock.now_ms()
         end = samples_to_ms(self._heard_until) if at_ms is None else at_ms
-        self._events.append(SpeechStopped(end))
+        item_id = self.user_item_id = self.user_item_id or self.ids.item()
+        self._events.append(SpeechStopped(end, item_id))
+        self._events.append(InputCommitted(item_id, self.history.last_item_id))
 
-    def commit_user_turn(self, final_text: str) -> Turn | None:
-        """The final transcript of the ended turn; empty text means it was no turn at all."""
+    def commit_user_turn(self, final_text: str, answer: bool = True) -> Turn | None:
+        """The final transcript of the ended turn; empty text means it was no turn at all.
+        ``answer`` False (no automatic response): listen again until ``response.create``."""
         self.history.set_user_text(final_text)
-        turn = self.history.end_user_turn(self.epoch)
-        if turn is None and self.state is TurnState.THINKING:
-            self.turn.to(TurnState.LISTENING, "empty transcript")
+        item_id, self.user_item_id = self.user_item_id or self.ids.item(), None
+        turn = self.history.end_user_turn(self.epoch, item_id)
+        if (turn is None or not answer) and self.state is TurnState.THINKING:
+            self.turn.to(TurnState.LISTENING, "no response" if turn else "empty transcript")
         return turn
 
     def submit_text(self, text: str) -> tuple[Turn | None, BargeIn | None]:
@@ -193,8 +202,28 @@ class Session:
         else:
             self.turn.to(TurnState.THINKING, "typed text")
         self._turn_ended_ms = self.clock.now_ms()
+        self.user_item_id = None
         self.history.set_user_text(text)
-        return self.history.end_user_turn(self.epoch), barge
+        previous = self.history.last_item_id
+        turn = self.history.end_user_turn(self.epoch, self.ids.item())
+        if turn is not None:
+            self._events.append(UserItemAdded(turn.item_id, turn.text, previous))
+        return turn, barge
+
+    def request_response(self) -> None:
+        """``response.create``: answer the conversation as it stands; only while listening."""
+        if self.state is not TurnState.LISTENING:
+            raise InvalidTransition(f"response.create while {self.state.value}")
+        self.turn.to(TurnState.THINKING, "response.create")
+        self._turn_ended_ms = self.clock.now_ms()
+
+    def clear_input(self) -> None:
+        """``input_audio_buffer.clear``: the user's speech in progress is dropped."""
+        if self.state is TurnState.USER_SPEAKING:
+            self.history.start_user_turn()
+            self.user_item_id = None
+            self.turn.to(TurnState.LISTENING, "input_audio_buffer.clear")
+        self._events.append(InputCleared())
 
     def cancel_response(self) -> BargeIn | None:
         """``response.cancel`` from the client: stop the reply, keep what was heard."""
@@ -203,10 +232,8 @@ class Session:
         return self.bump_epoch("response.cancel", TurnState.LISTENING)
 
     def ack_playback(self, played_ms: float) -> float:
-        """The client reports how much output it has played (ms of the output timeline).
-
-        Never beyond what was sent; never backwards. Returns the acknowledged position.
-        """
+        """The client has played ``played_ms`` of output: never beyond what was sent, never
+        backwards. Returns the acknowledged position (ms)."""
         sent_ms = samples_to_ms(self.playback.playback_cursor)
         self.acked_playback_ms = max(self.acked_playback_ms, min(played_ms, sent_ms))
         return self.acked_playback_ms
@@ -218,15 +245,7 @@ class Session:
         waited = self.turn.overdue()
         if waited is None:
             return None
-        return Overdue(self.state, self._waiting_for(), waited)
-
-    def _waiting_for(self) -> str:
-        """What the turn in progress waits for, read from the reply's state."""
-        if self.state is TurnState.USER_SPEAKING:
-            return "speech"
-        if self._response.epoch is None:  # no reply yet: the final transcript
-            return "asr" if self.state is TurnState.THINKING else "playback"
-        return self._response.waiting_for()
+        return Overdue(self.state, self._response.waiting_for(self.state), waited)
 
     def time_out(self, overdue: Overdue) -> BargeIn:
         """End a THINKING or AGENT_SPEAKING turn that passed its deadline: the reply stops as
@@ -301,7 +320,7 @@ class Session:
         """Generation of a reply for ``epoch`` begins; False if that epoch is already stale."""
         if epoch != self.epoch or self.state is not TurnState.THINKING:
             return False
-        self._response.begin(epoch)
+        self._response.begin(epoch, self.ids.response(), self.ids.item())
         return True
 
     def open_chunk(self, epoch: int, text: str) -> Chunk | None:

@@ -55,11 +55,11 @@ def test_events_wait_for_a_link_and_come_in_order_after_session_created() -> Non
     for i in range(3):
         outlet.send({"type": "e", "i": i})
     link = Link(open_=False)
-    outlet.link = link
+    outlet.attach(link)
     outlet.send({"type": "e", "i": 3})
     assert link.sent == []
     link.open = True
-    outlet.open({"type": "session.created"})
+    outlet.open({"type": "session.created"}, None)
     assert [e.get("i") for e in link.sent] == [None, 0, 1, 2, 3]
     outlet.send({"type": "e", "i": 4})
     assert link.sent[-1]["i"] == 4 and not outlet.pending
@@ -68,7 +68,7 @@ def test_events_wait_for_a_link_and_come_in_order_after_session_created() -> Non
     assert link.sent[-1]["i"] == 4 and outlet.flush() == 1
     link.open = True  # it recovers: the next flush hands them over, in order
     assert outlet.flush() == 0 and link.sent[-1]["i"] == 5
-    outlet.link = None
+    outlet.attach(None)
     for i in range(MAX_PENDING + 10):
         outlet.send({"type": "e", "i": i})
     assert len(outlet.pending) == MAX_PENDING and outlet.pending[0]["i"] == 10  # bounded

@@ -74,7 +74,11 @@ def test_barge_in_truncates_history_to_played_words(session: Session) -> None:
     agent = session.history.turns[-1]
     assert agent.text == "Once upon a time. There"
     assert agent.truncated
-    assert barge.truncated == ItemTruncated(0, second, 120.0, "There")
+    item_id = agent.item_id
+    assert item_id.startswith("item_")
+    # 120 ms into the second chunk is 520 ms into the whole assistant item
+    assert barge.truncated == ItemTruncated(0, second, 120.0, "There", item_id, 520.0)
+    assert agent.audio_ms == 520.0 and len(agent.word_ends_ms) == 5
     assert session.history.current_user_text == ""  # the user's new turn has started
     assert barge.flushed_samples == ms_to_samples(280)
 
@@ -320,9 +324,16 @@ def test_failed_reply_discards_a_chunk_whose_audio_never_came(session: Session) 
 
 
 def test_response_done_sends_the_status_as_a_plain_string() -> None:
-    done = ResponseDone(3, ResponseStatus.CANCELLED)
+    done = ResponseDone(3, ResponseStatus.CANCELLED, "resp_0002", "item_0004", "Hi.")
     wire = done.to_dict()
-    assert wire == {"type": "response.done", "epoch": 3, "status": "cancelled"}
+    assert wire == {
+        "type": "response.done",
+        "epoch": 3,
+        "status": "cancelled",
+        "response_id": "resp_0002",
+        "item_id": "item_0004",
+        "transcript": "Hi.",
+    }
     assert type(wire["status"]) is str
     assert ResponseStatus("failed") is ResponseStatus.FAILED and done.status == "cancelled"
 

@@ -23,10 +23,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from yarl import URL
 
 from benchmarks.workers_bench import capacity
+from client.cli import GA_EVENTS
 from server.clock import FakeClock
 from server.config import Config, load_config
 from server.errors import ConfigError, InvalidTransition
@@ -132,6 +133,41 @@ async def test_whip_delete_goes_to_the_owning_worker(server: ServerProcess) -> N
     await on_2.close(delete=False)
     await on_1.close()
     await sessions_are(server, {1: 0, 2: 0})
+
+
+async def test_realtime_calls_reach_a_worker_and_end_on_their_owner(server: ServerProcess) -> None:
+    """``POST /v1/realtime/calls`` is placed like a WHIP offer; its Location routes to the
+    worker that holds the call."""
+    await sessions_are(server, {1: 0, 2: 0})
+    peers = [Peer(server.url, video=False, events_label=GA_EVENTS) for _ in range(2)]
+    locations = []
+    async with aiohttp.ClientSession() as http:
+        for peer in peers:
+            peer.pc.addTrack(peer.mic)
+            await peer.pc.setLocalDescription(await peer.pc.createOffer())
+            body = peer.pc.localDescription.sdp
+            headers = {"Content-Type": "application/sdp"}
+            async with http.post(
+                server.url + "/v1/realtime/calls", data=body, headers=headers
+            ) as r:
+                assert r.status == 201, await r.text()
+                locations.append(r.headers["Location"])
+                answer = await r.text()
+            await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await sessions_are(server, {1: 1, 2: 1})
+        on_2 = next(loc for loc in locations if loc.startswith("/v1/realtime/calls/w2-"))
+        async with http.delete(server.url + on_2) as resp:
+            assert resp.status == 200
+        await sessions_are(server, {1: 1, 2: 0})
+        async with http.delete(server.url + on_2) as resp:
+            assert resp.status == 404
+            assert (await resp.json())["error"]["type"] == "invalid_request_error"
+        on_1 = next(loc for loc in locations if loc != on_2)
+        async with http.post(server.url + on_1 + "/hangup") as resp:
+            assert resp.status == 200
+    await sessions_are(server, {1: 0, 2: 0})
+    for peer in peers:
+        await peer.close(delete=False)
 
 
 async def test_router_answers_errors_as_json(server: ServerProcess) -> None:

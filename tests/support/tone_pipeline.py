@@ -122,3 +122,23 @@ class FlakyTonePipeline(TonePipeline):
 
 def create_flaky(config: Config) -> FlakyTonePipeline:
     return FlakyTonePipeline(500.0, 1)
+
+
+class InstructedTonePipeline(TonePipeline):
+    """Its first sentence says which instructions it was given (the system prompt of the
+    request, at most 12 words): for tests that the persona and per-reply instructions reach
+    the LLM stage."""
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        anchor = request.context[0].text if request.context else ""
+        yield "As told: " + " ".join(anchor.split()[:12])
+        async for sentence in super().reply(request, trace):
+            yield sentence
+
+
+def create_instructed(config: Config) -> InstructedTonePipeline:
+    return InstructedTonePipeline(
+        float(os.environ.get("TONE_PIPELINE_MS", "1500")),
+        int(os.environ.get("TONE_PIPELINE_SENTENCES", "2")),
+        float(os.environ.get("TONE_PIPELINE_THINK_MS", "0")),
+    )

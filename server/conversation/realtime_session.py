@@ -1,0 +1,215 @@
+"""The OpenAI Realtime GA session object: read from ``session.update`` (and the ``session`` of
+``POST /v1/realtime/calls``) into what this server can apply, and described back to clients.
+
+What applies: ``instructions`` (the persona), ``audio.output.voice``, ``audio.input.
+turn_detection`` of type ``server_vad`` (``threshold``, ``silence_duration_ms``,
+``prefix_padding_ms``, ``create_response``, ``interrupt_response``) and ``output_modalities``
+``["audio"]``. Refused with a clear error, changing nothing: tools (function calls), MCP,
+``semantic_vad``, turning turn detection off, text-only output, transcription sessions.
+Accepted and ignored (they mean nothing over WebRTC here, or are the server's choice):
+``model``, audio formats, ``audio.input.transcription``, ``noise_reduction``, ``speed``,
+``tracing``, ``include``, ``max_output_tokens``, ``truncation``, ``tool_choice``, ``prompt``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from server.config import Config
+from server.conversation.protocol import ProtocolError
+
+SILENCE_MS = (100, 10_000)  # silence_duration_ms bounds (the server's vad.end_of_turn_ms)
+PREFIX_MS = (0, 500)  # prefix_padding_ms bounds: the pre-roll the utterance keeps
+AUDIO_FORMAT = {"type": "audio/pcm", "rate": 24_000}  # nominal: WebRTC carries Opus
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """How a session detects and answers the end of the user's turn (``server_vad``).
+
+    ``threshold``: speech probability (0-1) of the confirming model; ``silence_ms``: silence
+    that ends a turn; ``prefix_ms``: audio kept before the speech start; ``create_response``:
+    a turn is answered by itself; ``interrupt_response``: the user's speech stops a reply.
+    """
+
+    threshold: float
+    silence_ms: int
+    prefix_ms: int
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    @classmethod
+    def from_config(cls, config: Config) -> TurnSettings:
+        vad = config.vad
+        return cls(vad.silero_threshold, vad.end_of_turn_ms, PREFIX_MS[1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "server_vad",
+            "threshold": self.threshold,
+            "silence_duration_ms": self.silence_ms,
+            "prefix_padding_ms": self.prefix_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+            "idle_timeout_ms": None,
+        }
+
+
+@dataclass(frozen=True)
+class SessionPatch:
+    """What one GA session object asks for: ``conditions`` (persona, voice) for the runtime
+    session, ``turn`` fields to change (None: unchanged)."""
+
+    conditions: dict[str, str] = field(default_factory=dict)
+    turn: dict[str, Any] = field(default_factory=dict)
+
+    def apply_turn(self, settings: TurnSettings) -> TurnSettings:
+        return replace(settings, **self.turn) if self.turn else settings
+
+
+def _refuse(message: str, param: str, event_id: str | None, code: str = "invalid_value") -> None:
+    raise ProtocolError(code, message, event_id, param)
+
+
+def _object(value: object, param: str, event_id: str | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        _refuse(f"{param} must be an object", param, event_id)
+    assert isinstance(value, dict)
+    return value
+
+
+def _number(value: object, low: float, high: float, param: str, event_id: str | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        _refuse(f"{param} must be a number", param, event_id)
+    assert isinstance(value, int | float)
+    if not low <= value <= high:
+        _refuse(f"{param} must be between {low:g} and {high:g}", param, event_id)
+    return float(value)
+
+
+def _flag(value: object, param: str, event_id: str | None) -> bool:
+    if not isinstance(value, bool):
+        _refuse(f"{param} must be true or false", param, event_id)
+    return bool(value)
+
+
+def _turn_detection(value: object, event_id: str | None) -> dict[str, Any]:
+    param = "session.audio.input.turn_detection"
+    if value is None:
+        _refuse(
+            "turning turn detection off (null) is not supported: this server detects turns",
+            param,
+            event_id,
+            "unsupported_feature",
+        )
+    detection = _object(value, param, event_id)
+    kind = detection.get("type", "server_vad")
+    if kind == "semantic_vad":
+        _refuse(
+            "semantic_vad is not available on this server; use server_vad",
+            f"{param}.type",
+            event_id,
+            "unsupported_feature",
+        )
+    if kind != "server_vad":
+        _refuse(f"unknown turn detection type {str(kind)[:32]!r}", f"{param}.type", event_id)
+    turn: dict[str, Any] = {}
+    if detection.get("threshold") is not None:
+        turn["threshold"] = _number(detection["threshold"], 0, 1, f"{param}.threshold", event_id)
+    if detection.get("silence_duration_ms") is not None:
+        silence = _number(
+            detection["silence_duration_ms"], *SILENCE_MS, f"{param}.silence_duration_ms", event_id
+        )
+        turn["silence_ms"] = int(silence)
+    if detection.get("prefix_padding_ms") is not None:
+        prefix = _number(
+            detection["prefix_padding_ms"], *PREFIX_MS, f"{param}.prefix_padding_ms", event_id
+        )
+        turn["prefix_ms"] = int(prefix)
+    for name in ("create_response", "interrupt_response"):
+        if detection.get(name) is not None:
+            turn[name] = _flag(detection[name], f"{param}.{name}", event_id)
+    return turn
+
+
+def parse_session(session: object, event_id: str | None = None) -> SessionPatch:
+    """A GA session object as a patch; ProtocolError (with ``param``) for what this server
+    cannot do or a malformed field. Nothing is applied here."""
+    data = _object(session, "session", event_id)
+    if data.get("type", "realtime") != "realtime":
+        _refuse(
+            "only realtime sessions are supported", "session.type", event_id, "unsupported_feature"
+        )
+    if data.get("tools"):
+        _refuse(
+            "tools (function calls) and MCP are not supported by this server",
+            "session.tools",
+            event_id,
+            "unsupported_feature",
+        )
+    modalities = data.get("output_modalities")
+    if modalities is not None and list(modalities) != ["audio"]:
+        _refuse(
+            "this server answers with audio (and its transcript): output_modalities must be"
+            ' ["audio"]',
+            "session.output_modalities",
+            event_id,
+            "unsupported_feature",
+        )
+    conditions: dict[str, str] = {}
+    instructions = data.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str) or not instructions.strip():
+            _refuse("instructions must be a non-empty string", "session.instructions", event_id)
+        conditions["persona"] = str(instructions)
+    audio = _object(data.get("audio"), "session.audio", event_id)
+    output = _object(audio.get("output"), "session.audio.output", event_id)
+    voice = output.get("voice")
+    if voice is not None:
+        if isinstance(voice, dict):  # a custom voice is named by its id
+            voice = voice.get("id")
+        if not isinstance(voice, str) or not voice.strip():
+            _refuse("voice must be a non-empty string", "session.audio.output.voice", event_id)
+        conditions["voice"] = str(voice)
+    turn: dict[str, Any] = {}
+    source = _object(audio.get("input"), "session.audio.input", event_id)
+    if "turn_detection" in source:
+        turn = _turn_detection(source["turn_detection"], event_id)
+    return SessionPatch(conditions, turn)
+
+
+def model_name(config: Config) -> str:
+    """The model a client is told it talks to: the LLM's name, never a file path."""
+    pipeline = config.pipeline
+    return pipeline.llm_remote_model or Path(pipeline.llm_model).name or "avatar-server"
+
+
+def session_object(
+    session_id: str, config: Config, persona: str, voice: str, turn: TurnSettings
+) -> dict[str, Any]:
+    """The GA session object of ``session.created`` / ``session.updated``."""
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": model_name(config),
+        "instructions": persona,
+        "output_modalities": ["audio"],
+        "audio": {
+            "input": {
+                "format": AUDIO_FORMAT,
+                "transcription": None,
+                "noise_reduction": None,
+                "turn_detection": turn.to_json(),
+            },
+            "output": {"format": AUDIO_FORMAT, "voice": voice, "speed": 1.0},
+        },
+        "tools": [],
+        "tool_choice": "auto",
+        "max_output_tokens": config.pipeline.llm_max_tokens,
+    }
