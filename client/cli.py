@@ -3,8 +3,9 @@
     python -m client --url http://127.0.0.1:8080 --wav question.wav \\
         --record-audio reply.wav --record-video reply.mp4 --duration 15
 
-It sends the WAV as its microphone (then silence), opens the ``events`` data channel, prints every
-server event as a JSON line, and records the audio and video it receives.
+It sends the WAV as its microphone (then silence), opens the ``oai-events`` data channel (the
+OpenAI Realtime GA events, and the server's own ``x-avatar.*`` ones), prints every server event as
+a JSON line, and records the audio and video it receives.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ from server.runtime.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, 
 
 log = logging.getLogger("client")
 PCM = npt.NDArray[np.int16]
+
+# The data channel's label chooses the server's event dialect.
+NATIVE_EVENTS = "events"  # the server's own event names and shapes
+GA_EVENTS = "oai-events"  # OpenAI Realtime GA events, plus ``x-avatar.*`` extensions
 
 
 def load_wav(path: Path) -> PCM:
@@ -129,9 +134,13 @@ class ClientPeer:
         camera: MediaStreamTrack | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         configuration: RTCConfiguration | None = None,
+        events_label: str = NATIVE_EVENTS,
     ) -> None:
         """``audio``: False offers no audio m-line at all (events only, typed messages);
-        ``configuration``: ICE servers and policy (default: none, so no public STUN)."""
+        ``configuration``: ICE servers and policy (default: none, so no public STUN);
+        ``events_label``: the data channel's label, NATIVE_EVENTS or GA_EVENTS (the dialect)."""
+        if events_label not in (NATIVE_EVENTS, GA_EVENTS):
+            raise ValueError(f"unknown events channel label {events_label!r}")
         self.base_url = base_url.rstrip("/")
         self.whip = whip
         self.want_video = video
@@ -139,8 +148,11 @@ class ClientPeer:
         self.mic = mic or ScriptedMic()
         self.camera = camera  # sent as our video (sendrecv), else video is receive-only
         self._configuration = configuration or RTCConfiguration(iceServers=[])
+        self.events_label = events_label
         self.session_id: str | None = None
-        self.resume_token: str | None = None  # from the last session.created
+        # from the last session description: ``x-avatar.session`` (GA), ``session.created``
+        self.resume_token: str | None = None
+        self.response_id: str | None = None  # the GA response in progress, if any
         self.posted_at = 0.0  # time.monotonic() when the last offer was posted
         self.resumes: list[float] = []  # seconds from each resume POST to its first audio frame
         self.location: str | None = None
@@ -156,9 +168,9 @@ class ClientPeer:
         self._new_connection()
 
     def _new_connection(self) -> None:
-        """A fresh peer connection with its ``events`` channel (at start, and on a resume)."""
+        """A fresh peer connection with its events channel (at start, and on a resume)."""
         self.pc = RTCPeerConnection(self._configuration)
-        self.channel = self.pc.createDataChannel("events")
+        self.channel = self.pc.createDataChannel(self.events_label)
         self.channel_open = asyncio.Event()
         self.channel.on("message", self._on_message)
         self.channel.on("open", self.channel_open.set)
@@ -199,13 +211,31 @@ class ClientPeer:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         await asyncio.wait_for(self.channel_open.wait(), timeout)
 
+    @property
+    def ga(self) -> bool:
+        """Whether the channel speaks the OpenAI Realtime GA dialect."""
+        return self.events_label == GA_EVENTS
+
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))
 
+    def say(self, text: str) -> None:
+        """A typed user message that gets its own reply. In GA an item alone asks for nothing:
+        the reply in progress is cancelled, the item added, then a response asked for."""
+        if not self.ga:
+            self.send({"type": "conversation.item.create", "text": text})
+            return
+        if self.response_id is not None:
+            self.send({"type": "response.cancel"})
+        content = [{"type": "input_text", "text": text}]
+        item = {"type": "message", "role": "user", "content": content}
+        self.send({"type": "conversation.item.create", "item": item})
+        self.send({"type": "response.create"})
+
     async def resume(self, timeout: float = 15.0) -> float:
         """After the connection was lost: a new one carries on the same conversation (the
-        resume token of the last ``session.created``). Returns the seconds from the resume
-        POST to the first audio frame received on it (0 without audio)."""
+        resume token the server gave last). Returns the seconds from the resume POST to the
+        first audio frame received on it (0 without audio)."""
         if self.resume_token is None:
             raise RuntimeError("no resume token: the server sent none (or it was used)")
         token, self.resume_token = self.resume_token, None
@@ -252,8 +282,15 @@ class ClientPeer:
 
     def _on_message(self, raw: str | bytes) -> None:
         event = json.loads(raw)
-        if event.get("type") == "session.created":
+        kind = event.get("type")
+        if kind == ("x-avatar.session" if self.ga else "session.created"):
             self.resume_token = event.get("session", {}).get("resume_token")
+        if self.ga and kind in ("response.created", "response.done"):
+            response_id = event.get("response", {}).get("id")
+            if kind == "response.created":
+                self.response_id = response_id
+            elif response_id == self.response_id:
+                self.response_id = None
         self.events.append((time.monotonic(), event))
         self._event_signal.set()
         if self._on_event is not None:
@@ -349,6 +386,7 @@ async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
         mic=mic,
         on_event=lambda e: print(json.dumps(e), flush=True),
         configuration=configuration,
+        events_label=GA_EVENTS,
     )
     peer.keep_video_frames = 10_000 if args.record_video else 0
     started = time.monotonic()
@@ -359,7 +397,7 @@ async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
     if args.wav:
         mic.play(load_wav(args.wav))
     if args.text:
-        peer.send({"type": "conversation.item.create", "text": args.text})
+        peer.say(args.text)
     keeper = None
     if not args.no_resume and not args.no_audio:
         keeper = asyncio.get_running_loop().create_task(peer.keep_connected())

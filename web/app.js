@@ -227,8 +227,12 @@ async function start() {
     micVoice: new VoiceActivity(MIC_SOUND, 250),
     agentVoice: new VoiceActivity(AGENT_SOUND, 150),
     timers: [],
-    session: null,
-    response: null, // the reply in progress: {epoch, firstSoundMs, voiceEndMs, pageV2V}
+    session: null, // the server's own description (`x-avatar.session`)
+    realtime: null, // the OpenAI Realtime session (`session.created`, `session.updated`)
+    // the reply in progress: {id, itemId, firstSoundMs, voiceEndMs, pageV2V, chunks, lastChunk,
+    // cut}; `chunks`: the server's chunk id (of viseme events) -> the page's chunk id
+    response: null,
+    lastServerChunk: -Infinity, // the highest server chunk id placed
     lastDoneMs: -Infinity,
     userVoiceEndMs: null,
     barge: null, // {t0, source}
@@ -304,7 +308,7 @@ function teardown() {
   ui.presence.hidden = true;
   ui.micLevel.style.width = '0';
   ui.agentLevel.style.width = '0';
-  if (current.response) conversation.responseDone(current.response.epoch, 'cancelled', []);
+  if (current.response) conversation.responseDone(current.response.id, 'cancelled', []);
   conversation.dropped(follower.drop());
   follower = follower.next();
 }
@@ -365,11 +369,14 @@ ui.avatar.addEventListener('resize', () => {
 // --- server events ---------------------------------------------------------------------------
 function send(event) {
   if (!call || !call.connection.send(event)) return false;
-  if (event.type !== 'playback.ack') log.add(event, 'out');
+  if (event.type !== 'x-avatar.playback.ack') log.add(event, 'out');
   demo.sent.push(event);
   if (demo.sent.length > 2000) demo.sent.splice(0, 1000);
   return true;
 }
+
+// Each chunk (sentence) of a reply gets an id of the page's own, unique across replies.
+let nextChunkId = 1;
 
 function onServerEvent(event) {
   if (!call) return;
@@ -377,8 +384,14 @@ function onServerEvent(event) {
   if (demo.events.length > 2000) demo.events.splice(0, 1000);
   log.add(event);
   const now = performance.now();
+  const response = call.response;
+  const current = (id) => response != null && id === response.id;
   switch (event.type) {
-    case 'session.created':
+    case 'session.created': // the OpenAI Realtime session; the server's own follows it
+    case 'session.updated':
+      call.realtime = event.session || null;
+      break;
+    case 'x-avatar.session':
       if (event.resumed && call.session) {
         // the same conversation on a new connection: the transcript, the turn, the reply in
         // progress and the chosen conditions all go on (the server kept them too)
@@ -411,64 +424,85 @@ function onServerEvent(event) {
       call.userVoiceEndMs = end != null && now - end < 3000 ? end : null;
       break;
     }
-    case 'conversation.item.input_audio_transcription.delta':
+    case 'x-avatar.transcription.partial':
+      // the whole hypothesis so far (GA's own deltas carry only the newly stable words)
       conversation.partial(event.transcript || '', event.stable || '');
       break;
     case 'conversation.item.input_audio_transcription.completed':
       conversation.final(event.transcript || '');
       if (!event.transcript) setTurn('listening');
       break;
-    case 'response.created':
+    case 'response.created': {
+      const id = event.response && event.response.id;
+      if (!id) break;
       call.response = {
-        epoch: event.epoch,
+        id,
+        itemId: null,
         firstSoundMs: null,
         voiceEndMs: call.userVoiceEndMs, // the end of the user's voice, if this page heard it
         pageV2V: false,
+        chunks: new Map(),
+        lastChunk: null,
+        cut: false,
       };
       call.userVoiceEndMs = null;
       follower = follower.next();
-      conversation.responseCreated(event.epoch);
+      conversation.responseCreated(id);
       ui.interrupt.disabled = false;
       setTurn('thinking');
       break;
-    case 'response.audio_transcript.delta':
-      conversation.chunk(event.epoch, event.chunk_id, event.delta || '');
-      if (call.response && call.response.epoch === event.epoch) follower.add(event.chunk_id, event.delta || '');
+    }
+    case 'response.output_item.added':
+      if (current(event.response_id) && event.item) response.itemId = event.item.id;
       break;
+    case 'response.output_audio_transcript.delta': {
+      // one delta is one chunk's text, sent before its audio; other replies' are stale
+      if (!current(event.response_id)) break;
+      const text = (event.delta || '').trim();
+      if (!text) break;
+      const id = nextChunkId;
+      nextChunkId += 1;
+      response.itemId = response.itemId || event.item_id;
+      response.lastChunk = id;
+      conversation.chunk(response.id, id, text);
+      follower.add(id, text);
+      break;
+    }
     case 'conversation.item.truncated':
-      if (call.response && call.response.epoch === event.epoch) {
+      // a barge-in: nothing more of this reply plays; what was heard comes with response.done
+      if (response && (!response.itemId || event.item_id === response.itemId)) {
+        response.cut = true;
         follower.drop();
-        conversation.truncated(event.chunk_id, event.heard_text || '');
-        conversation.dropQueued(event.epoch);
       }
       break;
     case 'response.done':
-      onResponseDone(event, now);
+      onResponseDone(event.response || {}, now);
       break;
-    case 'response.timings': {
+    case 'x-avatar.response.timings': {
       // the figures of the reply that just ended; the page's own measure where it has one
       latency.serverTimings(event);
       const last = call.lastResponse;
-      const measured = last && last.epoch === event.epoch && last.pageV2V;
+      const measured = last && last.id === event.response_id && last.pageV2V;
       if (!measured && typeof event.voice_to_voice_ms === 'number') {
         latency.voiceToVoice(event.voice_to_voice_ms, 'server');
       }
       break;
     }
-    case 'input_audio_buffer.barge_in':
+    case 'x-avatar.barge_in':
       if (typeof event.reaction_ms === 'number') {
         latency.bargeIn(event.reaction_ms, 'server');
       }
       break;
-    case 'session.updated':
+    case 'x-avatar.session.applied':
       showConditions(event, event.version);
       break;
-    case 'vision.presence':
+    case 'x-avatar.vision.presence':
       showPresence(event);
       break;
     case 'error': {
       const err = event.error || {};
-      if (err.code === 'no_active_response') break; // an interrupt that came just too late
+      // an interrupt that came just too late
+      if (err.code === 'no_active_response' || err.code === 'response_cancel_not_active') break;
       if (err.code === 'timeout') {
         // the server gave up on this turn (its message is written for people): listen again
         conversation.notice(err.message || 'That took too long and was stopped.', 'error');
@@ -480,33 +514,58 @@ function onServerEvent(event) {
       if (call.conditions) showConditions(call.conditions, call.conditions.version ?? null);
       break;
     }
-    case 'avatar.viseme':
+    case 'x-avatar.viseme': {
       // the chunk's place on the output timeline: its words show when the audio gets there
-      // (the first sounding one: a chunk may begin with a moment of silence)
-      if (call.response && call.response.epoch === event.epoch && event.viseme !== 0) {
-        follower.place(event.chunk_id, event.pts_ms);
+      // (the first sounding one: a chunk may begin with a moment of silence). A chunk's
+      // visemes come after its text and before the next chunk's text; the server numbers
+      // chunks in order, so an unknown lower number is a stale reply's.
+      if (!response || (event.response_id != null && !current(event.response_id))) break;
+      const placed = [...response.chunks.values()];
+      const fresh = !(event.chunk_id <= call.lastServerChunk);
+      if (!response.chunks.has(event.chunk_id) && fresh && response.lastChunk != null && !placed.includes(response.lastChunk)) {
+        response.chunks.set(event.chunk_id, response.lastChunk);
+        call.lastServerChunk = event.chunk_id;
       }
+      const id = response.chunks.get(event.chunk_id);
+      if (id != null && event.viseme !== 0) follower.place(id, event.pts_ms);
       break;
+    }
     default:
       break; // logged only
   }
 }
 
-function onResponseDone(event, now) {
+/** What of the reply was heard: the transcript of its assistant item (null: not said). */
+function heardTranscript(done) {
+  const output = Array.isArray(done.output) ? done.output : [];
+  const item = output.find((o) => o && o.type === 'message' && o.role === 'assistant');
+  const content = item && Array.isArray(item.content) ? item.content : [];
+  const part = content.find((c) => c && typeof c.transcript === 'string');
+  if (part) return part.transcript;
+  return item ? '' : null;
+}
+
+function onResponseDone(done, now) {
   const response = call.response;
-  if (response && response.epoch === event.epoch) {
+  const status = done.status || 'failed';
+  if (response && response.id === done.id) {
     call.response = null;
     call.lastResponse = response;
     call.lastDoneMs = now;
-    if (event.status === 'completed') {
-      conversation.responseDone(event.epoch, 'completed', follower.finish());
+    if (status === 'completed') {
+      conversation.responseDone(done.id, 'completed', follower.finish());
     } else {
-      conversation.dropped(follower.drop());
-      conversation.dropQueued(event.epoch);
-      conversation.responseDone(event.epoch, event.status, []);
+      // the server's transcript of the item says which chunks were heard, and how much of
+      // the one cut short; without it, what the page never showed counts as dropped
+      const unshown = follower.drop();
+      const heard = heardTranscript(done);
+      if (heard != null) conversation.cut(done.id, heard, response.cut);
+      else conversation.dropped(unshown);
+      conversation.dropQueued(done.id);
+      conversation.responseDone(done.id, status, []);
     }
   } else {
-    conversation.responseDone(event.epoch, event.status, []);
+    conversation.responseDone(done.id, status, []);
   }
   ui.interrupt.disabled = true;
   if (ui.turn.dataset.turn !== 'user') setTurn('listening');
@@ -543,10 +602,15 @@ function applySelections(only = null) {
     const value = wanted(select, field);
     if (value && (select.value || only)) changes[field] = value;
   }
-  if (Object.keys(changes).length) {
-    send({ type: 'session.update', session: changes });
-    ui.conditions.textContent = 'Applying at the next sentence…';
+  if (!Object.keys(changes).length) return;
+  // the persona is the Realtime session's instructions; the appearance is this server's own
+  if (changes.persona) {
+    send({ type: 'session.update', session: { type: 'realtime', instructions: changes.persona } });
   }
+  if (changes.appearance) {
+    send({ type: 'x-avatar.session.update', session: { appearance: changes.appearance } });
+  }
+  ui.conditions.textContent = 'Applying at the next sentence…';
 }
 
 // --- periodic work ---------------------------------------------------------------------------
@@ -606,7 +670,7 @@ async function statsTick() {
   const played = follower.timeline(playedMs);
   if (playing && played != null && Math.round(played) > current.lastAckMs) {
     current.lastAckMs = Math.round(played);
-    if (send({ type: 'playback.ack', played_ms: current.lastAckMs })) {
+    if (send({ type: 'x-avatar.playback.ack', played_ms: current.lastAckMs })) {
       demo.acks.count += 1;
       demo.acks.lastPlayedMs = current.lastAckMs;
     }
@@ -640,8 +704,12 @@ ui.composer.addEventListener('submit', (e) => {
   e.preventDefault();
   const text = ui.message.value.trim();
   if (!text || !call) return;
+  // a typed message only adds an item: the reply in progress is cancelled first, and the
+  // answer is asked for after it
   const item = { type: 'message', role: 'user', content: [{ type: 'input_text', text }] };
+  if (call.response) send({ type: 'response.cancel' });
   if (send({ type: 'conversation.item.create', item })) {
+    send({ type: 'response.create' });
     conversation.typed(text);
     ui.message.value = '';
     setTurn('thinking');

@@ -32,7 +32,7 @@ export class LatencyPanel {
         : 'Server: end of turn to first audio sent';
   }
 
-  /** A `response.timings` event: the server's stage latencies after the end of the turn. */
+  /** An `x-avatar.response.timings` event: the server's stage latencies after the turn ended. */
   serverTimings(t) {
     const parts = [];
     const add = (label, v) => {

@@ -1,5 +1,6 @@
 // One WebRTC session with the avatar server: local media, offer/answer over POST /offer, the
-// `events` data channel. Every failure becomes a ConnectError with a `kind` the page explains.
+// `oai-events` data channel (OpenAI Realtime GA events, plus the server's `x-avatar.*` ones).
+// Every failure becomes a ConnectError with a `kind` the page explains.
 
 const GATHER_TIMEOUT_MS = 3000;
 const OFFER_TIMEOUT_MS = 15000;
@@ -9,6 +10,9 @@ const WATCH_INTERVAL_MS = 500; // how often a call checks that its connection is
 const STALL_MS = 4000; // no audio from the server this long: the connection is gone
 const RESUME_ATTEMPTS = 3;
 const RESUME_BACKOFF_MS = 1500; // before the 2nd attempt; twice that before the 3rd
+// The label chooses the server's event dialect: `oai-events` speaks OpenAI Realtime GA (the
+// older `events` label gets the server's native dialect).
+export const EVENTS_LABEL = 'oai-events';
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -190,7 +194,7 @@ async function postOffer(baseUrl, offer, resumeToken = null) {
  *
  * A lost connection (the peer connection failed or closed, the events channel closed, or no
  * audio came for STALL_MS) is replaced by a new one that resumes the same conversation with
- * the newest resume token the server gave (`session.created`): up to RESUME_ATTEMPTS tries,
+ * the newest resume token the server gave (`x-avatar.session`): up to RESUME_ATTEMPTS tries,
  * then 'lost'. `stop()` ends the conversation on the server; nothing resumes after it.
  */
 export class AvatarConnection extends EventTarget {
@@ -234,7 +238,7 @@ export class AvatarConnection extends EventTarget {
   async _connect(resumeToken) {
     const pc = new RTCPeerConnection({ iceServers: this._iceServers });
     this.pc = pc;
-    const channel = pc.createDataChannel('events', { ordered: true });
+    const channel = pc.createDataChannel(EVENTS_LABEL, { ordered: true });
     this.channel = channel;
     const local = new MediaStream([this._mic]);
     this._audioSender = pc.addTransceiver(this._mic, { direction: 'sendrecv', streams: [local] }).sender;
@@ -413,7 +417,8 @@ export class AvatarConnection extends EventTarget {
       return;
     }
     if (!event || typeof event.type !== 'string' || this._stopped) return;
-    if (event.type === 'session.created' && event.session && typeof event.session.resume_token === 'string') {
+    // the server's own description of the session (after GA's `session.created`) has the token
+    if (event.type === 'x-avatar.session' && event.session && typeof event.session.resume_token === 'string') {
       this.resumeToken = event.session.resume_token;
       this.resumeWindowS = event.session.resume_window_s ?? null;
     }

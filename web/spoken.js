@@ -2,11 +2,11 @@
 //
 // The server sends a chunk's text before its audio; the page reveals a chunk when its audio
 // starts. The first chunk of a reply shows at the reply's first sound. Later chunks:
-// - placed ones (their `avatar.viseme` events give `pts_ms`, the chunk's start on the server's
-//   output timeline) show when the played time reaches their start. The played time is the
-//   browser's count of audio played out (getStats totalSamplesDuration) plus an offset learnt at
-//   each reply's first sound (the browser starts counting a little before the first packet,
-//   and the sound reaches the page's level meter a little later);
+// - placed ones (their `x-avatar.viseme` events give `pts_ms`, the chunk's start on the
+//   server's output timeline) show when the played time reaches their start. The played time
+//   is the browser's count of audio played out (getStats totalSamplesDuration) plus an offset
+//   learnt at each reply's first sound (the browser starts counting a little before the first
+//   packet, and the sound reaches the page's level meter a little later);
 // - others from the sound: once the current chunk has played for its estimated length
 //   (characters x ms per character, learnt from replies that played out), or earlier at a pause
 //   followed by sound (the gap between two sentences).

@@ -4,7 +4,7 @@
  * One reading: {rttMs, audio: {level, jitterMs, packetsLost, packetsReceived, playedMs},
  * video: {framesDecoded, fps, width, height}}; absent figures are null.
  * `playedMs` is the audio played out so far (ms, silence included): the output timeline the
- * server's playback cursor counts, so it is what `playback.ack` reports.
+ * server's playback cursor counts, so it is what `x-avatar.playback.ack` reports.
  */
 export async function readStats(pc) {
   const out = {

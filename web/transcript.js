@@ -25,8 +25,8 @@ export class Conversation {
   constructor(list) {
     this.list = list;
     this.userItem = null; // the user turn being heard
-    this.agentItems = new Map(); // epoch -> <li> of its latest reply
-    this.chunks = new Map(); // chunk id -> <span>
+    this.agentItems = new Map(); // response id -> <li> of that reply
+    this.chunks = new Map(); // chunk id (the page's own, unique) -> <span>
   }
 
   _append(item) {
@@ -88,22 +88,22 @@ export class Conversation {
     this._scroll();
   }
 
-  /** A new reply (one epoch may hold several replies, one after another). */
-  responseCreated(epoch) {
+  /** A new reply, `responseId` (`response.created`). */
+  responseCreated(responseId) {
     const item = this._bubble('agent', 'Avatar');
-    item.dataset.epoch = String(epoch);
+    item.dataset.responseId = String(responseId);
     item.dataset.state = 'thinking';
     item.querySelector('.text').append(el('span', 'dots thinking', '…'));
-    this.agentItems.set(epoch, item);
+    this.agentItems.set(responseId, item);
   }
 
   /** A chunk's text arrived; it stays hidden until its audio plays. */
-  chunk(epoch, id, text) {
-    if (!this.agentItems.has(epoch)) this.responseCreated(epoch);
+  chunk(responseId, id, text) {
+    if (!this.agentItems.has(responseId)) this.responseCreated(responseId);
     const span = el('span', 'chunk', `${text} `);
     span.dataset.chunkId = String(id);
     span.dataset.state = 'queued';
-    this.agentItems.get(epoch).querySelector('.text').append(span);
+    this.agentItems.get(responseId).querySelector('.text').append(span);
     this.chunks.set(id, span);
   }
 
@@ -119,6 +119,34 @@ export class Conversation {
     item.dataset.state = 'speaking';
     const dots = item.querySelector('.thinking');
     if (dots) dots.remove();
+    this._scroll();
+  }
+
+  /**
+   * The reply `responseId` was cut and `heard` (the server's transcript of the assistant item:
+   * the chunks played, in order, then the played words of the one cut) is what the user
+   * heard. Chunks heard in full are spoken, the cut one shows its heard words and the rest
+   * struck through, later ones are dropped. `cutSeen`: the server said the item was truncated
+   * (then the first chunk not heard in full is the cut one, even with no word of it heard).
+   */
+  cut(responseId, heard, cutSeen) {
+    const item = this.agentItems.get(responseId);
+    if (!item) return;
+    let rest = heard.replace(/\s+/g, ' ').trim();
+    let cutDone = false;
+    for (const span of item.querySelectorAll('.chunk')) {
+      if (span.dataset.state === 'truncated' || span.dataset.state === 'dropped') continue;
+      const text = span.textContent.replace(/\s+/g, ' ').trim();
+      if (!cutDone && text && (rest === text || rest.startsWith(`${text} `))) {
+        rest = rest.slice(text.length).trim();
+        span.dataset.state = 'spoken';
+      } else if (!cutDone && (rest || cutSeen || span.dataset.state === 'playing')) {
+        this.truncated(Number(span.dataset.chunkId), rest);
+        cutDone = true;
+      } else {
+        this.dropped([Number(span.dataset.chunkId)]);
+      }
+    }
     this._scroll();
   }
 
@@ -150,17 +178,17 @@ export class Conversation {
     }
   }
 
-  /** Every chunk of the epoch's latest reply that never played: dropped. */
-  dropQueued(epoch) {
-    const item = this.agentItems.get(epoch);
+  /** Every chunk of the reply `responseId` that never played: dropped. */
+  dropQueued(responseId) {
+    const item = this.agentItems.get(responseId);
     if (!item) return;
     const queued = item.querySelectorAll('.chunk[data-state="queued"]');
     this.dropped([...queued].map((span) => Number(span.dataset.chunkId)));
   }
 
   /** The reply ended: `status` completed (all heard), cancelled or failed. */
-  responseDone(epoch, status, heardIds = []) {
-    const item = this.agentItems.get(epoch);
+  responseDone(responseId, status, heardIds = []) {
+    const item = this.agentItems.get(responseId);
     if (!item) return;
     for (const id of heardIds) {
       const span = this.chunks.get(id);

@@ -67,7 +67,15 @@ async def test_spoken_question_gets_events_and_a_paced_reply(
     delta = await peer.wait_event("response.audio_transcript.delta")
     assert delta["epoch"] == 0 and delta["delta"].startswith("Tone number 1")
     done = await peer.wait_event("response.done", timeout=15)
-    assert done == {"type": "response.done", "epoch": 0, "status": "completed"}
+    assert done == {
+        "type": "response.done",
+        "epoch": 0,
+        "status": "completed",
+        "response_id": created_resp["response_id"],
+        "item_id": created_resp["item_id"],
+        "transcript": "Tone number 1 for epoch 0. Tone number 2 for epoch 0.",
+    }
+    assert delta["response_id"] == done["response_id"] and delta["item_id"] == done["item_id"]
     timings = await peer.wait_event("response.timings")
     assert timings["status"] == "completed" and timings["voice_to_voice_ms"] > 0
     await asyncio.sleep(0.5)
@@ -297,18 +305,47 @@ def test_command_line_peer_records_a_reply(server: ServerProcess, tmp_path: Path
         env=env,
     )
     assert proc.returncode == 0, proc.stderr
-    kinds = [json.loads(line)["type"] for line in proc.stdout.splitlines() if line.startswith("{")]
+    printed = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    kinds = [event["type"] for event in printed]
+    # the command line speaks the GA dialect (``oai-events``): GA's session, then the server's
     for kind in (
         "session.created",
+        "x-avatar.session",
         "input_audio_buffer.speech_started",
         "input_audio_buffer.speech_stopped",
         "response.created",
+        "response.output_audio_transcript.delta",
     ):
-        assert kind in kinds
+        assert kind in kinds, kinds
+    assert kinds.index("session.created") < kinds.index("x-avatar.session")
+    assert printed[kinds.index("session.created")]["session"]["type"] == "realtime"
+    assert all(isinstance(event.get("event_id"), str) for event in printed)
+    assert "response.audio_transcript.delta" not in kinds  # no native event names
     audio = load_wav(out_wav)
     assert rms(audio) > 500  # the tone reply was recorded
     with av.open(str(out_mp4)) as container:
         assert container.streams.video[0].frames > 50
+
+
+def test_command_line_peer_types_a_message(server: ServerProcess) -> None:
+    """``--text``: in GA an item alone asks for nothing, so the client adds the user message
+    and then asks for a response; the reply comes (events only: no audio, no video)."""
+    command = [sys.executable, "-m", "client.cli", "--url", server.url, "--text", "Hi by keyboard"]
+    options = ["--no-audio", "--no-video", "--duration", "3", "--pin-host", "127.0.0.1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(command + options, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    printed = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    kinds = [event["type"] for event in printed]
+    users = [
+        e["item"]
+        for e in printed
+        if e["type"] == "conversation.item.added" and e["item"]["role"] == "user"
+    ]
+    assert [u["content"][0]["text"] for u in users] == ["Hi by keyboard"], printed
+    assert "response.created" in kinds and "response.output_audio_transcript.delta" in kinds
+    assert kinds.index("conversation.item.added") < kinds.index("response.created")
+    assert "error" not in kinds, printed
 
 
 async def test_engine_failure_ends_only_that_reply() -> None:

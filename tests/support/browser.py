@@ -180,7 +180,8 @@ def event_summary(page: Page) -> str:
     """The page's received events in order, runs of one type counted (for failure messages)."""
     runs: list[list[Any]] = []
     for event in events(page):
-        label = event["type"] + (f"({event['status']})" if "status" in event else "")
+        status = event.get("status") or (event.get("response") or {}).get("status")
+        label = event["type"] + (f"({status})" if status else "")
         if runs and runs[-1][0] == label:
             runs[-1][1] += 1
         else:

@@ -89,9 +89,32 @@ def spoken_question() -> npt.NDArray[np.int16]:
     raise AssertionError(f"no question long enough for a partial at {pace.whisper_call_s()} s")
 
 
-def sent(page: Page, kind: str) -> list[dict[str, Any]]:
+def sent(page: Page, kind: str | None = None) -> list[dict[str, Any]]:
+    """Client events the page sent (``kind``: only that type; else all but playback acks)."""
     out: list[dict[str, Any]] = page.evaluate("() => window.avatarDemo.sent")
+    if kind is None:
+        return [e for e in out if e["type"] != "x-avatar.playback.ack"]
     return [e for e in out if e["type"] == kind]
+
+
+def done_of(page: Page, response_id: str) -> list[dict[str, Any]]:
+    """The ``response`` of the page's ``response.done`` for ``response_id`` (a list: 0 or 1)."""
+    found = [e["response"] for e in events(page, "response.done")]
+    return [r for r in found if r["id"] == response_id]
+
+
+def heard_of(response: dict[str, Any]) -> str:
+    """What of a finished response was heard: its assistant item's transcript."""
+    (item,) = response["output"]
+    assert item["type"] == "message" and item["role"] == "assistant", item
+    return str(item["content"][0]["transcript"])
+
+
+# The words of a reply the page shows as heard: its spoken chunks, the heard part of a cut one.
+SHOWN_HEARD_JS = """(id) => [...document.querySelectorAll(
+    `.msg.agent[data-response-id="${id}"] .chunk`)].map((c) => c.dataset.state === 'spoken'
+      ? c.textContent : c.dataset.state === 'truncated' ? c.querySelector('.heard').textContent
+      : '').join(' ').split(/\\s+/).filter(Boolean).join(' ')"""
 
 
 def reveals_so_far(page: Page, at_least: int) -> list[dict[str, Any]]:
@@ -199,6 +222,10 @@ def test_ten_starts_in_a_row_never_hang_and_beeps_are_not_speech(
             start(page)
             page.fill("#message", f"Question number {n + 1}")
             page.press("#message", "Enter")
+            # no reply in progress: the item, then a response asked for (nothing cancelled)
+            kinds = [e["type"] for e in sent(page)]
+            assert kinds[-2:] == ["conversation.item.create", "response.create"], kinds
+            assert not sent(page, "response.cancel")
             wait_for(
                 lambda: page.query_selector('.msg.agent .chunk:not([data-state="queued"])'),
                 10,
@@ -230,20 +257,31 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
         page.check("#headphones")
         session_id = start(page)
         assert server.health()["sessions"] == 1
-        created = events(page, "session.created")[0]["session"]
+        (realtime,) = events(page, "session.created")  # the GA dialect's session
+        assert realtime["session"]["type"] == "realtime"
+        created = events(page, "x-avatar.session")[0]["session"]  # the server's own
+        assert created["id"] == session_id
 
-        # persona and appearance go to the server as session.update
+        # the persona goes to the server as GA's session.update (its instructions), the
+        # appearance as x-avatar.session.update
         page.select_option("#persona", label="Tour guide")
+        persona = page.eval_on_selector("#persona", "(s) => s.value")
         appearance = next(iter(created.get("appearances") or []), "default")
         page.select_option("#appearance", value=appearance)
         wait_for(
-            lambda: [e for e in events(page, "session.updated") if e["appearance"] == appearance],
+            lambda: [
+                e for e in events(page, "x-avatar.session.applied") if e["appearance"] == appearance
+            ],
             10,
-            "session.updated with the appearance",
+            "x-avatar.session.applied with the appearance",
             page,
         )
         updates = [e["session"] for e in sent(page, "session.update")]
-        assert {"appearance": appearance} in updates and any("persona" in u for u in updates)
+        assert updates == [{"type": "realtime", "instructions": persona}], updates
+        looks = [e["session"] for e in sent(page, "x-avatar.session.update")]
+        assert looks == [{"appearance": appearance}], looks
+        answered = wait_for(lambda: events(page, "session.updated"), 5, "session.updated", page)
+        assert answered[0]["session"]["instructions"] == persona
         wait_for(
             lambda: (
                 page.get_attribute("#conditions", "data-appearance") == appearance
@@ -268,11 +306,14 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
         assert {"capital", "france", "people"} <= set(words(final)), final
         completed = events(page, "conversation.item.input_audio_transcription.completed")[0]
         assert completed["transcript"] == final
-        # 0, unless a slow machine took longer to transcribe than the microphone's pause, and
-        # the looped question interrupted the thinking
-        epoch = completed["epoch"]
+        assert (
+            completed["item_id"] == events(page, "input_audio_buffer.speech_started")[0]["item_id"]
+        )
+        # the partials shown were the server's whole hypotheses, not GA's appended deltas
+        assert events(page, "x-avatar.transcription.partial")
         history = live_session(server, session_id)["history"]
-        assert history[0] == {"role": "user", "text": final, "epoch": epoch, "truncated": False}
+        user = history[0]
+        assert (user["role"], user["text"], user["truncated"]) == ("user", final, False), user
 
         # the reply is heard and seen
         wait_for(lambda: audio_level(page) > 0.01, 15, "reply audio (inbound-rtp audioLevel)")
@@ -286,25 +327,41 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
             "the reply's words on the page",
         )
         assert spoken[0].inner_text().startswith("Tone number 1")
+        # the reply whose words are shown: its first delta, and visemes that name it
+        first = str(spoken[0].evaluate("(c) => c.closest('.msg').dataset.responseId"))
+        deltas = [
+            d
+            for d in events(page, "response.output_audio_transcript.delta")
+            if d["response_id"] == first
+        ]
+        assert deltas[0]["delta"].strip() == spoken[0].inner_text().strip()
+        item_id = deltas[0]["item_id"]
         # each chunk's words appeared when its audio was playing, in order
         reveals = wait_for(lambda: reveals_so_far(page, 2), 5, "the second chunk's words", page)
         assert [r["id"] for r in reveals] == sorted(r["id"] for r in reveals)
         assert all(r["agent"] > 0.005 for r in reveals), reveals
-        acks = wait_for(lambda: sent(page, "playback.ack"), 5, "playback acknowledgements")
+        acks = wait_for(lambda: sent(page, "x-avatar.playback.ack"), 5, "playback acknowledgements")
         assert acks[-1]["played_ms"] > 0
 
         # the looped question comes back while the avatar talks: a barge-in by voice
         truncated = wait_for(
             lambda: events(page, "conversation.item.truncated"), 15, "a barge-in", page
         )[0]
-        assert truncated["epoch"] == epoch
-        cut = page.query_selector(f'.chunk[data-chunk-id="{truncated["chunk_id"]}"]')
-        assert cut is not None and cut.get_attribute("data-state") == "truncated"
-        heard = cut.query_selector(".heard")
-        assert heard is not None and heard.inner_text() == truncated["heard_text"]
-        dropped = page.query_selector_all(f'.msg.agent[data-epoch="{epoch}"] del.dropped')
+        assert truncated["item_id"] == item_id and truncated["audio_end_ms"] > 0
+        # what was heard (the item's transcript in response.done) is shown as heard, the rest
+        # struck through, and it is what the server keeps in its history
+        cancelled = wait_for(lambda: done_of(page, first), 5, "the cut reply's end", page)[0]
+        assert cancelled["status"] == "cancelled"
+        heard = heard_of(cancelled)
+        bubble = f'.msg.agent[data-response-id="{first}"]'
+        cut = page.query_selector(f'{bubble} .chunk[data-state="truncated"]')
+        assert cut is not None, "the chunk playing at the barge-in is shown cut"
+        assert page.evaluate(SHOWN_HEARD_JS, first) == " ".join(heard.split())
+        agent = live_session(server, session_id)["history"][1]
+        assert (agent["role"], agent["text"], agent["truncated"]) == ("assistant", heard, True)
+        dropped = page.query_selector_all(f"{bubble} del.dropped")
         assert dropped, "the unplayed remainder is struck through"
-        who = page.text_content(f'.msg.agent[data-epoch="{epoch}"] .who') or ""
+        who = page.text_content(f"{bubble} .who") or ""
         assert "interrupted" in who
         wait_for(
             lambda: page.inner_text("#lat-barge") != NO_FIGURE, 5, "the barge-in reaction figure"
@@ -318,23 +375,32 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
             page.screenshot(path=shot)
 
         # the second reply: the Interrupt button silences it
-        wait_for(
-            lambda: [e for e in events(page, "response.created") if e["epoch"] == epoch + 1],
+        ids = [e["response"]["id"] for e in events(page, "response.created")]
+        second = wait_for(
+            lambda: [
+                e["response"]["id"]
+                for e in events(page, "response.created")[ids.index(first) + 1 :]
+            ],
             20,
             "the reply to the second question",
-        )
+        )[0]
         wait_for(lambda: audio_level(page) > 0.01, 10, "the second reply's audio")
         page.click("#interrupt")
         assert sent(page, "response.cancel")
-        done = wait_for(
-            lambda: [e for e in events(page, "response.done") if e["epoch"] == epoch + 1],
-            5,
-            "cancel",
-        )[0]
+        done = wait_for(lambda: done_of(page, second), 5, "cancel")[0]
         assert done["status"] == "cancelled"
         wait_for(lambda: audio_level(page) < QUIET, 3, "the reply to go silent")
         assert not events(page, "error"), events(page, "error")
         assert not errors, errors
+        # the GA dialect throughout: every event has an id, none has a native-only name
+        received = events(page)
+        assert all(isinstance(e.get("event_id"), str) for e in received), received[:5]
+        native = {"response.audio_transcript.delta", "avatar.viseme", "response.timings"}
+        assert not [e for e in received if e["type"] in native]
+        visemes = [v for v in received if v["type"] == "x-avatar.viseme"]
+        replies = {e["response"]["id"] for e in received if e["type"] == "response.created"}
+        named = {v.get("response_id") for v in visemes}
+        assert first in named and named <= replies, visemes[:3]  # each names its reply
         # everything the page loaded came from the server itself (no CDN, no fonts)
         assert requests and all(u.startswith(server.url + "/") for u in requests), requests
 
@@ -356,11 +422,39 @@ def test_typed_message_and_camera_on_a_phone_sized_screen(
         typed = wait_for(lambda: page.query_selector(".msg.user.typed .text"), 5, "typed bubble")
         assert typed.inner_text() == "Hello by keyboard"
         item = sent(page, "conversation.item.create")[0]["item"]
-        assert item["content"][0]["text"] == "Hello by keyboard"
+        assert item == {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Hello by keyboard"}],
+        }
+        kinds = [e["type"] for e in sent(page)]
+        assert kinds == ["conversation.item.create", "response.create"], kinds
         wait_for(
             lambda: page.query_selector('.msg.agent .chunk:not([data-state="queued"])'),
             10,
             "the reply's words",
+        )
+        # typed over the reply: it is cancelled first, then the new message gets its own
+        first = events(page, "response.created")[0]["response"]["id"]
+        page.fill("#message", "Another question")
+        page.press("#message", "Enter")
+        kinds = [e["type"] for e in sent(page)]
+        assert kinds[2:] == ["response.cancel", "conversation.item.create", "response.create"]
+        assert (
+            wait_for(lambda: done_of(page, first), 5, "the first reply to end")[0]["status"]
+            == "cancelled"
+        )
+        second = wait_for(
+            lambda: [e for e in events(page, "response.created") if e["response"]["id"] != first],
+            10,
+            "the reply to the second message",
+        )[0]["response"]["id"]
+        wait_for(
+            lambda: page.query_selector(
+                f'.msg.agent[data-response-id="{second}"] .chunk:not([data-state="queued"])'
+            ),
+            10,
+            "the second reply's words",
         )
         # nothing sticks out sideways at 390 px, with the conversation filled in
         overflow = page.evaluate(
@@ -379,7 +473,7 @@ def test_typed_message_and_camera_on_a_phone_sized_screen(
         assert page.is_visible("#start") and page.is_visible("#interrupt")
         # Escape interrupts too
         page.press("body", "Escape")
-        done = wait_for(lambda: events(page, "response.done"), 5, "the reply to end")[0]
+        done = wait_for(lambda: done_of(page, second), 5, "the reply to end")[0]
         assert done["status"] == "cancelled"
         stop(page, server)
 
@@ -443,7 +537,7 @@ def test_a_cut_connection_resumes_mid_reply(server: ServerProcess, quiet: Browse
     with open_page(quiet, server.url, errors=errors) as page:
         page.evaluate(WATCH_STATES_JS)
         session_id = start(page)
-        (created,) = events(page, "session.created")
+        (created,) = events(page, "x-avatar.session")
         assert created["resumed"] is False
         token = created["session"]["resume_token"]
         assert token.startswith(f"{session_id}.") and created["session"]["resume_window_s"] > 0
@@ -457,9 +551,9 @@ def test_a_cut_connection_resumes_mid_reply(server: ServerProcess, quiet: Browse
             page,
         )
         wait_for(lambda: audio_level(page) > 0.01, 5, "the reply's audio")
-        wait_for(lambda: sent(page, "playback.ack"), 5, "playback acknowledgements")
+        wait_for(lambda: sent(page, "x-avatar.playback.ack"), 5, "playback acknowledgements")
         before = transcript(page)
-        acked_before = sent(page, "playback.ack")[-1]["played_ms"]
+        acked_before = sent(page, "x-avatar.playback.ack")[-1]["played_ms"]
         assert [line["kind"] for line in before] == ["msg user typed", "msg agent"], before
 
         page.evaluate(CUT_JS)
@@ -485,8 +579,9 @@ def test_a_cut_connection_resumes_mid_reply(server: ServerProcess, quiet: Browse
         assert page.evaluate("() => avatarDemo.sessionId") == session_id
         assert live_session(server, session_id)["state"] == "connected"
         assert server.health()["sessions"] == 1
-        resumed = [e for e in events(page, "session.created") if e["resumed"]]
+        resumed = [e for e in events(page, "x-avatar.session") if e["resumed"]]
         assert len(resumed) == 1 and resumed[0]["session"]["id"] == session_id
+        assert len(events(page, "session.created")) == 2  # GA's, on each connection
         assert resumed[0]["session"]["resume_token"] not in ("", token)
         assert metric_value(server.metrics(), "avatar_session_resumes_total") == resumes_before + 1
 
@@ -510,11 +605,13 @@ def test_a_cut_connection_resumes_mid_reply(server: ServerProcess, quiet: Browse
 
         # the reply plays out: completed, nothing dropped, its playback acknowledged further on
         done = wait_for(lambda: events(page, "response.done"), 20, "the reply to end", page)[0]
-        assert done["status"] == "completed", done
+        assert done["response"]["status"] == "completed", done
+        played = " ".join(c["text"].strip() for c in transcript(page)[1]["chunks"])
+        assert heard_of(done["response"]) == played
         assert page.get_attribute(".msg.agent", "data-state") == "completed"
         assert not page.query_selector(".msg.agent del.dropped")
         assert page.text_content(".msg.agent .who") == "Avatar"
-        assert sent(page, "playback.ack")[-1]["played_ms"] > acked_before
+        assert sent(page, "x-avatar.playback.ack")[-1]["played_ms"] > acked_before
         assert not events(page, "error"), events(page, "error")
         assert not errors, errors
 
@@ -674,3 +771,54 @@ def test_speech_follower_reveals_chunks_when_their_audio_plays(
     assert out["afterPause"] == [3]
     assert out["remaining"] == []
     assert 25 <= out["learnt"] <= 200
+
+
+CUT_REPLY_JS = """
+async () => {
+  const { Conversation } = await import('/static/transcript.js');
+  const list = document.createElement('ol');
+  document.body.append(list);
+  const c = new Conversation(list);
+  const shown = (id) => [...list.querySelectorAll(`[data-response-id="${id}"] .chunk`)].map((s) => [
+    s.dataset.state, s.querySelector('.heard')?.textContent ?? null,
+    s.querySelector('del')?.textContent.trim() ?? null]);
+  const out = {};
+  // cut in the second chunk: the first was heard, the third never played
+  c.responseCreated('resp_a');
+  c.chunk('resp_a', 1, 'One two three.');
+  c.chunk('resp_a', 2, 'Four five six.');
+  c.chunk('resp_a', 3, 'Seven.');
+  c.spoken(1);
+  c.cut('resp_a', 'One two three. Four', true);
+  out.midChunk = shown('resp_a');
+  // cancelled before a word was heard: all dropped
+  c.responseCreated('resp_b');
+  c.chunk('resp_b', 4, 'Eight nine.');
+  c.cut('resp_b', '', false);
+  out.unheard = shown('resp_b');
+  // cut as the second chunk began: it shows no heard word, the first was heard in full
+  c.responseCreated('resp_c');
+  c.chunk('resp_c', 5, 'Ten.');
+  c.chunk('resp_c', 6, 'Eleven twelve.');
+  c.cut('resp_c', 'Ten.', true);
+  out.atBoundary = shown('resp_c');
+  list.remove();
+  return out;
+}
+"""
+
+
+def test_a_cut_reply_shows_what_the_server_says_was_heard(
+    server: ServerProcess, quiet: Browser
+) -> None:
+    """The page splits a cut reply by the heard transcript of ``response.done``: chunks heard
+    in full, the cut one (heard words, the rest struck through), and those never played."""
+    with open_page(quiet, server.url) as page:
+        out = page.evaluate(CUT_REPLY_JS)
+    assert out["midChunk"] == [
+        ["spoken", None, None],
+        ["truncated", "Four", "five six."],
+        ["dropped", None, "Seven."],
+    ]
+    assert out["unheard"] == [["dropped", None, "Eight nine."]]
+    assert out["atBoundary"] == [["spoken", None, None], ["truncated", "", "Eleven twelve."]]
