@@ -48,7 +48,7 @@ class Conversing(Protocol):
 
     async def clear_input(self) -> None: ...
 
-    def answer(self, instructions: str | None) -> None: ...
+    def answer(self, instructions: str | None, text_only: bool | None = None) -> None: ...
 
     def configure(self, patch: SessionPatch) -> None: ...
 
@@ -99,7 +99,7 @@ async def _act(conversation: Conversing, session: Session, event: RealtimeEvent)
         session.items.add_user(event.text, session.epoch, event.item_id)
     elif isinstance(event, ResponseCreate):
         session.request_response()
-        conversation.answer(event.instructions)
+        conversation.answer(event.instructions, event.text_only)
     elif isinstance(event, InputClear):
         await conversation.clear_input()
     elif isinstance(event, ItemTruncate):

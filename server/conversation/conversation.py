@@ -136,7 +136,7 @@ class Conversation:
             self.request,
             self.tag,
             self._announce,
-            lambda: self.turn_settings.create_response,
+            lambda: self.turn_settings,
         )
         self.playout = Playout(
             self.session,
@@ -353,11 +353,11 @@ class Conversation:
         await self.interrupt(barge)
         self.answer(None)
 
-    def answer(self, instructions: str | None) -> None:
+    def answer(self, instructions: str | None, text_only: bool | None = None) -> None:
         """Reply to the conversation as it stands (the turn is THINKING); ``instructions``
-        replace the persona for this reply only."""
+        replace the persona and ``text_only`` the output for this reply only."""
         trace = TurnTrace(endpoint_ms=self.clock.now_ms())
-        self.replies.start(self.session.epoch, trace, instructions=instructions)
+        self.replies.start(self.session.epoch, trace, None, 0, instructions, text_only)
 
     async def clear_input(self) -> None:
         """``input_audio_buffer.clear``: the user's speech in progress is dropped."""

@@ -29,7 +29,7 @@ from server.conversation.protocol import (
     quoted,
     session_fields,
 )
-from server.conversation.realtime_session import SessionPatch, parse_session
+from server.conversation.realtime_session import SessionPatch, output_modalities, parse_session
 
 EXTENSION_PREFIX = "x-avatar."
 
@@ -49,6 +49,7 @@ class ResponseCreate:
 
     instructions: str | None = None
     event_id: str | None = None
+    text_only: bool | None = None  # output_modalities of this reply (None: the session's)
 
 
 @dataclass(frozen=True)
@@ -173,14 +174,7 @@ def _response(data: dict[str, Any], event_id: str | None) -> ResponseCreate:
             event_id,
             "response.tools",
         )
-    modalities = response.get("output_modalities")
-    if modalities is not None and modalities != ["audio"]:
-        raise ProtocolError(
-            "unsupported_feature",
-            'output_modalities must be ["audio"]',
-            event_id,
-            "response.output_modalities",
-        )
+    text_only = output_modalities(response.get("output_modalities"), "response", event_id)
     instructions = response.get("instructions")
     if instructions is not None and (not isinstance(instructions, str) or not instructions.strip()):
         raise ProtocolError(
@@ -189,7 +183,7 @@ def _response(data: dict[str, Any], event_id: str | None) -> ResponseCreate:
             event_id,
             "response.instructions",
         )
-    return ResponseCreate(instructions, event_id)
+    return ResponseCreate(instructions, event_id, text_only)
 
 
 def _truncate(data: dict[str, Any], event_id: str | None) -> ItemTruncate:

@@ -4,8 +4,9 @@
 What applies: ``instructions`` (the persona), ``audio.output.voice``, ``audio.input.
 turn_detection`` of type ``server_vad`` (``threshold``, ``silence_duration_ms``,
 ``prefix_padding_ms``, ``create_response``, ``interrupt_response``) and ``output_modalities``
-``["audio"]``. Refused with a clear error, changing nothing: tools (function calls), MCP,
-``semantic_vad``, turning turn detection off, text-only output, transcription sessions.
+(``["audio"]``: speech and its transcript; ``["text"]``: text only). Refused with a clear
+error, changing nothing: tools (function calls), MCP, ``semantic_vad``, turning turn
+detection off, transcription sessions.
 Accepted and ignored (they mean nothing over WebRTC here, or are the server's choice):
 ``model``, audio formats, ``audio.input.transcription``, ``noise_reduction``, ``speed``,
 ``tracing``, ``include``, ``max_output_tokens``, ``truncation``, ``tool_choice``, ``prompt``.
@@ -32,7 +33,8 @@ class TurnSettings:
 
     ``threshold``: speech probability (0-1) of the confirming model; ``silence_ms``: silence
     that ends a turn; ``prefix_ms``: audio kept before the speech start; ``create_response``:
-    a turn is answered by itself; ``interrupt_response``: the user's speech stops a reply.
+    a turn is answered by itself; ``interrupt_response``: the user's speech stops a reply;
+    ``text_only``: replies are text, not speech (``output_modalities`` ``["text"]``).
     """
 
     threshold: float
@@ -40,6 +42,7 @@ class TurnSettings:
     prefix_ms: int
     create_response: bool = True
     interrupt_response: bool = True
+    text_only: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> TurnSettings:
@@ -137,6 +140,21 @@ def _turn_detection(value: object, event_id: str | None) -> dict[str, Any]:
     return turn
 
 
+def output_modalities(value: object, where: str, event_id: str | None) -> bool | None:
+    """``output_modalities``: True for ``["text"]`` (text only), False for ``["audio"]`` (speech
+    and its transcript), None when absent; ProtocolError otherwise."""
+    if value is None:
+        return None
+    if value in (["text"], ["audio"]):
+        return value == ["text"]
+    _refuse(
+        'output_modalities is ["audio"] (speech and its transcript) or ["text"]',
+        f"{where}.output_modalities",
+        event_id,
+    )
+    return None
+
+
 def parse_session(session: object, event_id: str | None = None) -> SessionPatch:
     """A GA session object as a patch; ProtocolError (with ``param``) for what this server
     cannot do or a malformed field. Nothing is applied here."""
@@ -152,15 +170,7 @@ def parse_session(session: object, event_id: str | None = None) -> SessionPatch:
             event_id,
             "unsupported_feature",
         )
-    modalities = data.get("output_modalities")
-    if modalities is not None and list(modalities) != ["audio"]:
-        _refuse(
-            "this server answers with audio (and its transcript): output_modalities must be"
-            ' ["audio"]',
-            "session.output_modalities",
-            event_id,
-            "unsupported_feature",
-        )
+    text_only = output_modalities(data.get("output_modalities"), "session", event_id)
     conditions: dict[str, str] = {}
     instructions = data.get("instructions")
     if instructions is not None:
@@ -180,6 +190,8 @@ def parse_session(session: object, event_id: str | None = None) -> SessionPatch:
     source = _object(audio.get("input"), "session.audio.input", event_id)
     if "turn_detection" in source:
         turn = _turn_detection(source["turn_detection"], event_id)
+    if text_only is not None:
+        turn["text_only"] = text_only
     return SessionPatch(conditions, turn)
 
 
@@ -199,7 +211,7 @@ def session_object(
         "id": session_id,
         "model": model_name(config),
         "instructions": persona,
-        "output_modalities": ["audio"],
+        "output_modalities": ["text"] if turn.text_only else ["audio"],
         "audio": {
             "input": {
                 "format": AUDIO_FORMAT,

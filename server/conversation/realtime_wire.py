@@ -39,6 +39,8 @@ SAME_NAME = (  # native events whose GA twin has the same name and fields (plus 
     "conversation.item.deleted",
 )
 Event = dict[str, Any]
+TRANSCRIPT_DELTA = "response.output_audio_transcript.delta"
+TRANSCRIPT_DONE = "response.output_audio_transcript.done"
 MAX_KEPT = 16  # user items and epochs remembered (a long conversation stays bounded)
 
 
@@ -49,8 +51,20 @@ class _Reply:
     response_id: str
     item_id: str
     previous_item_id: str | None
+    text_only: bool = False  # a text reply (output_text events), not speech
     text: str = ""  # generated so far
     announced: bool = False  # its item was added
+
+    @property
+    def part(self) -> str:
+        """Its content part's type: ``text`` or ``audio``."""
+        return "text" if self.text_only else "audio"
+
+    def content(self, text: str) -> Event:
+        """Its content part as an item holds it, with ``text``."""
+        if self.text_only:
+            return {"type": "output_text", "text": text}
+        return {"type": "output_audio", "transcript": text}
 
 
 @dataclass
@@ -177,7 +191,8 @@ class RealtimeWire:
 
     # --- responses ------------------------------------------------------------------------------
     def _response_created(self, event: Event) -> list[Event]:
-        reply = _Reply(event["response_id"], event["item_id"], self._last_item)
+        text_only = event.get("output") == "text"
+        reply = _Reply(event["response_id"], event["item_id"], self._last_item, text_only)
         self._replies[reply.response_id] = reply
         self._epochs[int(event["epoch"])] = reply.response_id
         while len(self._epochs) > MAX_KEPT:
@@ -194,7 +209,7 @@ class RealtimeWire:
             reply.announced = True
             self._last_item = reply.item_id
             item = _message(reply.item_id, "assistant", "in_progress", [])
-            part = {"type": "audio", "transcript": ""}
+            part = {**reply.content(""), "type": reply.part}
             out += [
                 {
                     "type": "response.output_item.added",
@@ -212,14 +227,8 @@ class RealtimeWire:
         delta = str(event["delta"])
         delta = f" {delta}" if reply.text else delta
         reply.text += delta
-        out.append(
-            {
-                "type": "response.output_audio_transcript.delta",
-                **ids,
-                "content_index": 0,
-                "delta": delta,
-            }
-        )
+        kind = "response.output_text.delta" if reply.text_only else TRANSCRIPT_DELTA
+        out.append({"type": kind, **ids, "content_index": 0, "delta": delta})
         return out
 
     def _output_audio_buffer(self, event: Event) -> list[Event]:
@@ -248,23 +257,19 @@ class RealtimeWire:
         if reply.announced:
             heard = str(event.get("transcript", ""))
             ids = {"response_id": reply.response_id, "item_id": reply.item_id, "output_index": 0}
-            part = {"type": "audio", "transcript": heard}
+            content = reply.content(heard)
+            part = {**content, "type": reply.part}
             item_status = "completed" if status == "completed" else "incomplete"
-            item = _message(
-                reply.item_id,
-                "assistant",
-                item_status,
-                [{"type": "output_audio", "transcript": heard}],
-            )
+            item = _message(reply.item_id, "assistant", item_status, [content])
             output = [item]
+            if reply.text_only:
+                text_done = {"type": "response.output_text.done", "text": reply.text}
+                out.append({**text_done, **ids, "content_index": 0})
+            else:
+                transcript_done = {"type": TRANSCRIPT_DONE, "transcript": reply.text}
+                out.append({**transcript_done, **ids, "content_index": 0})
+                out.append({"type": "response.output_audio.done", **ids, "content_index": 0})
             out += [
-                {
-                    "type": "response.output_audio_transcript.done",
-                    **ids,
-                    "content_index": 0,
-                    "transcript": reply.text,
-                },
-                {"type": "response.output_audio.done", **ids, "content_index": 0},
                 {"type": "response.content_part.done", **ids, "content_index": 0, "part": part},
                 {
                     "type": "response.output_item.done",
@@ -292,7 +297,7 @@ class RealtimeWire:
             "object": "realtime.response",
             "status": status,
             "output": output,
-            "output_modalities": ["audio"],
+            "output_modalities": [reply.part],
             "audio": {"output": {"voice": self.voice()}},
             "conversation_id": None,
             "metadata": None,

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from server.config import Config
 from server.conversation.outbound import ResponseTimings, TranscriptDelta, TranscriptionCompleted
 from server.conversation.partials import Partials
 from server.conversation.protocol import error_event
+from server.conversation.realtime_session import TurnSettings
 from server.metrics import Metrics
 from server.pipeline.seams import ReplyRequest, TurnPipeline, TurnTrace
 from server.runtime.events import ResponseDone, ResponseStatus
@@ -31,6 +32,17 @@ from server.tasks import cancel
 log = logging.getLogger(__name__)
 
 TIMED_STAGES = ("asr_final", "llm_first_token", "first_chunk_text", "first_tts")
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One reply: its epoch and trace, the instructions for it (None: the persona), whether it
+    is text only."""
+
+    epoch: int
+    trace: TurnTrace
+    instructions: str | None
+    text_only: bool
 
 
 def with_instructions(request: ReplyRequest, instructions: str | None) -> ReplyRequest:
@@ -63,10 +75,10 @@ class Replies:
         request: Callable[[int], ReplyRequest],
         tag: Callable[[], JobTag],
         announce: Callable[[int], None],
-        answers: Callable[[], bool] = lambda: True,
+        settings: Callable[[], TurnSettings] | None = None,
     ) -> None:
-        """``answers``: whether a spoken turn is answered by itself (turn detection's
-        ``create_response``)."""
+        """``settings``: the session's (OpenAI ``session.update``): whether a spoken turn is
+        answered by itself, and in speech or in text."""
         self._session = session
         self._pipeline = pipeline
         self._config = config
@@ -80,7 +92,7 @@ class Replies:
         self._request = request
         self._tag = tag
         self._announce = announce
-        self._answers = answers
+        self._settings = settings or (lambda: TurnSettings.from_config(config))
         self.task: asyncio.Task[None] | None = None
         self.trace: TurnTrace | None = None
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
@@ -101,10 +113,12 @@ class Replies:
         utterance: npt.NDArray[np.int16] | None = None,
         speech_end: int = 0,
         instructions: str | None = None,
+        text_only: bool | None = None,
     ) -> None:
         """Reply to the turn of ``epoch``: to the ``utterance`` (16 kHz; ``speech_end``: where
         its end-of-turn silence begins), or (None) to the conversation as history holds it
-        (typed text, ``response.create``); ``instructions`` replace the persona for it."""
+        (typed text, ``response.create``); ``instructions`` replace the persona for it;
+        ``text_only``: a text reply, no speech (None: as the session says)."""
         if self._pipeline is None:
             if utterance is not None:
                 self._session.commit_user_turn("")  # no ASR configured: listen only
@@ -115,9 +129,11 @@ class Replies:
             return
         trace.prefill_cached_tokens = self._partials.take_prefill_cached()
         self.trace = trace
+        if text_only is None:
+            text_only = self._settings().text_only
+        reply = _Reply(epoch, trace, instructions, text_only)
         self.task = self._spawn(
-            self._respond(self._pipeline, epoch, trace, utterance, speech_end, instructions),
-            "reply",
+            self._respond(self._pipeline, reply, utterance, speech_end), "reply"
         )
 
     async def cancel(self) -> None:
@@ -135,13 +151,12 @@ class Replies:
     async def _respond(
         self,
         pipeline: TurnPipeline,
-        epoch: int,
-        trace: TurnTrace,
+        reply: _Reply,
         utterance: npt.NDArray[np.int16] | None,
         speech_end: int,
-        instructions: str | None,
     ) -> None:
         session = self._session
+        epoch, trace = reply.epoch, reply.trace
         limit_s = self._config.pipeline.stage_timeout_s  # each engine call: ASR, text, TTS
         try:
             if utterance is not None:
@@ -155,16 +170,16 @@ class Replies:
                     return
                 item_id = session.user_item_id or ""
                 self._emit(TranscriptionCompleted(epoch, transcript, item_id).to_dict())
-                answer = self._answers()
+                answer = self._settings().create_response
                 if session.commit_user_turn(transcript, answer) is None or not answer:
                     self._flush()
                     return
             else:
                 trace.asr_final_ms = trace.endpoint_ms
-            if not session.start_response(epoch):
+            if not session.start_response(epoch, "text" if reply.text_only else "audio"):
                 return
             self._flush()
-            await self._speak(pipeline, epoch, trace, limit_s, instructions)
+            await self._speak(pipeline, reply, limit_s)
             session.finish_response(epoch)
         except asyncio.CancelledError:
             raise
@@ -181,18 +196,12 @@ class Replies:
         finally:
             self._flush()
 
-    async def _speak(
-        self,
-        pipeline: TurnPipeline,
-        epoch: int,
-        trace: TurnTrace,
-        limit_s: float,
-        instructions: str | None,
-    ) -> None:
+    async def _speak(self, pipeline: TurnPipeline, reply: _Reply, limit_s: float) -> None:
         """Each sentence of the reply: opened as a chunk, synthesised, queued for playback as
-        the lookahead budget allows."""
+        the lookahead budget allows (a text reply's chunks are committed as they are sent)."""
         session = self._session
-        request = with_instructions(self._request(epoch), instructions)
+        epoch, trace = reply.epoch, reply.trace
+        request = with_instructions(self._request(epoch), reply.instructions)
         sentences = aiter(pipeline.reply(request, trace))
         while True:
             async with asyncio.timeout(limit_s):
@@ -207,6 +216,9 @@ class Replies:
             ids = (items.reply_response_id or "", items.reply_item_id or "")
             delta = TranscriptDelta(epoch, chunk.chunk_id, chunk.text, *ids)
             self._emit(delta.to_dict())
+            if reply.text_only:
+                session.deliver_text(chunk)
+                continue
             async with asyncio.timeout(limit_s):
                 audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
             if trace.first_tts_ms is None:

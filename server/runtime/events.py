@@ -78,6 +78,7 @@ class ResponseCreated(SessionEvent):
     epoch: int
     response_id: str = ""
     item_id: str = ""
+    output: str = "audio"  # or "text": a text-only reply
 
 
 @dataclass(frozen=True)

@@ -151,16 +151,18 @@ class Response:
         return "llm"
 
     # --- the response's course --------------------------------------------------------------
-    def begin(self, epoch: int, response_id: str = "", item_id: str = "") -> None:
+    def begin(
+        self, epoch: int, response_id: str = "", item_id: str = "", output: str = "audio"
+    ) -> None:
         """Generation of the response of ``epoch`` (``response_id``, making the assistant item
-        ``item_id``) begins."""
+        ``item_id``; ``output``: ``audio`` or ``text``) begins."""
         self.epoch = epoch
         self.response_id, self.item_id = response_id, item_id
         self.audio_started, self.heard_samples = False, 0
         self.generation_done = False
         self.status = ResponseStatus.COMPLETED
         self._playback.begin_response(epoch)
-        self._events.append(ResponseCreated(epoch, response_id, item_id))
+        self._events.append(ResponseCreated(epoch, response_id, item_id, output))
 
     def add_audio(self, chunk_id: int, epoch: int, audio: ChunkAudio) -> int:
         """Queue audio of a chunk within the lookahead budget; the samples accepted (a prefix)."""
@@ -212,6 +214,11 @@ class Response:
             self._commit(chunk, chunk.text, truncated=False)
             self._playback.forget_chunk(chunk.chunk_id)
         return True
+
+    def show(self, chunk_id: int) -> None:
+        """A chunk of a text-only reply was sent: it is committed whole (there is no audio)."""
+        chunk = replace(self.chunk(chunk_id), audio_complete=True)
+        self._commit(chunk, chunk.text, truncated=False)
 
     def settle(self) -> bool:
         """When the response is generated and every chunk played: ``response.done`` and no

@@ -279,15 +279,9 @@ class Session:
         if next_state is TurnState.USER_SPEAKING:
             self.history.start_user_turn()
         self.turn.to(next_state, reason)
-        log.info(
-            "session %s epoch %d -> %d (%s): %d chunks discarded, %.0f ms flushed",
-            self.session_id[:8],
-            old,
-            self.epoch,
-            reason,
-            len(cut.discarded),
-            samples_to_ms(flushed),
-        )
+        cuts = f"{len(cut.discarded)} chunks discarded, {samples_to_ms(flushed):.0f} ms flushed"
+        sid = self.session_id[:8]
+        log.info("session %s epoch %d -> %d (%s): %s", sid, old, self.epoch, reason, cuts)
         return BargeIn(old, self.epoch, reason, cut.discarded, cut.truncated, flushed)
 
     def accept(self, msg: StageMessage[Any]) -> bool:
@@ -316,11 +310,20 @@ class Session:
         self._conditions.observe(note)
         self._apply_conditions_if_idle()
 
-    def start_response(self, epoch: int) -> bool:
-        """Generation of a reply for ``epoch`` begins; False if that epoch is already stale."""
+    def start_response(self, epoch: int, output: str = "audio") -> bool:
+        """Generation of a reply for ``epoch`` begins (``output``: ``audio``, or ``text`` for
+        a text-only reply); False if that epoch is already stale."""
         if epoch != self.epoch or self.state is not TurnState.THINKING:
             return False
-        self._response.begin(epoch, self.ids.response(), self.ids.item())
+        self._response.begin(epoch, self.ids.response(), self.ids.item(), output)
+        return True
+
+    def deliver_text(self, chunk: Chunk) -> bool:
+        """A text-only reply's chunk: committed as it is sent; False if stale."""
+        if chunk.epoch != self.epoch:
+            return False
+        self._response.show(chunk.chunk_id)
+        self._maybe_finish()
         return True
 
     def open_chunk(self, epoch: int, text: str) -> Chunk | None:

@@ -378,3 +378,32 @@ def test_prefix_padding_keeps_that_much_audio_before_the_speech_start() -> None:
     utterance.preroll_ms = 100
     utterance.begin()
     assert utterance.samples == 100 * 16
+
+
+async def test_text_only_replies_are_output_text_and_in_history_at_once(
+    talk: tuple[Conversation, Link],
+) -> None:
+    conversation, link = talk
+    send(conversation, {"type": "session.update", "session": {"output_modalities": ["text"]}})
+    updated = await until(link, "session.updated")
+    assert updated["session"]["output_modalities"] == ["text"]
+    send(conversation, user_message("Hi"))
+    send(conversation, {"type": "response.create"})
+    done = await until(link, "response.done")  # nothing is pulled: there is no audio
+    response = done["response"]
+    assert response["status"] == "completed" and response["output_modalities"] == ["text"]
+    text = response["output"][0]["content"][0]
+    assert text["type"] == "output_text" and text["text"].startswith("As told:")
+    deltas = "".join(e["delta"] for e in link.of("response.output_text.delta"))
+    assert deltas == text["text"] == link.of("response.output_text.done")[0]["text"]
+    assert not link.of("response.output_audio_transcript.delta")
+    assert not link.of("output_audio_buffer.started") and not link.of("x-avatar.viseme")
+    assert conversation.session.history.item(response["output"][0]["id"]).text == text["text"]
+    assert conversation.session.state is TurnState.LISTENING
+    n = len(link.sent)  # one reply in speech: the response's own output_modalities
+    send(conversation, {"type": "response.create", "response": {"output_modalities": ["audio"]}})
+    spoken = await until(link, "response.done", after=n, conversation=conversation)
+    assert spoken["response"]["output_modalities"] == ["audio"]
+    assert link.of("output_audio_buffer.started", n)
+    _, types = validate(link.sent)
+    assert {"response.output_text.delta", "response.output_text.done"} <= types
