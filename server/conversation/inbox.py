@@ -26,6 +26,7 @@ class Inbox:
         self._max_event_bytes = max_event_bytes
         self._emit = emit
         self._queue: asyncio.Queue[RealtimeEvent] = asyncio.Queue(maxsize=MAX_INBOX)
+        self._busy = False  # an event is being handled
         # the dialect's parser (the native one until a GA channel opens)
         self.parse: Callable[[str | bytes, int], RealtimeEvent] = parse_client_event
 
@@ -51,7 +52,17 @@ class Inbox:
     async def next(self) -> RealtimeEvent:
         return await self._queue.get()
 
+    @property
+    def idle(self) -> bool:
+        """No client event waits or is being handled."""
+        return self._queue.empty() and not self._busy
+
     async def serve(self, handle: Callable[[RealtimeEvent], Awaitable[None]]) -> None:
         """Hands the client events to ``handle`` one at a time, in order (until cancelled)."""
         while True:
-            await handle(await self.next())
+            event = await self.next()
+            self._busy = True
+            try:
+                await handle(event)
+            finally:
+                self._busy = False

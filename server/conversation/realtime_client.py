@@ -198,7 +198,9 @@ def parse_realtime_event(raw: str | bytes, max_bytes: int) -> RealtimeEvent:
     """Parse one message of the GA dialect; ProtocolError (with ``param``) otherwise."""
     data, event_id, kind = decode_event(raw, max_bytes)
     if kind == "session.update":
-        return RealtimeUpdate(parse_session(data.get("session"), event_id), event_id)
+        if not isinstance(data.get("session"), dict):
+            raise ProtocolError("invalid_event", "needs a 'session' object", event_id, "session")
+        return RealtimeUpdate(parse_session(data["session"], event_id), event_id)
     if kind == "conversation.item.create":
         text, item_id = _user_text(data.get("item"), event_id)
         return ItemCreate(text, item_id, event_id)
