@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from openai.types.realtime import RealtimeServerEvent
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
+from pydantic import TypeAdapter
 
 from client.cli import save_wav
 from tests.support import pace
@@ -41,6 +43,7 @@ pytestmark = pytest.mark.timeout(90)
 QUESTION = "What is the capital of France, and how many people live there?"
 MORE = " And what is the city famous for?"  # lengthens the question on a slow machine
 PARTIAL_START_S = 0.3  # the server decodes a partial once 0.3 s of the utterance are heard
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 LEAD_MS = 1000  # silence before the question: the call is up before the user speaks
 # Silence after it: the turn ends (0.6 s), the final transcript comes (it may wait behind a
 # partial, and Whisper shares the CPU with Chromium's media: 6 measured calls' time) and the
@@ -401,6 +404,12 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
         replies = {e["response"]["id"] for e in received if e["type"] == "response.created"}
         named = {v.get("response_id") for v in visemes}
         assert first in named and named <= replies, visemes[:3]  # each names its reply
+        # every GA event of the spoken exchange and its barge-in validates (openai's models)
+        ga = [e for e in received if not e["type"].startswith("x-avatar.")]
+        assert [SERVER_EVENT.validate_python(e).type for e in ga] == [e["type"] for e in ga]
+        kinds = {e["type"] for e in ga}
+        print(f"\ndemo page: {len(ga)} GA events of {len(kinds)} types validated")
+        assert {"conversation.item.truncated", "output_audio_buffer.cleared"} <= kinds
         # everything the page loaded came from the server itself (no CDN, no fonts)
         assert requests and all(u.startswith(server.url + "/") for u in requests), requests
 
