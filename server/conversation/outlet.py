@@ -43,7 +43,8 @@ class Outlet:
         """The link's channel opened, speaking the native dialect (``translate`` None) or
         another: ``first``, then everything kept, in order."""
         self.translate, self.opened = translate, True
-        self.pending.appendleft(first)
+        head = [first] if translate is None else translate(first)
+        self._ready.extendleft(reversed(head))  # before what an old link left untaken too
         self.flush()
 
     def flush(self) -> int:

@@ -143,3 +143,22 @@ async def test_a_wrong_token_changes_nothing() -> None:
     assert conversation.attached and split_token(token)[0] == conversation.session_id
     assert conversation.ticket.redeem(split_token(token)[1])  # still valid
     await conversation.close()
+
+
+def test_a_new_link_gets_session_created_before_what_the_old_one_left_untaken() -> None:
+    outlet = Outlet()
+    old = Link()
+    outlet.attach(old)
+    outlet.open({"type": "session.created", "n": 1}, lambda e: [{**e, "ga": True}])
+    old.open = False  # the path died: these were translated for it but never taken
+    outlet.send({"type": "e", "i": 0})
+    outlet.send({"type": "e", "i": 1})
+    new = Link()
+    outlet.attach(new)
+    outlet.open({"type": "session.created", "n": 2}, lambda e: [{**e, "ga": True}])
+    assert [(e["type"], e.get("n", e.get("i"))) for e in new.sent] == [
+        ("session.created", 2),
+        ("e", 0),
+        ("e", 1),
+    ]
+    assert all(e["ga"] for e in new.sent)
