@@ -82,8 +82,6 @@ async def _act(conversation: Conversing, session: Session, event: RealtimeEvent)
     if isinstance(event, SessionUpdate):
         session.request_update(event.changes)
     elif isinstance(event, RealtimeUpdate):
-        if event.patch.conditions:  # validated (and queued) before anything else changes
-            session.request_update(dict[str, object](event.patch.conditions))
         conversation.configure(event.patch)
         conversation.emit({"type": SESSION_CONFIGURED})
     elif isinstance(event, ResponseCancel):

@@ -181,7 +181,10 @@ class Conversation:
         )
 
     def configure(self, patch: SessionPatch) -> None:
-        """Turn detection as a client set it (``session.update``): from the next frame on."""
+        """A GA ``session.update``: its conditions queued for the next chunk boundary (checked
+        first: an invalid one changes nothing), its turn detection from the next frame on."""
+        if patch.conditions:
+            self.session.request_update(dict[str, object](patch.conditions))
         self.turn_settings = settings = patch.apply_turn(self.turn_settings)
         self.detector.tune(settings.threshold, settings.silence_ms)
         self.utterance.preroll_ms = settings.prefix_ms

@@ -150,10 +150,16 @@ def _text_of(data: dict[str, Any], event_id: str | None) -> str:
         if isinstance(item, dict) and item.get("role", "user") != "user":
             raise ProtocolError("invalid_item", "only user items can be created", event_id)
         text = content[0].get("text")
+    return checked_text(text, "invalid_item", event_id)
+
+
+def checked_text(text: object, code: str, event_id: str | None, param: str | None = None) -> str:
+    """Typed user text: a non-empty string of at most MAX_TEXT_CHARS (stripped), or
+    ProtocolError (``code``, naming ``param``)."""
     if not isinstance(text, str) or not text.strip():
-        raise ProtocolError("invalid_item", "text must be a non-empty string", event_id)
+        raise ProtocolError(code, "text must be a non-empty string", event_id, param)
     if len(text) > MAX_TEXT_CHARS:
-        raise ProtocolError("invalid_item", f"text longer than {MAX_TEXT_CHARS} chars", event_id)
+        raise ProtocolError(code, f"text longer than {MAX_TEXT_CHARS} chars", event_id, param)
     return text.strip()
 
 

@@ -18,12 +18,12 @@ from typing import Any
 
 from server.conversation.protocol import (
     MAX_QUOTED_CHARS,
-    MAX_TEXT_CHARS,
     ClientEvent,
     PlaybackAck,
     ProtocolError,
     ResponseCancel,
     SessionUpdate,
+    checked_text,
     decode_event,
     milliseconds,
     quoted,
@@ -145,13 +145,7 @@ def _user_text(item: object, event_id: str | None) -> tuple[str, str | None]:
         if not isinstance(text, str):
             raise ProtocolError("invalid_value", "text must be a string", event_id, "item.content")
         texts.append(text.strip())
-    text = " ".join(t for t in texts if t)
-    if not text:
-        raise ProtocolError("invalid_value", "text must not be empty", event_id, "item.content")
-    if len(text) > MAX_TEXT_CHARS:
-        raise ProtocolError(
-            "invalid_value", f"text longer than {MAX_TEXT_CHARS} chars", event_id, "item.content"
-        )
+    text = checked_text(" ".join(t for t in texts if t), "invalid_value", event_id, "item.content")
     raw_id = item.get("id")
     return text, None if raw_id is None else _item_id(raw_id, "item.id", event_id)
 

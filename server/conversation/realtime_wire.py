@@ -97,7 +97,7 @@ class RealtimeWire:
         elif handler is not None:
             out = handler(self, event)
         else:
-            body = {k: v for k, v in event.items() if k != "type"}
+            body = _body(event)
             out = [{"type": EXTENSIONS.get(kind, EXTENSION_PREFIX + kind), **body}]
         for item in out:
             self._next_event += 1
@@ -106,7 +106,7 @@ class RealtimeWire:
 
     # --- session --------------------------------------------------------------------------
     def _session_created(self, event: Event) -> list[Event]:
-        native = {k: v for k, v in event.items() if k != "type"}
+        native = _body(event)
         return [
             {"type": "session.created", "session": self.session_view()},
             {"type": EXTENSION_PREFIX + "session", **native},
@@ -306,10 +306,15 @@ class RealtimeWire:
 
     def _of_response(self, event: Event) -> list[Event]:
         """An extension event of a response (timings, visemes), with its ``response_id``."""
-        body = {k: v for k, v in event.items() if k != "type"}
+        body = _body(event)
         response_id = self._epochs.get(int(event.get("epoch", -1)))
         kind = str(event["type"])
         return [{"type": EXTENSIONS[kind], "response_id": response_id, **body}]
+
+
+def _body(event: Event) -> Event:
+    """A native event's fields without its ``type``."""
+    return {k: v for k, v in event.items() if k != "type"}
 
 
 def _message(item_id: str, role: str, status: str, content: list[Event]) -> Event:

@@ -108,9 +108,7 @@ async def post_call(request: web.Request) -> web.Response:
     sdp = check_sdp(offer, request.app[TRANSPORT_KEY].max_sdp_lines)
 
     def prepare(conversation: Conversation) -> None:
-        if patch is not None and patch.conditions:  # validated: it cannot fail here
-            conversation.session.request_update(dict[str, object](patch.conditions))
-        if patch is not None:
+        if patch is not None:  # validated: it cannot fail here
             conversation.configure(patch)
 
     call_id, answer = await create_session(request, sdp, owner, prepare=prepare)

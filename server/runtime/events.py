@@ -124,7 +124,7 @@ class ResponseDone(SessionEvent):
     epoch: int
     status: ResponseStatus
     response_id: str = ""
-    item_id: str = ""  # the assistant item ("" when the response said nothing)
+    item_id: str = ""  # its assistant item (in history only once a word of it was heard)
     transcript: str = ""  # what of it was heard
 
     def to_dict(self) -> dict[str, Any]:

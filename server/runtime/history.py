@@ -63,6 +63,15 @@ class ContextEntry:
     text: str
 
 
+def check_audio_end(audio_end_ms: float, audio_ms: float) -> None:
+    """A cut at ``audio_end_ms`` of an item with ``audio_ms`` of audio heard: InvalidItem when
+    past it (by more than a millisecond of rounding)."""
+    if audio_end_ms > audio_ms + 1.0:
+        raise InvalidItem(
+            f"audio_end_ms {audio_end_ms:.0f} is past the item's audio ({audio_ms:.0f} ms)"
+        )
+
+
 def _join(a: str, b: str) -> str:
     return f"{a} {b}".strip() if a and b else (a or b)
 
@@ -173,10 +182,7 @@ class History:
         turn = self.item(item_id)
         if turn.role is not Role.ASSISTANT:
             raise InvalidItem("only an assistant item has audio to truncate")
-        if audio_end_ms > turn.audio_ms + 1.0:
-            raise InvalidItem(
-                f"audio_end_ms {audio_end_ms:.0f} is past the item's audio ({turn.audio_ms:.0f} ms)"
-            )
+        check_audio_end(audio_end_ms, turn.audio_ms)
         kept = sum(1 for end in turn.word_ends_ms if end <= audio_end_ms)
         words = turn.text.split()
         cut = replace(

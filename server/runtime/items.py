@@ -10,7 +10,7 @@ from collections import deque
 
 from server.errors import InvalidItem, UnknownItem
 from server.runtime.events import ItemDeleted, ItemTruncated, SessionEvent, UserItemAdded
-from server.runtime.history import History, Turn
+from server.runtime.history import History, Turn, check_audio_end
 from server.runtime.media import samples_to_ms
 from server.runtime.response import Response
 
@@ -77,11 +77,8 @@ class Items:
     def check_cut(self, item_id: str, audio_end_ms: float) -> None:
         """Whether the reply in progress (``item_id``) can be cut at ``audio_end_ms``: not past
         what of it was played (InvalidItem), checked before it is stopped."""
-        heard_ms = samples_to_ms(self._response.heard_samples)
-        if item_id == self.reply_item_id and audio_end_ms > heard_ms + 1.0:
-            raise InvalidItem(
-                f"audio_end_ms {audio_end_ms:.0f} is past the item's audio ({heard_ms:.0f} ms)"
-            )
+        if item_id == self.reply_item_id:
+            check_audio_end(audio_end_ms, samples_to_ms(self._response.heard_samples))
 
     def add_user(self, text: str, epoch: int, item_id: str | None = None) -> Turn:
         """A user message (``item_id``: the client's choice, or new); it answers nothing."""

@@ -80,16 +80,23 @@ def validate(events: list[dict[str, Any]]) -> tuple[int, set[str]]:
 
 @pytest.fixture
 async def talk() -> AsyncIterator[tuple[Conversation, Link]]:
-    config = load_config(overrides={"runtime.persona": PERSONA, "pipeline.incremental": "false"})
+    conversation, link = open_talk({"runtime.persona": PERSONA}, InstructedTonePipeline(200.0, 2))
+    yield conversation, link
+    await conversation.close()
+
+
+def open_talk(
+    settings: dict[str, str], pipeline: InstructedTonePipeline
+) -> tuple[Conversation, Link]:
+    """A started conversation (no partials) on a link whose channel speaks GA; close it."""
+    config = load_config(overrides={"pipeline.incremental": "false", **settings})
     detector = TurnDetector(Gate(), Quiet(), config.vad)
-    pipeline = InstructedTonePipeline(200.0, 2)
     conversation = Conversation("r" * 32, config, detector, pipeline, Metrics())
     link = Link()
     conversation.attach(link)
     conversation.start()
     conversation.link_open(audio=True, video=False, resumed=False, dialect=REALTIME_DIALECT)
-    yield conversation, link
-    await conversation.close()
+    return conversation, link
 
 
 def send(conversation: Conversation, event: dict[str, Any]) -> None:

@@ -13,20 +13,20 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from openai.types.realtime import RealtimeServerEvent
-from pydantic import TypeAdapter
 
-from server.config import load_config
-from server.conversation.conversation import REALTIME_DIALECT, Conversation
+from server.conversation.conversation import Conversation
 from server.conversation.protocol import MAX_ERROR_MESSAGE_CHARS, ProtocolError
 from server.conversation.realtime_client import parse_realtime_event
-from server.metrics import Metrics
-from server.pipeline.turn_detector import TurnDetector
 from server.runtime.media import FRAME_SAMPLES
-from tests.server.test_realtime_dialect import Gate, Link, Quiet
+from tests.server.test_realtime_dialect import (
+    open_talk,
+    send,
+    until,
+    user_message,
+    validate,
+)
 from tests.support.tone_pipeline import InstructedTonePipeline
 
-SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 TYPES = (
     "session.update",
     "conversation.item.create",
@@ -124,20 +124,13 @@ def test_refused_events_get_one_ga_error_each_and_the_session_goes_on(
 
 async def talk_through(drawn: list[dict[str, Any]]) -> None:
     """``drawn`` through one conversation, one at a time, then a typed exchange."""
-    config = load_config(overrides={"pipeline.incremental": "false"})
-    detector = TurnDetector(Gate(), Quiet(), config.vad)
-    conversation = Conversation(
-        "f" * 32, config, detector, InstructedTonePipeline(100.0, 1), Metrics()
-    )
-    link = Link()
-    conversation.attach(link)
-    conversation.start()
-    conversation.link_open(audio=True, video=False, resumed=False, dialect=REALTIME_DIALECT)
+    conversation, link = open_talk({}, InstructedTonePipeline(100.0, 1))
+    max_bytes = conversation.config.transport.max_event_bytes
     try:
         for event in drawn:
             raw = json.dumps(event)
             try:
-                parsed = parse_realtime_event(raw, config.transport.max_event_bytes)
+                parsed = parse_realtime_event(raw, max_bytes)
             except ProtocolError:
                 parsed = None
             n = len(link.of("error"))
@@ -145,23 +138,15 @@ async def talk_through(drawn: list[dict[str, Any]]) -> None:
             await handled(conversation)
             if parsed is None:
                 assert len(link.of("error")) == n + 1, event
-        for event in link.sent:
-            if not event["type"].startswith("x-avatar."):
-                SERVER_EVENT.validate_python(event)
+        validate(link.sent)
         # still answering: a cancel of whatever runs, an item, a response
-        conversation.receive(json.dumps({"type": "response.cancel"}))
-        conversation.receive(json.dumps({"type": "input_audio_buffer.clear"}))
-        content = [{"type": "input_text", "text": "still there?"}]
-        item = {"type": "message", "role": "user", "content": content}
-        conversation.receive(json.dumps({"type": "conversation.item.create", "item": item}))
+        send(conversation, {"type": "response.cancel"})
+        send(conversation, {"type": "input_audio_buffer.clear"})
+        send(conversation, user_message("still there?"))
         await handled(conversation)
-        n = len(link.of("response.done"))
-        conversation.receive(json.dumps({"type": "response.create"}))
-        for _ in range(3000):
-            if len(link.of("response.done")) > n:
-                break
-            conversation.playout.pull_audio(FRAME_SAMPLES)
-            await asyncio.sleep(0.001)
+        n, after = len(link.of("response.done")), len(link.sent)
+        send(conversation, {"type": "response.create"})
+        await until(link, "response.done", after=after, conversation=conversation)
         assert link.of("response.done")[-1]["response"]["status"] == "completed"
         assert len(link.of("response.done")) == n + 1
     finally:
