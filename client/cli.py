@@ -374,6 +374,17 @@ def ice_configuration(
     return rtc_configuration(servers, relay_only)
 
 
+def show_event(event: dict[str, Any]) -> None:
+    """Every event as a JSON line on stdout; a paused or resumed reply also as a log line."""
+    print(json.dumps(event), flush=True)
+    kind = str(event.get("type", ""))
+    if kind.endswith("output_audio_buffer.paused"):
+        log.info("reply paused at %.0f ms of its audio: hearing you", event.get("audio_end_ms", 0))
+    elif kind.endswith("output_audio_buffer.resumed"):
+        paused, reason = event.get("paused_ms", 0), event.get("reason", "")
+        log.info("reply resumed after a %.0f ms pause (%s)", paused, reason)
+
+
 async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
     if args.pin_host:
         pin_host_addresses(args.pin_host)
@@ -384,7 +395,7 @@ async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
         video=not args.no_video,
         audio=not args.no_audio,
         mic=mic,
-        on_event=lambda e: print(json.dumps(e), flush=True),
+        on_event=show_event,
         configuration=configuration,
         events_label=GA_EVENTS,
     )

@@ -97,7 +97,7 @@ class RuntimeConfig:
         2000, "Most output (ms) generated ahead of the playback cursor.", min=100, max=60_000
     )
     fade_ms: float = _setting(
-        5.0, "Fade-out (ms) applied to audio flushed on barge-in.", min=0.0, max=20.0
+        5.0, "Fade (ms) of audio flushed on barge-in, paused or resumed.", min=0.0, max=20.0
     )
     recent_window_tokens: int = _setting(
         1024, "Token budget of the recent-turns window in the model context.", min=0, max=1_000_000
@@ -127,6 +127,13 @@ class RuntimeConfig:
         "the stage (transcript, first token, speech); then the turn ends with a timeout error.",
         min=100,
         max=600_000,
+    )
+    paused_timeout_ms: int = _setting(
+        2_000,
+        "Longest pause of a reply while voice over it is judged (ms): then it is an "
+        "interruption if speech was confirmed, else the reply resumes.",
+        min=200,
+        max=60_000,
     )
     agent_speaking_timeout_ms: int = _setting(
         180_000,
@@ -283,6 +290,31 @@ class VadConfig:
     )
     end_of_turn_ms: int = _setting(
         600, "Silence (ms) after speech that ends the user's turn.", min=100, max=10_000
+    )
+    onset_ms: int = _setting(
+        40,
+        "Audio (ms) the gate alone calls voice that pauses a reply at once, before the "
+        "confirming model and the interjection judge decide.",
+        min=20,
+        max=1000,
+    )
+    pause_first: bool = _setting(
+        True,
+        "Voice over a reply pauses it first; it is stopped only when judged an interruption "
+        "(off: confirmed speech stops it at once).",
+    )
+    interruption_ms: int = _setting(
+        600,
+        "Speech over a paused reply (ms from its onset) that is an interruption whatever its "
+        "words; shorter speech is judged by its words (a backchannel resumes the reply).",
+        min=100,
+        max=5000,
+    )
+    interjection_quiet_ms: int = _setting(
+        160,
+        "Quiet (ms) after short speech over a paused reply before its words are judged.",
+        min=40,
+        max=2000,
     )
 
 

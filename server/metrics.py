@@ -76,6 +76,12 @@ class Metrics:
             registry=r,
         )
         self.speech_starts = Counter("avatar_speech_starts", "Speech starts detected.", registry=r)
+        self.interjections = Counter(
+            "avatar_interjections",
+            "Voice over a reply that paused it, by verdict: resume (no interruption) or interrupt.",
+            ["verdict"],
+            registry=r,
+        )
         self.voice_to_voice = Histogram(
             "avatar_voice_to_voice_seconds",
             "End-of-turn decision to the reply's first non-silent outbound frame.",

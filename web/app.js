@@ -69,6 +69,7 @@ const TURN_TEXT = {
   user: 'Hearing you',
   thinking: 'Thinking…',
   speaking: 'Speaking',
+  paused: 'Paused: hearing you',
 };
 
 const conversation = new Conversation($('conversation'));
@@ -236,6 +237,8 @@ async function start() {
     lastDoneMs: -Infinity,
     userVoiceEndMs: null,
     barge: null, // {t0, source}
+    pausedAtMs: null, // where the reply paused (output timeline ms) while the server decides
+    turnBeforePause: null, // the turn badge to show again if the reply resumes
     lastAckMs: -1,
     lastResponse: null, // the reply that ended last (its timings follow its response.done)
     played: null, // {ms: output timeline played, at: performance.now() of the reading}
@@ -488,6 +491,23 @@ function onServerEvent(event) {
       }
       break;
     }
+    case 'x-avatar.output_audio_buffer.paused':
+      // the server heard voice over its reply: it holds the audio while it decides whether
+      // that was an interruption (then response.done says cancelled) or not (resumed)
+      if (!current(event.response_id) && event.response_id) break;
+      call.pausedAtMs = event.position_ms;
+      call.turnBeforePause = ui.turn.dataset.turn;
+      setTurn('paused');
+      break;
+    case 'x-avatar.output_audio_buffer.resumed':
+      // no interruption after all (a cough, "mm-hm"): the reply plays on from where it paused,
+      // so what it placed after the pause comes later by the pause's length
+      if (!current(event.response_id) && event.response_id) break;
+      if (call.pausedAtMs != null) follower.shift(call.pausedAtMs, event.paused_ms);
+      call.pausedAtMs = null;
+      conversation.notice(`Resumed after ${Math.round(event.paused_ms)} ms (${event.reason})`, 'info');
+      if (ui.turn.dataset.turn === 'paused') setTurn(call.turnBeforePause || 'speaking');
+      break;
     case 'x-avatar.barge_in':
       if (typeof event.reaction_ms === 'number') {
         latency.bargeIn(event.reaction_ms, 'server');

@@ -115,6 +115,14 @@ export class SpeechFollower {
     return ids;
   }
 
+  /** The reply paused at `atMs` on the output timeline for `byMs`: chunks placed from there on
+   * start that much later. */
+  shift(atMs, byMs) {
+    for (const chunk of this.queue) {
+      if (chunk.startMs != null && chunk.startMs >= atMs) chunk.startMs += byMs;
+    }
+  }
+
   /** The reply was cut: ids never revealed (they were not heard). */
   drop() {
     const ids = this.queue.map((c) => c.id);

@@ -30,6 +30,7 @@ EXPRESSIONS = {
     TurnState.USER_SPEAKING: Expression.LISTENING,
     TurnState.THINKING: Expression.THINKING,
     TurnState.AGENT_SPEAKING: Expression.SPEAKING,
+    TurnState.PAUSED: Expression.LISTENING,  # it stopped to hear the user
 }
 
 

@@ -24,6 +24,7 @@ from server.clock import Clock, MonotonicClock
 from server.config import Config
 from server.conversation.commands import handle
 from server.conversation.diagnostics import describe
+from server.conversation.floor import Floor
 from server.conversation.inbox import Inbox
 from server.conversation.link import Link
 from server.conversation.looks import looks_for
@@ -47,13 +48,13 @@ from server.pipeline.seams import (
     TurnPipeline,
     TurnTrace,
 )
-from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind
+from server.pipeline.turn_detector import TurnDetector, VadEvent
 from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag
-from server.tasks import TaskOwner, cancel
+from server.tasks import TaskOwner
 from server.vision.sampling import PresenceTracker, VisionModel, presence_note
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,6 @@ class Conversation:
             self.emit,
             self.request,
         )
-        self._partials_task: asyncio.Task[None] | None = None
         looks = looks_for(
             self.session,
             config,
@@ -149,7 +149,23 @@ class Conversation:
             self.flush_events,
             lambda ms: log.info("session %s barge-in reaction %.0f ms", session_id[:8], ms),
         )
-        self.speech_starts = 0
+        self.floor = Floor(
+            self.session,
+            detector,
+            self.utterance,
+            self.partials,
+            pipeline,
+            config,
+            metrics,
+            self.playout,
+            self.replies,
+            self.clock,
+            lambda: self.turn_settings,
+            self._tasks.spawn,
+            self.tag,
+            self.interrupt,
+            self.flush_events,
+        )
 
     # --- tasks ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,7 +253,7 @@ class Conversation:
         """One inbound audio frame (any rate): resampled to 16 kHz mono for the detector."""
         if self._resampler is None:
             self._resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
-        self.session.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
+        self.session.input.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
         link = self.outlet.link
         for out in self._resampler.resample(frame):
             pcm = out.to_ndarray().reshape(-1).astype(np.int16)
@@ -247,6 +263,7 @@ class Conversation:
             for event in self.detector.push(pcm, arrival_ms):
                 await self.on_vad(event)
             self.keep_audio(pcm)
+            await self.floor.after_frames()
 
     def keep_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         self.utterance.keep(pcm, self.session.state is TurnState.USER_SPEAKING)
@@ -258,41 +275,8 @@ class Conversation:
         self.flush_events()
 
     async def on_vad(self, event: VadEvent) -> None:
-        if event.kind is VadEventKind.START:
-            self.metrics.speech_starts.inc()
-            self.speech_starts += 1
-            replying = self.session.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING)
-            if replying and not self.turn_settings.interrupt_response:
-                return  # speech over a reply is not heard (interrupt_response off)
-            barge = self.session.speech_started(event.at_ms)
-            if barge is not None:
-                self.playout.barged_in(event.onset_arrival_ms, event.confirmed_arrival_ms)
-                await self.interrupt(barge)
-            if self.session.state is TurnState.USER_SPEAKING and self._partials_task is None:
-                self.utterance.begin()
-                self.partials.reset()
-                if self.pipeline is not None and self.config.pipeline.incremental:
-                    run = self.partials.run(self.pipeline)
-                    self._partials_task = self._tasks.spawn(run, "partials")
-        elif self.session.state is TurnState.USER_SPEAKING:
-            await self._end_user_turn(event.at_ms)
-        self.flush_events()
-
-    async def _stop_partials(self) -> None:
-        task, self._partials_task = self._partials_task, None
-        await cancel(task)
-
-    async def _end_user_turn(self, at_ms: float) -> None:
-        """The user's turn ends (the VAD heard a pause from ``at_ms`` on the input timeline, or
-        the turn reached its deadline): transcribe it and reply."""
-        await self._stop_partials()
-        trace = TurnTrace(endpoint_ms=self.clock.now_ms())
-        self.session.speech_stopped(at_ms)
-        utterance = self.utterance.take()
-        # the audio after this index is the end-of-turn silence
-        silence = int((self.detector.position_ms - at_ms) * 16)
-        speech_end = max(0, len(utterance) - silence)
-        self.replies.start(self.session.epoch, trace, utterance=utterance, speech_end=speech_end)
+        """One decision of the turn detector (server/conversation/floor.py acts on it)."""
+        await self.floor.on_vad(event)
 
     # --- the one interruption path ------------------------------------------------------------
     async def interrupt(self, barge: BargeIn | None, barge_in: bool = True) -> None:
@@ -333,8 +317,11 @@ class Conversation:
             overdue.stage,
         )
         if overdue.state is TurnState.USER_SPEAKING:
-            await self._end_user_turn(self.detector.position_ms)
+            await self.floor.end_user_turn(self.detector.position_ms)
             self.flush_events()
+            return
+        if overdue.state is TurnState.PAUSED:
+            await self.floor.overdue()  # the voice over the reply is judged now
             return
         await self.interrupt(self.session.time_out(overdue), barge_in=False)
 
@@ -350,7 +337,7 @@ class Conversation:
     async def typed_text(self, text: str) -> None:
         """Typed text: it supersedes speech in progress, interrupts a reply, and is answered."""
         if self.session.state is TurnState.USER_SPEAKING:
-            await self._stop_partials()
+            await self.floor.stop_partials()
             self.utterance.clear()
         _, barge = self.session.submit_text(text)
         await self.interrupt(barge)
@@ -365,7 +352,7 @@ class Conversation:
     async def clear_input(self) -> None:
         """``input_audio_buffer.clear``: the user's speech in progress is dropped."""
         if self.session.state is TurnState.USER_SPEAKING:
-            await self._stop_partials()
+            await self.floor.stop_partials()
             self.utterance.clear()
         self.session.clear_input()
 
@@ -394,7 +381,9 @@ class Conversation:
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
         turns = list(self.replies.traces)
-        figures = describe(
-            self.session, self.playout, turns, self.avatar, self.animator, self.speech_starts
-        )
+        floor = self.floor
+        judged = {"resumed": floor.resumed, "interrupted": floor.interrupted}
+        session, playout = self.session, self.playout
+        starts = floor.speech_starts
+        figures = describe(session, playout, turns, self.avatar, self.animator, starts, judged)
         return {**figures, "attached": self.attached}

@@ -19,9 +19,11 @@ def describe(
     avatar: AvatarVideo | None,
     animator: FaceAnimator,
     speech_starts: int,
+    interjections: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Cursors (ms), turn state, barge-in reactions (ms), stage timings of each heard reply,
-    the history, and the lateness (ms) of recent audio frames."""
+    """Cursors (ms), turn state, barge-in reactions (ms), voice over replies (``resumed`` and
+    ``interrupted`` pauses), stage timings of each heard reply, the history, and the lateness
+    (ms) of recent audio frames."""
     cursors = session.cursors
     lateness = [late * 1000 for late in playout.send_log]
     return {
@@ -33,6 +35,7 @@ def describe(
         "acked_playback_ms": session.acked_playback_ms,
         "underruns": session.playback.underruns,
         "speech_starts": speech_starts,
+        "interjections": interjections or {},
         "barge_in_reactions_ms": list(playout.barge_in_reactions_ms),
         "barge_in_confirmed_reactions_ms": list(playout.barge_in_confirmed_reactions_ms),
         "turns": turns,

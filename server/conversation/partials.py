@@ -189,7 +189,7 @@ class Partials:
             self.prefill_cached = max(self.prefill_cached, cached)
             # heard_until only grows: what was heard when the decode began is still heard
             cursors = self._session.cursors
-            self._session.advance_prefilled(max(cursors.prefilled_until, heard))
+            self._session.input.advance_prefilled(max(cursors.prefilled_until, heard))
 
     async def final(
         self,

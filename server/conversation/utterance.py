@@ -7,7 +7,7 @@ from collections import deque
 import numpy as np
 import numpy.typing as npt
 
-PREROLL_FRAMES = 25  # 16 kHz audio kept before a speech start (500 ms), for the transcript
+PREROLL_FRAMES = 150  # 16 kHz frames kept before a speech start (3 s of 20 ms frames)
 MAX_UTTERANCE_S = 30
 
 
@@ -18,7 +18,7 @@ class Utterance:
         self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
         self._frames: list[npt.NDArray[np.int16]] = []
         self.samples = 0  # 16 kHz samples in the utterance
-        self.preroll_ms = PREROLL_FRAMES * 20  # of audio before the speech start kept
+        self.preroll_ms = 500  # of audio before the speech start given to the transcript
 
     def keep(self, pcm: npt.NDArray[np.int16], speaking: bool) -> None:
         """One frame: into the utterance while the user has the floor, else the pre-roll."""
@@ -28,17 +28,26 @@ class Utterance:
             self._frames.append(pcm)
             self.samples += len(pcm)
 
-    def begin(self) -> None:
-        """Speech started: the utterance opens with the pre-roll (its last ``preroll_ms``)."""
-        wanted = self.preroll_ms * 16
+    def begin(self, back_ms: float = 0.0) -> None:
+        """Speech started: the utterance opens with the pre-roll (its last ``preroll_ms``, plus
+        ``back_ms`` of speech heard before the turn began: a judged interjection)."""
+        self._frames = self._last(self.preroll_ms + back_ms)
+        self.samples = sum(len(p) for p in self._frames)
+        self._preroll.clear()
+
+    def recent(self, ms: float) -> npt.NDArray[np.int16]:
+        """The last ``ms`` of audio heard outside the user's turn (the pre-roll's end)."""
+        frames = self._last(ms)
+        return np.concatenate(frames) if frames else np.zeros(0, np.int16)
+
+    def _last(self, ms: float) -> list[npt.NDArray[np.int16]]:
+        wanted = ms * 16
         frames: list[npt.NDArray[np.int16]] = []
         for pcm in reversed(self._preroll):
             if sum(len(p) for p in frames) >= wanted:
                 break
             frames.insert(0, pcm)
-        self._frames = frames
-        self.samples = sum(len(p) for p in self._frames)
-        self._preroll.clear()
+        return frames
 
     def audio(self) -> npt.NDArray[np.int16]:
         return np.concatenate(self._frames) if self._frames else np.zeros(0, np.int16)

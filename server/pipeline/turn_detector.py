@@ -4,8 +4,11 @@ Every 20 ms frame is judged voiced when the gate (webrtcvad) fires and the confi
 (Silero) agrees. ``speech_start_ms`` of consecutive voiced audio makes a speech start, stamped
 with the arrival time of the first frame of the gate's voiced run that led to it (the barge-in
 reaction is measured from there, so the confirming model's delay counts);
-``end_of_turn_ms`` without speech makes a speech stop. The confirming model only runs while the
-gate has fired recently or speech is on, so silence and steady noise cost almost nothing.
+``end_of_turn_ms`` without speech makes a speech stop. Before that, ``onset_ms`` of audio
+the gate alone calls voice makes an onset: the first sign of the user's voice, which pauses a
+reply at once while the confirming model (and the interjection judge) decide. The confirming
+model only runs while the gate has fired recently or speech is on, so silence and steady noise
+cost almost nothing.
 
 Tones are not speech: a run of voiced frames whose every frame is tonal (nearly all of its
 energy in a few narrow spectral lines: a beep, a ring, a whistle, a pure tone, at any level)
@@ -63,6 +66,7 @@ class VadState(Enum):
 
 
 class VadEventKind(Enum):
+    ONSET = "onset"  # the gate alone heard voice (not yet confirmed)
     START = "start"
     STOP = "stop"
 
@@ -108,6 +112,8 @@ class TurnDetector:
         self._threshold = config.silero_threshold
         self._start_frames = max(1, config.speech_start_ms // 20)
         self._stop_frames = max(1, config.end_of_turn_ms // 20)
+        self._onset_frames = max(1, config.onset_ms // 20)
+        self._gate_run = 0  # consecutive frames the gate called voice
         self._state = VadState.SILENCE
         self._pending = np.zeros(0, np.int16)  # not yet a whole 20 ms frame
         self._window_buf = np.zeros(0, np.int16)  # not yet a whole model window
@@ -142,6 +148,11 @@ class TurnDetector:
         return self._quiet * FRAME * 1000 / RATE_HZ if self._state is VadState.SPEECH else 0.0
 
     @property
+    def gate_quiet_ms(self) -> float:
+        """How long (ms) since the gate last called a frame voice."""
+        return self._since_gate * FRAME * 1000 / RATE_HZ
+
+    @property
     def position_ms(self) -> float:
         """Input audio judged so far (ms)."""
         return self._samples * 1000 / RATE_HZ
@@ -165,6 +176,7 @@ class TurnDetector:
         if gate and self._since_gate > 0:
             self._gate_arrival = arrival_ms  # the gate's current voiced run began here
         self._since_gate = 0 if gate else self._since_gate + 1
+        self._gate_run = self._gate_run + 1 if gate else 0
         self._feed_model(frame)
         if self._state is VadState.SILENCE:
             voiced = gate and self._prob >= self._threshold
@@ -182,6 +194,9 @@ class TurnDetector:
                 self._run = 0
             if self._run >= self._start_frames and not self._run_tonal:
                 return self._to(VadState.SPEECH, VadEventKind.START, self._run * FRAME)
+            if self._gate_run == self._onset_frames:
+                at_ms = (self._samples - self._gate_run * FRAME) * 1000 / RATE_HZ
+                return VadEvent(VadEventKind.ONSET, at_ms, self._gate_arrival)
             return None
         speaking = self._prob >= self._threshold - STOP_HYSTERESIS
         self._quiet = 0 if speaking else self._quiet + 1

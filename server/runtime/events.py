@@ -108,6 +108,34 @@ class OutputAudioCleared(SessionEvent):
     response_id: str
 
 
+@dataclass(frozen=True)
+class OutputAudioPaused(SessionEvent):
+    """Voice was heard over response ``response_id``: its audio is held at ``audio_end_ms`` of
+    its item (ms heard so far), output position ``position_ms``, until it is judged."""
+
+    type: ClassVar[str] = "output_audio_buffer.paused"
+    epoch: int
+    response_id: str
+    item_id: str
+    audio_end_ms: float
+    position_ms: float
+
+
+@dataclass(frozen=True)
+class OutputAudioResumed(SessionEvent):
+    """That voice was no interruption (``reason``): the audio plays on from the sample where
+    it paused, ``paused_ms`` later; output positions announced after the pause (visemes) move
+    later by ``paused_ms``."""
+
+    type: ClassVar[str] = "output_audio_buffer.resumed"
+    epoch: int
+    response_id: str
+    item_id: str
+    audio_end_ms: float
+    paused_ms: float
+    reason: str
+
+
 class ResponseStatus(StrEnum):
     """How a response ended; the value is the wire string of ``response.done``."""
 

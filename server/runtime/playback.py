@@ -3,6 +3,8 @@
 Positions are integer samples at 48 kHz on the session media clock. ``playback_cursor`` counts
 every sample handed to the outbound track (silence included), ``generation_cursor`` is the
 cursor plus what is buffered; their difference (the slack) never exceeds the budget.
+A pause holds what is buffered: the pulls give silence and consume nothing until
+:meth:`PlaybackBuffer.resume`, which plays on from the exact sample where the pause held it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class PlaybackBuffer(Generic[V]):
         self._streaming = False
         self._started = False
         self._in_gap = False
+        self._paused_at: int | None = None  # the cursor when a pause began
 
     # --- state -------------------------------------------------------------------------
     @property
@@ -101,6 +104,11 @@ class PlaybackBuffer(Generic[V]):
     def streaming(self) -> bool:
         """True between :meth:`begin_response` and :meth:`end_response`."""
         return self._streaming
+
+    @property
+    def paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume` (or a flush)."""
+        return self._paused_at is not None
 
     @property
     def playing_chunk(self) -> int | None:
@@ -165,6 +173,10 @@ class PlaybackBuffer(Generic[V]):
             tail, self._fade_tail = self._fade_tail[:n], None
             out[: len(tail)] = tail
             filled = n  # the fade replaces this frame; flushed audio never plays on
+        if self._paused_at is not None:  # held: silence, nothing consumed, no underrun
+            self._playing = None
+            self.playback_cursor += n
+            return Pull(out, (), False, self.playback_cursor)
         while filled < n and self._segments:
             seg = self._segments[0]
             take = min(n - filled, len(seg.pcm))
@@ -235,6 +247,35 @@ class PlaybackBuffer(Generic[V]):
             ahead -= len(seg.pcm)
         return None
 
+    def pause(self) -> bool:
+        """Hold playback at the cursor: the next pull fades out a copy of the audio due there
+        (not counted as played), then silence; nothing queued is consumed. False if already
+        paused."""
+        if self._paused_at is not None:
+            return False
+        self._paused_at = self.playback_cursor
+        if self.fade_samples and self._segments and self._fade_tail is None:
+            self._fade_tail = _ramp(self._head(self.fade_samples), fade_in=False)
+        return True
+
+    def resume(self) -> int:
+        """Play on from the exact sample where :meth:`pause` held it, fading in; chunks not yet
+        started move later by the pause. Returns the pause's length (samples; 0 if none)."""
+        if self._paused_at is None:
+            return 0
+        held, self._paused_at = self.playback_cursor - self._paused_at, None
+        self._fade_tail = None  # a fade still unplayed is moot: the audio goes on
+        for chunk_id in self._chunk_start:
+            self._chunk_start[chunk_id] += held
+        if self.fade_samples and self._segments:
+            seg = self._segments[0]
+            faded = seg.pcm.copy()
+            head = faded[: self.fade_samples]
+            faded[: len(head)] = _ramp(head, fade_in=True)
+            self._segments[0] = _Segment(seg.chunk_id, seg.epoch, faded, seg.offset)
+        self._in_gap = False
+        return held
+
     def flush(self, new_epoch: int) -> int:
         """Barge-in: drop everything queued and refuse older epochs; returns samples dropped.
 
@@ -244,10 +285,9 @@ class PlaybackBuffer(Generic[V]):
         if new_epoch <= self.epoch:
             raise ValueError(f"flush to epoch {new_epoch} from {self.epoch}: epochs only grow")
         dropped = self._buffered
-        if self.fade_samples and self._segments:
-            head = np.concatenate([s.pcm for s in self._segments])[: self.fade_samples]
-            ramp = np.linspace(1.0, 0.0, len(head), endpoint=False)
-            self._fade_tail = (head.astype(np.float32) * ramp).astype(np.int16)
+        if self.fade_samples and self._segments and self._paused_at is None:
+            self._fade_tail = _ramp(self._head(self.fade_samples), fade_in=False)
+        self._paused_at = None  # a paused reply is already silent: nothing fades
         self._segments.clear()
         self._buffered = 0
         self._chunk_fill.clear()
@@ -263,3 +303,15 @@ class PlaybackBuffer(Generic[V]):
         self._chunk_fill.pop(chunk_id, None)
         self._chunk_start.pop(chunk_id, None)
         self._video.pop(chunk_id, None)
+
+    def _head(self, n: int) -> PCM:
+        """The first ``n`` queued samples (fewer if less is queued)."""
+        return np.concatenate([s.pcm for s in self._segments])[:n]
+
+
+def _ramp(pcm: PCM, fade_in: bool) -> PCM:
+    """``pcm`` faded linearly from silence (``fade_in``) or to silence."""
+    ramp = np.linspace(1.0, 0.0, len(pcm), endpoint=False)
+    if fade_in:
+        ramp = ramp[::-1]
+    return (pcm.astype(np.float32) * ramp).astype(np.int16)

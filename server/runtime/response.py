@@ -16,6 +16,8 @@ from server.runtime.chunk import Chunk, ChunkState, PhonemeTiming, WordTiming, t
 from server.runtime.events import (
     ItemTruncated,
     OutputAudioCleared,
+    OutputAudioPaused,
+    OutputAudioResumed,
     OutputAudioStarted,
     OutputAudioStopped,
     ResponseCreated,
@@ -141,6 +143,8 @@ class Response:
         ``playback`` (everything is generated)."""
         if state is TurnState.USER_SPEAKING:
             return "speech"
+        if state is TurnState.PAUSED:
+            return "interruption"  # the voice over the reply is being judged
         if self.epoch is None:  # no reply yet: the final transcript
             return "asr" if state is TurnState.THINKING else "playback"
         chunks = [c for c in self._chunks.values() if c.epoch == self.epoch]
@@ -214,6 +218,25 @@ class Response:
             self._commit(chunk, chunk.text, truncated=False)
             self._playback.forget_chunk(chunk.chunk_id)
         return True
+
+    def pause(self) -> None:
+        """Voice over the reply: its audio holds at the cursor, every chunk is kept."""
+        if self._playback.pause():
+            cursor = samples_to_ms(self._playback.playback_cursor)
+            heard = samples_to_ms(self.heard_samples)
+            epoch = self._playback.epoch
+            self._events.append(
+                OutputAudioPaused(epoch, self.response_id, self.item_id, heard, cursor)
+            )
+
+    def resume(self, reason: str) -> None:
+        """The voice was no interruption (``reason``): the audio plays on where it paused."""
+        held = samples_to_ms(self._playback.resume())
+        heard = samples_to_ms(self.heard_samples)
+        epoch = self._playback.epoch
+        self._events.append(
+            OutputAudioResumed(epoch, self.response_id, self.item_id, heard, held, reason)
+        )
 
     def show(self, chunk_id: int) -> None:
         """A chunk of a text-only reply was sent: it is committed whole (there is no audio)."""

@@ -35,17 +35,17 @@ from server.runtime.items import ItemIds, Items
 from server.runtime.media import ms_to_samples, samples_to_ms
 from server.runtime.playback import PlaybackBuffer, Pull
 from server.runtime.response import ChunkAudio, Response, heard_prefix
-from server.runtime.session_records import BargeIn, Cursors, Overdue
+from server.runtime.session_records import BargeIn, Cursors, InputCursors, Overdue
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.runtime.turn import TurnDeadlines, TurnMachine, TurnState
 
-# from server/runtime/response.py and session_records.py; imported from here too
 __all__ = ["BargeIn", "ChunkAudio", "Cursors", "Overdue", "Session", "heard_prefix"]
 
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")
+REPLYING = (TurnState.THINKING, TurnState.AGENT_SPEAKING, TurnState.PAUSED)  # a reply is on
 
 
 class Session:
@@ -71,6 +71,7 @@ class Session:
                 config.user_speaking_timeout_ms,
                 config.thinking_timeout_ms,
                 config.agent_speaking_timeout_ms,
+                config.paused_timeout_ms,
             ),
         )
         self.history = History(config.persona, config.max_history_turns, count_tokens)
@@ -78,8 +79,7 @@ class Session:
             ms_to_samples(config.lookahead_budget_ms), ms_to_samples(config.fade_ms)
         )
         self.stale_dropped: Counter[Stage] = Counter()
-        self._heard_until = 0
-        self._prefilled_until = 0
+        self.input = InputCursors()
         self._turn_ended_ms: float | None = None
         self._events: deque[SessionEvent] = deque()
         self._conditions = ConditionGate(
@@ -92,6 +92,7 @@ class Session:
         self.ids = ItemIds()
         self.user_item_id: str | None = None  # the item the user's speech in progress becomes
         self.items = Items(self.history, self.ids, self._response, self._events)
+        self._paused_from = TurnState.AGENT_SPEAKING  # the state a resumed reply goes back to
 
     # --- read-only views ------------------------------------------------------------------
     @property
@@ -105,7 +106,7 @@ class Session:
     @property
     def cursors(self) -> Cursors:
         playback = self.playback
-        heard, prefilled = self._heard_until, self._prefilled_until
+        heard, prefilled = self.input.heard_until, self.input.prefilled_until
         return Cursors(heard, prefilled, playback.generation_cursor, playback.playback_cursor)
 
     def chunk(self, chunk_id: int) -> Chunk:
@@ -133,33 +134,18 @@ class Session:
         )
 
     # --- input side -----------------------------------------------------------------------
-    def advance_heard(self, samples: int) -> None:
-        """``samples`` more input (48 kHz samples) has been received."""
-        if samples < 0:
-            raise ValueError("heard_until only grows")
-        self._heard_until += samples
-
-    def advance_prefilled(self, until: int) -> None:
-        """Input up to ``until`` (samples) has been pushed into the model."""
-        if until < self._prefilled_until or until > self._heard_until:
-            raise ValueError(
-                f"prefilled_until must stay within [{self._prefilled_until}, {self._heard_until}],"
-                f" got {until}"
-            )
-        self._prefilled_until = until
-
     def speech_started(self, at_ms: float | None = None) -> BargeIn | None:
         """The VAD heard the user start speaking (``at_ms`` on the input timeline); over a
         response this is a barge-in."""
         barge: BargeIn | None = None
         if self.state is not TurnState.USER_SPEAKING or self.user_item_id is None:
             self.user_item_id = self.ids.item()  # a new turn: a new user item
-        if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+        if self.state in REPLYING:
             barge = self.bump_epoch("barge-in: user speech", TurnState.USER_SPEAKING)
         elif self.state is TurnState.LISTENING:
             self.history.start_user_turn()
             self.turn.to(TurnState.USER_SPEAKING, "speech started")
-        start = samples_to_ms(self._heard_until) if at_ms is None else at_ms
+        start = samples_to_ms(self.input.heard_until) if at_ms is None else at_ms
         self._events.append(SpeechStarted(start, self.user_item_id))
         return barge
 
@@ -172,7 +158,7 @@ class Session:
             raise InvalidTransition(f"speech stopped while {self.state.value}")
         self.turn.to(TurnState.THINKING, "end of turn")
         self._turn_ended_ms = self.clock.now_ms()
-        end = samples_to_ms(self._heard_until) if at_ms is None else at_ms
+        end = samples_to_ms(self.input.heard_until) if at_ms is None else at_ms
         item_id = self.user_item_id = self.user_item_id or self.ids.item()
         self._events.append(SpeechStopped(end, item_id))
         self._events.append(InputCommitted(item_id, self.history.last_item_id))
@@ -194,7 +180,7 @@ class Session:
         if not text.strip():
             raise ValueError("typed text is empty")
         barge = None
-        if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+        if self.state in REPLYING:
             barge = self.bump_epoch("barge-in: typed text", TurnState.THINKING)
         elif self.state is TurnState.USER_SPEAKING:
             # the typed message supersedes the spoken turn in progress (it is not transcribed)
@@ -227,9 +213,26 @@ class Session:
 
     def cancel_response(self) -> BargeIn | None:
         """``response.cancel`` from the client: stop the reply, keep what was heard."""
-        if self.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+        if self.state not in REPLYING:
             return None
         return self.bump_epoch("response.cancel", TurnState.LISTENING)
+
+    def pause_reply(self) -> bool:
+        """Voice over a reply, not yet judged: playback holds, every chunk is kept. False when
+        no reply is on."""
+        if self.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+            return False
+        self._paused_from = self.state
+        self._response.pause()
+        self.turn.to(TurnState.PAUSED, "voice over the reply")
+        return True
+
+    def resume_reply(self, reason: str) -> None:
+        """No interruption (``reason``): the reply plays on from the sample where it paused."""
+        if self.state is not TurnState.PAUSED:
+            raise InvalidTransition(f"resume while {self.state.value}")
+        self._response.resume(reason)
+        self.turn.to(self._paused_from, f"resumed: {reason}")
 
     def ack_playback(self, played_ms: float) -> float:
         """The client has played ``played_ms`` of output: never beyond what was sent, never
@@ -248,11 +251,10 @@ class Session:
         return Overdue(self.state, self._response.waiting_for(self.state), waited)
 
     def time_out(self, overdue: Overdue) -> BargeIn:
-        """End a THINKING or AGENT_SPEAKING turn that passed its deadline: the reply stops as
-        at an interruption (what was heard stays in history; ``response.done`` says failed),
-        the client gets an ``error`` (code ``timeout``) naming the late stage, and the session
-        listens again. A USER_SPEAKING turn ends instead as at a pause (the peer's job)."""
-        if overdue.state not in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+        """End a reply that passed its deadline: it stops as at an interruption (what was heard
+        stays in history; ``response.done`` says failed), an ``error`` (``timeout``) names the
+        late stage, and the session listens again (a user's turn ends as at a pause instead)."""
+        if overdue.state not in REPLYING:
             raise InvalidTransition(f"time_out of a {overdue.state.value} turn")
         self._events.append(TurnTimedOut(self.epoch, overdue.state.value, overdue.stage))
         if overdue.stage == "asr":
@@ -313,7 +315,7 @@ class Session:
     def start_response(self, epoch: int, output: str = "audio") -> bool:
         """Generation of a reply for ``epoch`` begins (``output``: ``audio``, or ``text`` for
         a text-only reply); False if that epoch is already stale."""
-        if epoch != self.epoch or self.state is not TurnState.THINKING:
+        if epoch != self.epoch or self.state not in (TurnState.THINKING, TurnState.PAUSED):
             return False
         self._response.begin(epoch, self.ids.response(), self.ids.item(), output)
         return True
@@ -358,12 +360,9 @@ class Session:
     def finish_response(
         self, epoch: int, status: ResponseStatus | str = ResponseStatus.COMPLETED
     ) -> None:
-        """The generator has no more chunks for ``epoch`` (``status``: completed or failed; a
-        plain string is read as a ResponseStatus value).
-
-        What is already buffered still plays; the turn returns to listening after it. A turn
-        that never got a response (e.g. its engine failed first) returns to listening now.
-        """
+        """The generator has no more chunks for ``epoch`` (``status``: completed or failed, or
+        its value). What is buffered still plays, then the turn listens again; a turn that
+        never got a response (e.g. its engine failed first) listens again now."""
         status = ResponseStatus(status)
         if epoch != self.epoch:
             return
@@ -394,7 +393,8 @@ class Session:
         """When the reply is generated and every chunk played: response done, listen again."""
         if not self._response.settle():
             return
-        if self.state in (TurnState.THINKING, TurnState.AGENT_SPEAKING):
+        if self.state in REPLYING:
+            self.playback.resume()  # played out while paused: nothing is held any more
             self.turn.to(TurnState.LISTENING, "reply played out")
         if self._conditions.pending:
             self._conditions.apply()

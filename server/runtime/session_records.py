@@ -1,4 +1,5 @@
-"""The frozen records a session hands out: its cursors, an overdue turn, a barge-in."""
+"""The records a session hands out (its cursors, an overdue turn, a barge-in: frozen) and its
+input cursors."""
 
 from __future__ import annotations
 
@@ -40,3 +41,27 @@ class BargeIn:
     discarded: tuple[int, ...]
     truncated: ItemTruncated | None
     flushed_samples: int
+
+
+class InputCursors:
+    """The input side's cursors (samples at 48 kHz): ``heard_until`` and ``prefilled_until``
+    only grow, and what was pushed into the model was heard."""
+
+    def __init__(self) -> None:
+        self.heard_until = 0
+        self.prefilled_until = 0
+
+    def advance_heard(self, samples: int) -> None:
+        """``samples`` more input has been received."""
+        if samples < 0:
+            raise ValueError("heard_until only grows")
+        self.heard_until += samples
+
+    def advance_prefilled(self, until: int) -> None:
+        """Input up to ``until`` has been pushed into the model."""
+        if until < self.prefilled_until or until > self.heard_until:
+            raise ValueError(
+                f"prefilled_until must stay within [{self.prefilled_until}, {self.heard_until}],"
+                f" got {until}"
+            )
+        self.prefilled_until = until

@@ -3,7 +3,8 @@
 Liveness invariant: every state but LISTENING ends within its deadline, counted from entering
 it (not from when some engine job starts): USER_SPEAKING ends as at a pause (the reply starts),
 THINKING and AGENT_SPEAKING end in LISTENING with a ``timeout`` error naming the stage that was
-late. :meth:`TurnMachine.overdue` says when a deadline has passed; the session acts on it.
+late, and PAUSED (voice over a reply, not yet judged an interruption) is judged then.
+:meth:`TurnMachine.overdue` says when a deadline has passed; the session acts on it.
 """
 
 from __future__ import annotations
@@ -25,19 +26,23 @@ class TurnState(Enum):
     USER_SPEAKING = "user_speaking"
     THINKING = "thinking"
     AGENT_SPEAKING = "agent_speaking"
+    PAUSED = "paused"  # voice over a reply: playback held until it is judged an interruption
 
 
-_L, _U, _T, _A = TurnState
+_L, _U, _T, _A, _P = TurnState
 TRANSITIONS: dict[TurnState, frozenset[TurnState]] = {
     # speech start; typed text goes straight to thinking
     _L: frozenset({_U, _T}),
     # end of turn; or the speech was not a turn (noise, empty transcript)
     _U: frozenset({_T, _L}),
     # first audio plays; barge-in before it plays (voice; typed text restarts thinking);
-    # nothing to say / cancelled / failed / timed out
-    _T: frozenset({_A, _U, _T, _L}),
-    # reply played out or cancelled; barge-in by voice; barge-in by typed text
-    _A: frozenset({_L, _U, _T}),
+    # nothing to say / cancelled / failed / timed out; voice heard over it (pause first)
+    _T: frozenset({_A, _U, _T, _L, _P}),
+    # reply played out or cancelled; barge-in by voice; barge-in by typed text; voice heard
+    _A: frozenset({_L, _U, _T, _P}),
+    # not an interruption: the reply resumes (speaking, or still thinking); an interruption
+    # by voice; typed text; cancelled, failed, timed out or played out
+    _P: frozenset({_A, _T, _U, _L}),
 }
 
 
@@ -48,6 +53,7 @@ class TurnDeadlines:
     user_speaking_ms: float
     thinking_ms: float
     agent_speaking_ms: float
+    paused_ms: float = 2_000.0
 
     def of(self, state: TurnState) -> float | None:
         """The deadline of ``state``; None for LISTENING, which may last for ever."""
@@ -56,6 +62,7 @@ class TurnDeadlines:
             TurnState.USER_SPEAKING: self.user_speaking_ms,
             TurnState.THINKING: self.thinking_ms,
             TurnState.AGENT_SPEAKING: self.agent_speaking_ms,
+            TurnState.PAUSED: self.paused_ms,
         }[state]
 
 

@@ -94,3 +94,69 @@ def test_video_frames_follow_the_audio_position() -> None:
     buf.flush(1)
     assert buf.video_at() is None
     assert not buf.push_video(3, 0, 0, "stale")
+
+
+# --- pause first, decide second: the buffer holds, then plays on from the same sample --------
+def ramp_pcm(samples: int) -> np.ndarray:
+    """Audio whose every sample differs from its neighbours (1, 2, 3, ...): a skipped or
+    repeated sample shows."""
+    return (np.arange(samples) % 30_000 + 1).astype(np.int16)
+
+
+def test_pause_holds_every_sample_and_resume_plays_on_from_the_same_one() -> None:
+    buf = make(fade_ms=0.0)
+    reply = ramp_pcm(ms_to_samples(200))
+    buf.begin_response(0)
+    buf.push_audio(1, 0, reply)
+    played = [buf.pull(FRAME_SAMPLES).pcm for _ in range(3)]
+    assert buf.pause() and not buf.pause()  # a second pause changes nothing
+    held = [buf.pull(FRAME_SAMPLES) for _ in range(5)]
+    assert all(not p.pcm.any() and p.spans == () and not p.underrun for p in held)
+    assert buf.buffered == len(reply) - 3 * FRAME_SAMPLES  # nothing consumed
+    assert buf.underruns == 0
+    assert buf.resume() == 5 * FRAME_SAMPLES  # the pause's length
+    while buf.buffered:
+        played.append(buf.pull(FRAME_SAMPLES).pcm)
+    heard = np.concatenate(played)[: len(reply)]
+    assert np.array_equal(heard, reply)  # not a sample skipped or repeated
+
+
+def test_pause_fades_a_copy_and_resume_fades_in_from_the_paused_sample() -> None:
+    buf = make(fade_ms=5.0)
+    fade = ms_to_samples(5)
+    reply = np.full(ms_to_samples(200), 10_000, np.int16)
+    buf.push_audio(1, 0, reply)
+    buf.pull(FRAME_SAMPLES)
+    buf.pause()
+    faded = buf.pull(FRAME_SAMPLES)
+    assert faded.spans == ()  # the fade is a copy, not counted as played
+    assert 0 < faded.pcm[0] <= 10_000 and faded.pcm[fade - 1] < 500 and not faded.pcm[fade:].any()
+    assert buf.buffered == len(reply) - FRAME_SAMPLES
+    buf.resume()
+    resumed = buf.pull(FRAME_SAMPLES)
+    assert resumed.spans[0].start == FRAME_SAMPLES  # from the sample where it paused
+    assert resumed.pcm[0] < 500 and resumed.pcm[fade] == 10_000  # faded in, then as made
+
+
+def test_chunks_not_yet_started_move_later_by_the_pause() -> None:
+    buf = make(fade_ms=0.0)
+    buf.push_audio(1, 0, tone(40))
+    buf.push_audio(2, 0, tone(40))
+    assert buf.chunk_position(2) == ms_to_samples(40)
+    buf.pull(FRAME_SAMPLES)
+    buf.pause()
+    for _ in range(3):
+        buf.pull(FRAME_SAMPLES)
+    buf.resume()
+    assert buf.chunk_position(2) == ms_to_samples(40) + 3 * FRAME_SAMPLES
+
+
+def test_a_flush_while_paused_plays_nothing_more() -> None:
+    buf = make(fade_ms=5.0)
+    buf.push_audio(1, 0, tone(200))
+    buf.pull(FRAME_SAMPLES)
+    buf.pause()
+    buf.pull(FRAME_SAMPLES)  # the fade out
+    assert buf.flush(1) == ms_to_samples(180)
+    assert not buf.paused
+    assert not buf.pull(FRAME_SAMPLES).pcm.any()  # no second fade of the flushed audio

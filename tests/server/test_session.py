@@ -182,12 +182,12 @@ def test_a_field_limited_to_choices_refuses_other_values(
 
 
 def test_cursors_track_input_and_output(session: Session) -> None:
-    session.advance_heard(ms_to_samples(500))
-    session.advance_prefilled(ms_to_samples(300))
+    session.input.advance_heard(ms_to_samples(500))
+    session.input.advance_prefilled(ms_to_samples(300))
     with pytest.raises(ValueError):
-        session.advance_prefilled(ms_to_samples(600))  # beyond what was heard
+        session.input.advance_prefilled(ms_to_samples(600))  # beyond what was heard
     with pytest.raises(ValueError):
-        session.advance_prefilled(ms_to_samples(100))  # cursors never go back
+        session.input.advance_prefilled(ms_to_samples(100))  # cursors never go back
     user_turn(session, "Hi")
     session.start_response(0)
     say(session, "Hello there.", 300)
@@ -343,3 +343,69 @@ def test_finish_response_refuses_an_unknown_status(session: Session) -> None:
     with pytest.raises(ValueError):
         session.finish_response(session.epoch, status="done-ish")
     assert session.state is TurnState.THINKING
+
+
+# --- pause first, decide second ------------------------------------------------------------
+def test_a_paused_reply_that_resumes_is_heard_whole(session: Session) -> None:
+    user_turn(session, "Tell me a story.")
+    assert session.start_response(session.epoch)
+    say(session, "Once upon a time.", 200)
+    say(session, "The end.", 200)
+    session.finish_response(session.epoch)
+    play(session, 100)
+    session.drain_events()
+    assert session.pause_reply()
+    assert session.state is TurnState.PAUSED
+    play(session, 300)  # held: nothing of the reply plays, nothing is committed
+    assert session.state is TurnState.PAUSED
+    assert session.history.turns[-1].role is Role.USER
+    session.resume_reply("backchannel")
+    assert session.state is TurnState.AGENT_SPEAKING
+    play(session, 300)
+    assert session.state is TurnState.LISTENING
+    agent = session.history.turns[-1]
+    assert agent.text == "Once upon a time. The end." and not agent.truncated
+    kinds = [e.to_dict() for e in session.drain_events()]
+    paused = next(e for e in kinds if e["type"] == "output_audio_buffer.paused")
+    resumed = next(e for e in kinds if e["type"] == "output_audio_buffer.resumed")
+    assert paused["audio_end_ms"] == 100.0 and paused["position_ms"] == 100.0
+    assert resumed["audio_end_ms"] == 100.0 and resumed["paused_ms"] == 300.0
+    assert resumed["reason"] == "backchannel" and paused["item_id"] == resumed["item_id"]
+    assert kinds[-1]["type"] == "response.done" and kinds[-1]["status"] == "completed"
+
+
+def test_an_interruption_while_paused_keeps_only_what_was_heard(session: Session) -> None:
+    user_turn(session, "Tell me a story.")
+    assert session.start_response(session.epoch)
+    say(session, "Once upon a time there was a king.", 400, words=True)
+    play(session, 200)
+    assert session.pause_reply()
+    play(session, 200)
+    epoch = session.epoch
+    barge = session.speech_started(0.0)
+    assert barge is not None and barge.new_epoch == epoch + 1
+    assert session.state is TurnState.USER_SPEAKING
+    agent = [t for t in session.history.turns if t.role is Role.ASSISTANT][-1]
+    assert agent.truncated and agent.text == "Once upon a time"  # the words heard by the pause
+    assert not session.playback.paused
+
+
+def test_a_pause_while_thinking_holds_the_first_audio(session: Session) -> None:
+    user_turn(session, "Hello?")
+    assert session.pause_reply()  # voice heard before the reply's first audio
+    assert session.start_response(session.epoch)  # the reply is made while paused
+    say(session, "Hi.", 100)
+    session.finish_response(session.epoch)
+    play(session, 200)
+    assert session.state is TurnState.PAUSED and session.playback.buffered > 0
+    session.resume_reply("no voice")
+    assert session.state is TurnState.THINKING  # back where it paused
+    play(session, 120)
+    assert session.state is TurnState.LISTENING
+
+
+def test_pause_needs_a_reply_and_resume_needs_a_pause(session: Session) -> None:
+    assert not session.pause_reply()  # listening: nothing to pause
+    with pytest.raises(InvalidTransition):
+        session.resume_reply("no voice")
+    assert session.state is TurnState.LISTENING

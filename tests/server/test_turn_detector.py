@@ -7,6 +7,7 @@ import subprocess
 import wave
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from server.config import VadConfig
 from server.pipeline.turn_detector import (
     TONAL_SHARE,
     TurnDetector,
+    VadEvent,
     VadEventKind,
     VadState,
     line_share,
@@ -39,17 +41,26 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
         return resample(pcm, w.getframerate(), 16_000)
 
 
-def detector(**overrides: int) -> TurnDetector:
+def detector(**overrides: Any) -> TurnDetector:
     config = VadConfig(**overrides)
     return TurnDetector(WebRtcGate(config.aggressiveness), SileroVad(), config)
 
 
-def feed(det: TurnDetector, pcm: np.ndarray, chunk: int = 320) -> list[tuple[VadEventKind, float]]:
+def feed(
+    det: TurnDetector, pcm: np.ndarray, chunk: int = 320, onsets: bool = False
+) -> list[tuple[VadEventKind, float]]:
+    """The detector's events (kind, at_ms) for ``pcm``; onsets only when asked for."""
     out = []
     for i in range(0, len(pcm), chunk):
         for event in det.push(pcm[i : i + chunk], arrival_ms=i / 16):
-            out.append((event.kind, event.at_ms))
+            if onsets or event.kind is not VadEventKind.ONSET:
+                out.append((event.kind, event.at_ms))
     return out
+
+
+def decisions(events: list[VadEvent]) -> list[VadEvent]:
+    """Speech starts and stops (onsets left out)."""
+    return [e for e in events if e.kind is not VadEventKind.ONSET]
 
 
 def test_speech_between_silences_gives_one_start_and_one_stop(speech: np.ndarray) -> None:
@@ -113,7 +124,7 @@ def test_start_needs_the_configured_voiced_run_and_reports_its_arrival() -> None
     events = []
     for i in range(len(gate.voiced)):
         events += det.push(np.ones(320, np.int16), arrival_ms=1000.0 + 20 * i)
-    start = events[0]
+    start = decisions(events)[0]
     assert start.kind is VadEventKind.START
     assert start.onset_arrival_ms == 1000.0 + 20 * 8  # the run that made it, not the blip
     assert start.at_ms == 8 * 20
@@ -122,7 +133,8 @@ def test_start_needs_the_configured_voiced_run_and_reports_its_arrival() -> None
 def test_model_veto_blocks_a_gate_only_start() -> None:
     gate = ScriptedGate([True] * 50)
     det = TurnDetector(gate, FixedProbability(0.1), VadConfig())
-    assert det.push(np.ones(320 * 50, np.int16), 0.0) == []
+    events = det.push(np.ones(320 * 50, np.int16), 0.0)
+    assert [e.kind for e in events] == [VadEventKind.ONSET]  # the gate's voice, never confirmed
 
 
 class ScriptedProbability:
@@ -147,8 +159,27 @@ def test_onset_is_where_the_gate_first_heard_voice_even_if_confirmed_later() -> 
     events = []
     for i in range(35):
         events += det.push(np.ones(320, np.int16), arrival_ms=1000.0 + 20 * i)
-    assert events[0].kind is VadEventKind.START
-    assert events[0].onset_arrival_ms == 1000.0 + 20 * 5  # gate onset, not the confirmation
+    onset, start = events[0], decisions(events)[0]
+    assert start.kind is VadEventKind.START
+    assert start.onset_arrival_ms == 1000.0 + 20 * 5  # gate onset, not the confirmation
+    # the onset came first: two gate frames (vad.onset_ms 40), before the model agreed
+    assert onset.kind is VadEventKind.ONSET
+    assert (onset.at_ms, onset.onset_arrival_ms) == (5 * 20, 1000.0 + 20 * 5)
+    assert det.gate_quiet_ms == 0.0
+
+
+def test_one_onset_per_gate_run_and_the_gate_quiet_time() -> None:
+    gate = ScriptedGate([True] * 3 + [False] * 4 + [True] * 1 + [False] + [True] * 2 + [False] * 3)
+    det = TurnDetector(gate, FixedProbability(0.1), VadConfig(onset_ms=40))
+    events = []
+    for i in range(len(gate.voiced)):
+        events += det.push(np.ones(320, np.int16), arrival_ms=20.0 * i)
+    # a run of 3 and a run of 2 frames make onsets; the lone frame does not
+    assert [(e.kind, e.at_ms) for e in events] == [
+        (VadEventKind.ONSET, 0.0),
+        (VadEventKind.ONSET, 9 * 20.0),
+    ]
+    assert det.gate_quiet_ms == 3 * 20.0
 
 
 # --- tones, rings and beeps are not speech ---------------------------------------------------

@@ -1,0 +1,198 @@
+"""Who has the floor: the user's turn starting and ending, and voice over a reply.
+
+Voice over a reply pauses it at once (the gate's onset): a short fade, the playback cursor
+held, every unplayed chunk kept. The interjection judge (server/conversation/interjection.py)
+then calls it an interruption, and the epoch bumps through the conversation's one interrupt
+path, or not (a cough, a click, "mm-hm"), and the reply resumes from the exact sample where it
+paused. With ``vad.pause_first`` off (or ``interrupt_response`` off) confirmed speech stops the
+reply at once, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from server.clock import Clock
+from server.config import Config
+from server.conversation.interjection import (
+    AskWords,
+    Decision,
+    InterjectionJudge,
+    JudgeRules,
+    Listening,
+    Verdict,
+)
+from server.conversation.partials import Partials
+from server.conversation.playout import Playout
+from server.conversation.realtime_session import TurnSettings
+from server.conversation.reply import Replies
+from server.conversation.utterance import Utterance
+from server.metrics import Metrics
+from server.pipeline.seams import TurnPipeline, TurnTrace
+from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind, VadState
+from server.runtime.session import BargeIn, Session
+from server.runtime.turn import TurnState
+from server.scheduling.engine_queue import JobTag
+from server.tasks import cancel
+
+log = logging.getLogger(__name__)
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
+
+
+class Floor:
+    """The turn's course for one conversation, from the turn detector's events."""
+
+    def __init__(
+        self,
+        session: Session,
+        detector: TurnDetector,
+        utterance: Utterance,
+        partials: Partials,
+        pipeline: TurnPipeline | None,
+        config: Config,
+        metrics: Metrics,
+        playout: Playout,
+        replies: Replies,
+        clock: Clock,
+        settings: Callable[[], TurnSettings],
+        spawn: Spawn,
+        tag: Callable[[], JobTag],
+        interrupt: Callable[[BargeIn | None], Awaitable[None]],
+        flush: Callable[[], None],
+    ) -> None:
+        self._session = session
+        self._detector = detector
+        self._utterance = utterance
+        self._partials = partials
+        self._pipeline = pipeline
+        self._config = config
+        self._metrics = metrics
+        self._playout = playout
+        self._replies = replies
+        self._clock = clock
+        self._settings = settings
+        self._spawn = spawn
+        self._tag = tag
+        self._interrupt = interrupt
+        self._flush = flush
+        self.judge = InterjectionJudge(JudgeRules.of(config.vad), session.session_id)
+        self._partials_task: asyncio.Task[None] | None = None
+        self._words_task: asyncio.Task[None] | None = None
+        self.speech_starts = 0
+        self.resumed = 0  # pauses that were no interruption
+        self.interrupted = 0  # pauses that were
+
+    # --- the detector's events ----------------------------------------------------------------
+    async def on_vad(self, event: VadEvent) -> None:
+        state = self._session.state
+        replying = state in (TurnState.THINKING, TurnState.AGENT_SPEAKING)
+        if event.kind is VadEventKind.ONSET:
+            if replying and self._pauses():
+                self._pause(event)
+        elif event.kind is VadEventKind.START:
+            self._metrics.speech_starts.inc()
+            self.speech_starts += 1
+            if state is TurnState.PAUSED:
+                pass  # the judge sees the speech on the next step
+            elif replying and not self._settings().interrupt_response:
+                return  # speech over a reply is not heard (interrupt_response off)
+            else:
+                await self._speech_started(event.at_ms, event)
+        elif state is TurnState.USER_SPEAKING:
+            await self.end_user_turn(event.at_ms)
+        self._flush()
+
+    async def after_frames(self) -> None:
+        """The detector judged more audio: the pause's judgement moves on."""
+        if self._session.state is not TurnState.PAUSED:
+            self.judge.abandon()
+            return
+        detector = self._detector
+        speech = detector.state is VadState.SPEECH
+        now = Listening(detector.position_ms, speech, detector.quiet_ms, detector.gate_quiet_ms)
+        step = self.judge.step(now)
+        if isinstance(step, AskWords):
+            await cancel(self._words_task)
+            self._words_task = self._spawn(self._judge_words(step), "interjection-words")
+        elif step is not None:
+            await self.decide(step)
+
+    def _pauses(self) -> bool:
+        return self._config.vad.pause_first and self._settings().interrupt_response
+
+    def _pause(self, event: VadEvent) -> None:
+        if self._session.pause_reply():
+            self.judge.heard(event.at_ms)
+            self._playout.barged_in(event.onset_arrival_ms, event.onset_arrival_ms)
+            self._flush()
+
+    async def _judge_words(self, ask: AskWords) -> None:
+        """Transcribe the interjection (from just before its onset) and let the judge decide."""
+        back_ms = self._detector.position_ms - ask.from_ms + PREROLL_MS
+        audio = self._utterance.recent(back_ms)
+        assert self._pipeline is not None  # a reply plays, so there is a pipeline
+        text = await self._pipeline.transcribe(audio, self._tag())
+        decision = self.judge.words(ask.attempt, text)
+        if decision is not None and self._session.state is TurnState.PAUSED:
+            await self.decide(decision)
+
+    async def decide(self, decision: Decision) -> None:
+        """Act on the judge's decision about the paused reply."""
+        sid = self._session.session_id[:8]
+        verdict = decision.verdict.value
+        log.info("session %s: voice over the reply: %s (%s)", sid, verdict, decision.reason)
+        self._metrics.interjections.labels(verdict).inc()
+        if decision.verdict is Verdict.RESUME:
+            self.resumed += 1
+            self._session.resume_reply(decision.reason)
+            self._flush()
+            return
+        self.interrupted += 1
+        back_ms = self._detector.position_ms - self.judge.onset_ms
+        await self._speech_started(self.judge.onset_ms, None, back_ms)
+        if self._detector.state is VadState.SILENCE:  # the speech already ended
+            await self.end_user_turn(self._detector.position_ms)
+        self._flush()
+
+    async def overdue(self) -> None:
+        """The paused turn reached its deadline."""
+        await self.decide(self.judge.overdue())
+
+    # --- the user's turn ----------------------------------------------------------------------
+    async def _speech_started(
+        self, at_ms: float, event: VadEvent | None, back_ms: float = 0.0
+    ) -> None:
+        """The user takes the floor from ``at_ms`` on (an interruption of a reply, or a new
+        turn); ``back_ms``: audio before now that is already theirs (a judged interjection)."""
+        barge = self._session.speech_started(at_ms)
+        if barge is not None:
+            if event is not None:  # not paused first: the reaction is timed from here
+                self._playout.barged_in(event.onset_arrival_ms, event.confirmed_arrival_ms)
+            await self._interrupt(barge)
+        if self._session.state is TurnState.USER_SPEAKING and self._partials_task is None:
+            self._utterance.begin(back_ms)
+            self._partials.reset()
+            if self._pipeline is not None and self._config.pipeline.incremental:
+                run = self._partials.run(self._pipeline)
+                self._partials_task = self._spawn(run, "partials")
+
+    async def stop_partials(self) -> None:
+        task, self._partials_task = self._partials_task, None
+        await cancel(task)
+
+    async def end_user_turn(self, at_ms: float) -> None:
+        """The user's turn ends (the VAD heard a pause from ``at_ms`` on the input timeline, or
+        the turn reached its deadline): transcribe it and reply."""
+        await self.stop_partials()
+        trace = TurnTrace(endpoint_ms=self._clock.now_ms())
+        self._session.speech_stopped(at_ms)
+        utterance = self._utterance.take()
+        # the audio after this index is the end-of-turn silence
+        silence = int((self._detector.position_ms - at_ms) * 16)
+        speech_end = max(0, len(utterance) - silence)
+        self._replies.start(self._session.epoch, trace, utterance=utterance, speech_end=speech_end)

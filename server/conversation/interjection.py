@@ -1,0 +1,188 @@
+"""Pause first, decide second: is voice heard over a reply an interruption?
+
+When the gate hears voice over a reply, the reply pauses at once (server/conversation/floor.py).
+The :class:`InterjectionJudge` then watches the turn detector, frame by frame, and decides:
+
+- the gate's voice lapses before the confirming model calls it speech (a click, a knock, a
+  tone): **resume**, "no voice";
+- confirmed speech goes on for ``interruption_ms`` from its onset: **interrupt**, whatever it
+  says;
+- shorter speech falls quiet for ``quiet_ms``: its words are transcribed; no words (a cough) or
+  only backchannels ("mm-hm", "yeah", "ok", "right", "I see"): **resume**; anything else
+  ("wait", "stop", "no"): **interrupt**. Speech that goes on while its words are transcribed
+  is judged again (the older transcript no longer counts);
+- the paused turn's deadline (``runtime.paused_timeout_ms``): interrupt if speech was
+  confirmed, else resume.
+
+The judge is synchronous and does no I/O; positions are ms on the input timeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+from server.config import VadConfig
+
+log = logging.getLogger(__name__)
+
+LAPSE_MS = 200.0  # the gate quiet this long with no confirmed speech: no voice after all
+MAX_BACKCHANNEL_WORDS = 6
+FILLERS = frozenset(
+    {"mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "umm", "ah", "oh", "aha", "ooh", "wow"}
+)
+BACKCHANNELS = frozenset(
+    tuple(phrase.split())
+    for phrase in (
+        "yeah", "yes", "yep", "yup", "ok", "okay", "right", "sure", "alright", "all right",
+        "i see", "got it", "cool", "nice", "great", "true", "exactly", "indeed", "thank you",
+        "thanks", "good", "uh huh", "mm hm", "i know", "of course", "totally", "definitely",
+        "absolutely", "interesting", "you",  # "you": Whisper's word for a noise
+    )
+)  # fmt: skip
+_NOT_WORDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # "(coughs)", "[MUSIC]", "*sigh*"
+
+
+def words_of(text: str) -> list[str]:
+    """The words of a transcript, lower case, without punctuation or noise tags."""
+    plain = _NOT_WORDS.sub(" ", text.lower()).replace("-", " ")
+    return re.sub(r"[^a-z' ]", " ", plain).replace("'", "").split()
+
+
+def is_backchannel(text: str) -> bool:
+    """True when ``text`` holds no words, or only fillers and backchannel phrases (at most
+    ``MAX_BACKCHANNEL_WORDS`` words): a listener's signal, not a bid for the floor."""
+    words = words_of(text)
+    if len(words) > MAX_BACKCHANNEL_WORDS:
+        return False
+    i = 0
+    while i < len(words):
+        if words[i] in FILLERS:
+            i += 1
+        elif tuple(words[i : i + 2]) in BACKCHANNELS:
+            i += 2
+        elif (words[i],) in BACKCHANNELS:
+            i += 1
+        else:
+            return False
+    return True
+
+
+class Phase(IntEnum):
+    """Where the judgement of the voice over a paused reply stands."""
+
+    IDLE = 0  # nothing paused
+    HEARD = 1  # the gate heard voice; the confirming model has not called it speech
+    SPEECH = 2  # speech confirmed: it may grow long, or fall quiet
+    WORDS = 3  # short speech fell quiet: its words are being transcribed
+
+
+class Verdict(Enum):
+    RESUME = "resume"
+    INTERRUPT = "interrupt"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+
+
+@dataclass(frozen=True)
+class AskWords:
+    """Transcribe the input from ``from_ms`` (the onset) on; answer with ``attempt``."""
+
+    attempt: int
+    from_ms: float
+
+
+@dataclass(frozen=True)
+class Listening:
+    """What the judge reads of the turn detector after a frame (ms on the input timeline):
+    its position, whether it is in speech, and how long the speaker (``quiet_ms``) and the
+    gate (``gate_quiet_ms``) have been quiet."""
+
+    position_ms: float
+    speech: bool
+    quiet_ms: float
+    gate_quiet_ms: float
+
+
+@dataclass(frozen=True)
+class JudgeRules:
+    interruption_ms: float
+    quiet_ms: float
+    lapse_ms: float = LAPSE_MS
+
+    @classmethod
+    def of(cls, vad: VadConfig) -> JudgeRules:
+        return cls(float(vad.interruption_ms), float(vad.interjection_quiet_ms))
+
+
+class InterjectionJudge:
+    """Decides one pause at a time; :meth:`_to` is the one place its phase changes."""
+
+    def __init__(self, rules: JudgeRules, session_id: str = "") -> None:
+        self.rules = rules
+        self._sid = session_id[:8]
+        self.phase = Phase.IDLE
+        self.onset_ms = 0.0  # where the voice began (input timeline)
+        self.attempt = 0  # of the words asked for; an older transcript is ignored
+
+    def heard(self, onset_ms: float) -> None:
+        """The reply paused for voice that began at ``onset_ms``."""
+        self.onset_ms = onset_ms
+        self._to(Phase.HEARD, "voice over the reply")
+
+    def step(self, now: Listening) -> Decision | AskWords | None:
+        """After a frame: a decision, a request for the words, or nothing yet."""
+        if self.phase is Phase.IDLE:
+            return None
+        if self.phase is Phase.HEARD:
+            if not now.speech:
+                if now.gate_quiet_ms >= self.rules.lapse_ms:
+                    return self._decide(Verdict.RESUME, "no voice")
+                return None
+            self._to(Phase.SPEECH, "speech confirmed")
+        speaking = now.speech and now.quiet_ms == 0.0
+        if self.phase is Phase.WORDS:
+            if not speaking:
+                return None
+            self._to(Phase.SPEECH, "speech goes on")  # the words asked for no longer count
+        voiced_until = now.position_ms - now.quiet_ms
+        if now.speech and voiced_until - self.onset_ms >= self.rules.interruption_ms:
+            return self._decide(Verdict.INTERRUPT, "long speech")
+        if not now.speech or now.quiet_ms >= self.rules.quiet_ms:
+            self.attempt += 1
+            self._to(Phase.WORDS, "short speech fell quiet")
+            return AskWords(self.attempt, self.onset_ms)
+        return None
+
+    def words(self, attempt: int, text: str) -> Decision | None:
+        """The transcript of ``attempt``: a decision, or None when it came too late."""
+        if self.phase is not Phase.WORDS or attempt != self.attempt:
+            return None
+        if is_backchannel(text):
+            return self._decide(Verdict.RESUME, "backchannel" if words_of(text) else "no words")
+        return self._decide(Verdict.INTERRUPT, "words")
+
+    def overdue(self) -> Decision:
+        """The pause reached its deadline: speech confirmed is an interruption, else resume."""
+        if self.phase >= Phase.SPEECH:
+            return self._decide(Verdict.INTERRUPT, "undecided speech")
+        return self._decide(Verdict.RESUME, "undecided")
+
+    def abandon(self) -> None:
+        """The pause ended some other way (typed text, cancel, the reply played out)."""
+        if self.phase is not Phase.IDLE:
+            self._to(Phase.IDLE, "pause ended elsewhere")
+
+    def _decide(self, verdict: Verdict, reason: str) -> Decision:
+        self._to(Phase.IDLE, f"{verdict.value}: {reason}")
+        return Decision(verdict, reason)
+
+    def _to(self, new: Phase, reason: str) -> None:
+        old, self.phase = self.phase, new
+        log.debug("session %s interjection: %s -> %s (%s)", self._sid, old.name, new.name, reason)

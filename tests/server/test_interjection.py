@@ -1,0 +1,322 @@
+"""Pause first, decide second: voice over a reply pauses it; a cough, a click or "mm-hm" lets it
+resume from the exact sample where it paused, a real interruption stops it.
+
+The judge is tested alone on scripted detector readings; then a whole Conversation runs on a
+fake clock with a real TurnDetector whose gate and confirming model are scripted, a pipeline
+whose recogniser says what the test wants, and its output pulled as the audio track would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import av
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from server.clock import FakeClock
+from server.config import load_config
+from server.conversation.conversation import Conversation
+from server.conversation.interjection import (
+    AskWords,
+    Decision,
+    InterjectionJudge,
+    JudgeRules,
+    Listening,
+    Phase,
+    Verdict,
+    is_backchannel,
+)
+from server.metrics import Metrics
+from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.turn_detector import TurnDetector
+from server.runtime.conditions import Conditions
+from server.runtime.history import Role
+from server.runtime.media import FRAME_SAMPLES
+from server.runtime.turn import TurnState
+from server.scheduling.engine_queue import JobTag
+
+RULES = JudgeRules(interruption_ms=600.0, quiet_ms=160.0)
+
+
+# --- the words ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text",
+    ["", "Mm-hm.", "mhm", "Yeah.", "Okay.", "OK", "Uh-huh.", "Right, right.", "I see.",
+     "Oh, okay.", "(coughs)", "[MUSIC]", " you", "Yeah, got it.", "Thank you."],
+)  # fmt: skip
+def test_backchannels_and_noises_are_no_bid_for_the_floor(text: str) -> None:
+    assert is_backchannel(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Wait.", "Stop.", "No.", "Hold on.", "Yeah, but what about Paris?", "Sorry, one question.",
+     "okay okay okay okay okay okay okay"],
+)  # fmt: skip
+def test_words_that_take_the_floor(text: str) -> None:
+    assert not is_backchannel(text)
+
+
+# --- the judge, step by step ------------------------------------------------------------------
+def steps(judge: InterjectionJudge, script: list[Listening]) -> list[Any]:
+    return [judge.step(now) for now in script]
+
+
+def test_voice_the_model_never_confirms_resumes_once_the_gate_lapses() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    out = steps(judge, [Listening(1000.0 + 20 * i, False, 0.0, 20.0 * i) for i in range(12)])
+    assert out[:10] == [None] * 10
+    assert out[10] == Decision(Verdict.RESUME, "no voice") and judge.phase is Phase.IDLE
+
+
+def test_long_speech_is_an_interruption_without_waiting_for_words() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    out = steps(judge, [Listening(1000.0 + 20 * i, True, 0.0, 0.0) for i in range(1, 31)])
+    assert out[-1] == Decision(Verdict.INTERRUPT, "long speech") and set(out[:-1]) == {None}
+
+
+def test_short_speech_is_judged_by_its_words() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    assert steps(judge, [Listening(1100.0, True, 0.0, 0.0), Listening(1300.0, True, 100.0, 100.0)])
+    ask = judge.step(Listening(1360.0, True, 160.0, 160.0))
+    assert ask == AskWords(1, 1000.0) and judge.phase is Phase.WORDS
+    assert judge.words(1, "Mm-hm.") == Decision(Verdict.RESUME, "backchannel")
+
+    judge.heard(5000.0)
+    judge.step(Listening(5100.0, True, 0.0, 0.0))
+    ask = judge.step(Listening(5300.0, True, 160.0, 160.0))
+    assert isinstance(ask, AskWords)
+    assert judge.words(ask.attempt, "Wait.") == Decision(Verdict.INTERRUPT, "words")
+
+
+def test_speech_that_goes_on_while_its_words_are_transcribed_is_judged_again() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    judge.step(Listening(1100.0, True, 0.0, 0.0))
+    first = judge.step(Listening(1300.0, True, 160.0, 160.0))
+    assert isinstance(first, AskWords)
+    assert judge.step(Listening(1320.0, True, 0.0, 0.0)) is None  # the user speaks on
+    assert judge.words(first.attempt, "Yeah.") is None  # too late: it no longer counts
+    out = judge.step(Listening(1620.0, True, 0.0, 0.0))
+    assert out == Decision(Verdict.INTERRUPT, "long speech")
+
+
+def test_a_pause_past_its_deadline_is_decided_by_what_was_confirmed() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(0.0)
+    assert judge.overdue() == Decision(Verdict.RESUME, "undecided")
+    judge.heard(0.0)
+    judge.step(Listening(100.0, True, 0.0, 0.0))
+    assert judge.overdue() == Decision(Verdict.INTERRUPT, "undecided speech")
+
+
+# --- a whole conversation -------------------------------------------------------------------
+class Voice:
+    """The scripted gate and confirming model: voice while ``on`` (the model agrees only when
+    ``confirmed``)."""
+
+    window = 512
+
+    def __init__(self) -> None:
+        self.on = False
+        self.confirmed = True
+
+    def is_speech(self, frame: npt.NDArray[np.int16]) -> bool:
+        return self.on
+
+    def probability(self, window: npt.NDArray[np.int16]) -> float:
+        return 0.9 if self.on and self.confirmed else 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+def reply_pcm(samples: int) -> npt.NDArray[np.int16]:
+    """A reply whose every sample differs from its neighbours: a skip or a repeat shows."""
+    return (np.arange(samples) % 30_000 + 1).astype(np.int16)
+
+
+REPLY = reply_pcm(48_000)  # each sentence: 1 s
+
+
+class ScriptedPipeline:
+    """Replies two sentences of :data:`REPLY`; the recogniser says ``words``."""
+
+    def __init__(self) -> None:
+        self.words = ""
+        self.transcribed = 0
+
+    async def transcribe(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        self.transcribed += 1
+        return self.words
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        return ""
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        return 0
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        yield "Once upon a time."
+        yield "The end."
+
+    async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
+        return SpeechAudio(REPLY)
+
+    async def close(self) -> None:
+        pass
+
+
+class Rig:
+    def __init__(self, **settings: str) -> None:
+        overrides = {"pipeline.incremental": "false", "runtime.fade_ms": "0", **settings}
+        config = load_config(overrides=overrides)
+        self.voice = Voice()
+        self.clock = FakeClock(1_000.0)
+        self.pipeline = ScriptedPipeline()
+        detector = TurnDetector(self.voice, self.voice, config.vad)
+        self.conversation = Conversation(
+            "c" * 32, config, detector, self.pipeline, Metrics(), clock=self.clock
+        )
+        self.heard: list[npt.NDArray[np.int16]] = []  # what the audio track sent
+        self._pts = 0
+
+    async def tick(self, frames: int = 1) -> None:
+        """20 ms of media: one inbound frame heard, one outbound frame pulled."""
+        for _ in range(frames):
+            frame = av.AudioFrame.from_ndarray(
+                np.zeros((1, FRAME_SAMPLES), np.int16), format="s16", layout="mono"
+            )
+            frame.sample_rate, frame.pts = 48_000, self._pts
+            self._pts += FRAME_SAMPLES
+            self.clock.advance(20.0)
+            await self.conversation.hear(frame, self.clock.now_ms())
+            self.heard.append(self.conversation.playout.pull_audio(FRAME_SAMPLES))
+            for _ in range(5):
+                await asyncio.sleep(0)  # the reply's tasks run
+
+    async def ask(self) -> None:
+        """Typed text starts a reply; ticks until its audio plays."""
+        await self.conversation.typed_text("Tell me a story.")
+        for _ in range(50):
+            await self.tick()
+            if self.heard[-1].any():
+                return
+        raise AssertionError("the reply never played")
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.conversation.outlet.pending if e["type"] == kind]
+
+    def received(self) -> npt.NDArray[np.int16]:
+        """The reply as heard, pauses (silent frames) left out."""
+        return np.concatenate([f for f in self.heard if f.any()])
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    rig = Rig()
+    try:
+        yield rig
+    finally:
+        await rig.conversation.close()
+
+
+async def interject(rig: Rig, frames: int, words: str = "", confirmed: bool = True) -> None:
+    """The user makes a sound over the reply for ``frames`` x 20 ms (recognised as ``words``)."""
+    rig.pipeline.words = words
+    rig.voice.on, rig.voice.confirmed = True, confirmed
+    await rig.tick(frames)
+    rig.voice.on = False
+
+
+async def until_state(rig: Rig, state: TurnState, frames: int = 100) -> None:
+    for _ in range(frames):
+        if rig.conversation.session.state is state:
+            return
+        await rig.tick()
+    raise AssertionError(f"never {state.value}: {rig.conversation.session.state.value}")
+
+
+@pytest.mark.parametrize(
+    ("frames", "words", "confirmed", "reason"),
+    [
+        (3, "", False, "no voice"),  # a click: the gate hears it, the model does not
+        (12, "(coughs)", True, "no words"),
+        (15, "Mm-hm.", True, "backchannel"),
+    ],
+)
+async def test_a_false_interruption_resumes_from_the_sample_where_it_paused(
+    rig: Rig, frames: int, words: str, confirmed: bool, reason: str
+) -> None:
+    await rig.ask()
+    await rig.tick(10)
+    await interject(rig, frames, words, confirmed)
+    assert rig.conversation.session.state is TurnState.PAUSED
+    assert not rig.heard[-1].any()  # paused at once: silence while the user made the sound
+    await until_state(rig, TurnState.LISTENING, frames=200)
+    received = rig.received()
+    assert np.array_equal(received, np.concatenate([REPLY, REPLY]))  # every sample, once
+    session = rig.conversation.session
+    agent = [t for t in session.history.turns if t.role is Role.ASSISTANT][-1]
+    assert agent.text == "Once upon a time. The end." and not agent.truncated
+    (resumed,) = rig.events("output_audio_buffer.resumed")
+    assert resumed["reason"] == reason
+    assert len(rig.events("output_audio_buffer.paused")) == 1
+    assert session.epoch == 0  # nothing interrupted the reply
+    assert rig.pipeline.transcribed == (0 if reason == "no voice" else 1)
+    assert rig.conversation.describe()["interjections"] == {"resumed": 1, "interrupted": 0}
+
+
+@pytest.mark.parametrize(("frames", "words"), [(40, ""), (12, "Wait.")])
+async def test_a_real_interruption_stops_the_reply_where_it_paused(
+    rig: Rig, frames: int, words: str
+) -> None:
+    await rig.ask()
+    await rig.tick(10)
+    before = sum(f.any() for f in rig.heard)
+    await interject(rig, frames, words)
+    await until_state(rig, TurnState.USER_SPEAKING if frames == 40 else TurnState.THINKING)
+    session = rig.conversation.session
+    assert session.epoch == 1  # the one interrupt path bumped it
+    (truncated,) = rig.events("conversation.item.truncated")
+    sent = sum(f.any() for f in rig.heard)
+    assert sent <= before + 3  # paused within the onset (40 ms) and a frame of resampling
+    assert truncated["audio_end_ms"] == pytest.approx(sent * 20.0)  # what was heard, exactly
+    assert not rig.events("output_audio_buffer.resumed")
+    assert rig.conversation.describe()["interjections"] == {"resumed": 0, "interrupted": 1}
+    # the user's turn holds the interjection from its onset
+    assert rig.events("input_audio_buffer.speech_started")
+
+
+async def test_with_pause_first_off_confirmed_speech_stops_the_reply_at_once() -> None:
+    rig = Rig(**{"vad.pause_first": "false"})
+    try:
+        await rig.ask()
+        rig.voice.on = True
+        await rig.tick(4)
+        assert rig.conversation.session.state is TurnState.USER_SPEAKING
+        assert not rig.events("output_audio_buffer.paused")
+    finally:
+        await rig.conversation.close()
+
+
+async def test_a_pause_past_its_deadline_resumes_unconfirmed_voice(rig: Rig) -> None:
+    await rig.ask()
+    rig.voice.on, rig.voice.confirmed = True, False
+    await rig.tick(3)  # the gate goes on hearing something the model never confirms
+    assert rig.conversation.session.state is TurnState.PAUSED
+    rig.clock.advance(2_000.0)  # runtime.paused_timeout_ms
+    await rig.conversation.enforce_deadline()
+    assert rig.conversation.session.state is TurnState.AGENT_SPEAKING
+    assert rig.events("output_audio_buffer.resumed")[0]["reason"] == "undecided"
