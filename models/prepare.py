@@ -23,6 +23,7 @@ from pathlib import Path
 
 from models.asr import AsrError, whisper_model_path
 from models.tts import TtsError, joe_voice_paths
+from models.turn import smart_turn_model_path
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,14 @@ def locate_voice() -> Located:
         raise PrepareError(str(e)) from e
 
 
+def locate_turn_model() -> Located:
+    """The bundled end-of-turn model, Smart Turn v3.2 (package ``pipecat-ai``)."""
+    try:
+        return Located("end-of-turn model", (smart_turn_model_path(),))
+    except FileNotFoundError as e:
+        raise PrepareError(str(e)) from e
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.prepare", description=__doc__)
     parser.add_argument(
@@ -230,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING)
     try:
-        for locate in (locate_whisper, locate_voice):
+        for locate in (locate_whisper, locate_voice, locate_turn_model):
             found = locate()
             _say(f"{found.name} at {', '.join(str(p) for p in found.paths)}")
         _say(f"checking the LLM {args.llm} (GGUF, for llama.cpp)")

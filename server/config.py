@@ -291,6 +291,21 @@ class VadConfig:
     end_of_turn_ms: int = _setting(
         600, "Silence (ms) after speech that ends the user's turn.", min=100, max=10_000
     )
+    semantic: bool = _setting(
+        True,
+        "Judge whether the user's utterance sounds complete (Smart Turn v3.2) and end the turn "
+        "after complete_silence_ms when it does, incomplete_silence_ms when not (off: "
+        "end_of_turn_ms always).",
+    )
+    complete_silence_ms: int = _setting(
+        160, "Silence (ms) that ends a turn that sounds complete.", min=40, max=10_000
+    )
+    incomplete_silence_ms: int = _setting(
+        1200,
+        "Silence (ms) that ends a turn that sounds unfinished (a pause mid-sentence).",
+        min=100,
+        max=10_000,
+    )
     onset_ms: int = _setting(
         40,
         "Audio (ms) the gate alone calls voice that pauses a reply at once, before the "
@@ -305,14 +320,14 @@ class VadConfig:
     )
     interruption_ms: int = _setting(
         600,
-        "Speech over a paused reply (ms from its onset) that is an interruption whatever its "
-        "words; shorter speech is judged by its words (a backchannel resumes the reply).",
+        "Speech over a paused reply (ms from its onset) whose words so far are judged while it "
+        "goes on: any word that is not a backchannel interrupts at once.",
         min=100,
         max=5000,
     )
     interjection_quiet_ms: int = _setting(
         160,
-        "Quiet (ms) after short speech over a paused reply before its words are judged.",
+        "Quiet (ms) after speech over a paused reply before its words are judged.",
         min=40,
         max=2000,
     )

@@ -94,7 +94,7 @@ class Conversation:
         self._tasks = TaskOwner(f"session {session_id[:8]}")
         self.outlet = Outlet()
         self.wire = RealtimeWire(self.session_view, lambda: self.session.conditions.voice)
-        self.turn_settings = TurnSettings.from_config(config)
+        self.turn_settings = self._turn(TurnSettings.from_config(config))
         self.detached_since_ms: float | None = None  # when the last link was lost
         self.inbox = Inbox(session_id, config.transport.max_event_bytes, self.emit)
         self._resampler: av.AudioResampler | None = None
@@ -201,9 +201,16 @@ class Conversation:
         first: an invalid one changes nothing), its turn detection from the next frame on."""
         if patch.conditions:
             self.session.request_update(dict[str, object](patch.conditions))
-        self.turn_settings = settings = patch.apply_turn(self.turn_settings)
-        self.detector.tune(settings.threshold, settings.silence_ms)
+        self.turn_settings = settings = self._turn(patch.apply_turn(self.turn_settings))
         self.utterance.preroll_ms = settings.prefix_ms
+
+    def _turn(self, settings: TurnSettings) -> TurnSettings:
+        """``settings`` as the turn detector can apply them (``semantic`` needs its model)."""
+        if settings.semantic and self.detector.completeness is None:
+            log.warning("session %s: no end-of-turn model: semantic_vad off", self.session_id[:8])
+            settings = replace(settings, semantic=False)
+        self.detector.tune(settings.threshold, settings.end_of_turn_ms)
+        return settings
 
     def attach(self, link: Link) -> None:
         """``link`` carries the conversation from now on (a first connection, or a resume:

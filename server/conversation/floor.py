@@ -1,5 +1,10 @@
 """Who has the floor: the user's turn starting and ending, and voice over a reply.
 
+The user's turn ends after ``end_of_turn_ms`` of silence (the turn detector's stop). With a
+semantic end of turn (``semantic_vad``), the end-of-turn model hears the utterance as soon as
+the user pauses (``PROBE_MS``): when it sounds complete the turn ends after the shorter
+``complete_wait_ms``, else the detector's longer wait holds (a pause mid-sentence).
+
 Voice over a reply pauses it at once (the gate's onset): a short fade, the playback cursor
 held, every unplayed chunk kept. The interjection judge (server/conversation/interjection.py)
 then calls it an interruption, and the epoch bumps through the conversation's one interrupt
@@ -14,6 +19,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from server.clock import Clock
 from server.config import Config
@@ -35,13 +43,15 @@ from server.pipeline.seams import TurnPipeline, TurnTrace
 from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind, VadState
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
-from server.scheduling.engine_queue import JobTag
+from server.scheduling.engine_queue import JobTag, StaleWork
 from server.tasks import cancel
 
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
+PROBE_MS = 60.0  # quiet (ms) after which the end-of-turn model hears the utterance
+COMPLETE_P = 0.5  # the model's probability above which an utterance sounds complete
 
 
 class Floor:
@@ -66,6 +76,7 @@ class Floor:
         flush: Callable[[], None],
     ) -> None:
         self._session = session
+        self._sid = session.session_id[:8]
         self._detector = detector
         self._utterance = utterance
         self._partials = partials
@@ -83,6 +94,10 @@ class Floor:
         self.judge = InterjectionJudge(JudgeRules.of(config.vad), session.session_id)
         self._partials_task: asyncio.Task[None] | None = None
         self._words_task: asyncio.Task[None] | None = None
+        self._complete: bool | None = None  # the model's verdict on the utterance as it stands
+        self._probing = False
+        self._probe_gen = 0  # an older probe's verdict no longer counts
+        self.turn_probabilities: list[float] = []  # the model's verdicts (diagnostics)
         self.speech_starts = 0
         self.resumed = 0  # pauses that were no interruption
         self.interrupted = 0  # pauses that were
@@ -108,7 +123,11 @@ class Floor:
         self._flush()
 
     async def after_frames(self) -> None:
-        """The detector judged more audio: the pause's judgement moves on."""
+        """The detector judged more audio: the user's turn may end early (it sounds complete),
+        or the pause's judgement moves on."""
+        if self._session.state is TurnState.USER_SPEAKING:
+            await self._semantic_end()
+            return
         if self._session.state is not TurnState.PAUSED:
             self.judge.abandon()
             return
@@ -136,16 +155,21 @@ class Floor:
         back_ms = self._detector.position_ms - ask.from_ms + PREROLL_MS
         audio = self._utterance.recent(back_ms)
         assert self._pipeline is not None  # a reply plays, so there is a pipeline
-        text = await self._pipeline.transcribe(audio, self._tag())
+        try:
+            text = await self._pipeline.transcribe(audio, self._tag())
+        except StaleWork:
+            return  # the pause was decided some other way (typed text, cancel, its deadline)
+        except Exception as exc:  # the recogniser failed: the pause's deadline decides
+            log.warning("session %s: interjection not transcribed: %s", self._sid, exc)
+            return
         decision = self.judge.words(ask.attempt, text)
         if decision is not None and self._session.state is TurnState.PAUSED:
             await self.decide(decision)
 
     async def decide(self, decision: Decision) -> None:
         """Act on the judge's decision about the paused reply."""
-        sid = self._session.session_id[:8]
         verdict = decision.verdict.value
-        log.info("session %s: voice over the reply: %s (%s)", sid, verdict, decision.reason)
+        log.info("session %s: voice over the reply: %s (%s)", self._sid, verdict, decision.reason)
         self._metrics.interjections.labels(verdict).inc()
         if decision.verdict is Verdict.RESUME:
             self.resumed += 1
@@ -163,12 +187,51 @@ class Floor:
         """The paused turn reached its deadline."""
         await self.decide(self.judge.overdue())
 
+    # --- a semantic end of turn -----------------------------------------------------------------
+    async def _semantic_end(self) -> None:
+        wait = self._settings().complete_wait_ms
+        model = self._detector.completeness
+        if wait is None or model is None or self._detector.state is not VadState.SPEECH:
+            return
+        quiet = self._detector.quiet_ms
+        if quiet == 0.0:  # the user speaks on: a verdict on what came before no longer holds
+            self._forget_verdict()
+            return
+        if self._complete is None and not self._probing and quiet >= PROBE_MS:
+            audio = self._utterance.audio()
+            self._probing = True
+            self._spawn(self._probe(self._probe_gen, audio), "end-of-turn")
+        if self._complete and quiet >= wait:
+            event = self._detector.end_turn()
+            assert event is not None
+            await self.end_user_turn(event.at_ms)
+            self._flush()
+
+    async def _probe(self, gen: int, audio: npt.NDArray[np.int16]) -> None:
+        """The end-of-turn model hears the utterance (in a worker thread)."""
+        model = self._detector.completeness
+        assert model is not None
+        try:
+            probability = await asyncio.to_thread(model.probability, audio)
+        finally:
+            self._probing = False
+        if gen == self._probe_gen:
+            self._complete = probability >= COMPLETE_P
+            self.turn_probabilities.append(round(probability, 3))
+            log.debug("session %s: the utterance sounds %s (%.2f)", self._sid,
+                      "complete" if self._complete else "unfinished", probability)  # fmt: skip
+
+    def _forget_verdict(self) -> None:
+        self._complete = None
+        self._probe_gen += 1
+
     # --- the user's turn ----------------------------------------------------------------------
     async def _speech_started(
         self, at_ms: float, event: VadEvent | None, back_ms: float = 0.0
     ) -> None:
         """The user takes the floor from ``at_ms`` on (an interruption of a reply, or a new
         turn); ``back_ms``: audio before now that is already theirs (a judged interjection)."""
+        self._forget_verdict()
         barge = self._session.speech_started(at_ms)
         if barge is not None:
             if event is not None:  # not paused first: the reaction is timed from here
@@ -188,6 +251,7 @@ class Floor:
     async def end_user_turn(self, at_ms: float) -> None:
         """The user's turn ends (the VAD heard a pause from ``at_ms`` on the input timeline, or
         the turn reached its deadline): transcribe it and reply."""
+        self._forget_verdict()
         await self.stop_partials()
         trace = TurnTrace(endpoint_ms=self._clock.now_ms())
         self._session.speech_stopped(at_ms)

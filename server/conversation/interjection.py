@@ -5,12 +5,13 @@ The :class:`InterjectionJudge` then watches the turn detector, frame by frame, a
 
 - the gate's voice lapses before the confirming model calls it speech (a click, a knock, a
   tone): **resume**, "no voice";
-- confirmed speech goes on for ``interruption_ms`` from its onset: **interrupt**, whatever it
-  says;
-- shorter speech falls quiet for ``quiet_ms``: its words are transcribed; no words (a cough) or
-  only backchannels ("mm-hm", "yeah", "ok", "right", "I see"): **resume**; anything else
+- confirmed speech falls quiet for ``quiet_ms``: its words are transcribed. No words (a cough)
+  or only backchannels ("mm-hm", "yeah", "ok", "right", "I see"): **resume**; anything else
   ("wait", "stop", "no"): **interrupt**. Speech that goes on while its words are transcribed
   is judged again (the older transcript no longer counts);
+- confirmed speech that goes on for ``interruption_ms`` from its onset: its words so far are
+  transcribed; any that is not a backchannel **interrupts** at once, else it is judged when it
+  falls quiet ("oh, okay, I see" is a long backchannel);
 - the paused turn's deadline (``runtime.paused_timeout_ms``): interrupt if speech was
   confirmed, else resume.
 
@@ -76,7 +77,7 @@ class Phase(IntEnum):
     IDLE = 0  # nothing paused
     HEARD = 1  # the gate heard voice; the confirming model has not called it speech
     SPEECH = 2  # speech confirmed: it may grow long, or fall quiet
-    WORDS = 3  # short speech fell quiet: its words are being transcribed
+    WORDS = 3  # the speech fell quiet: its words are being transcribed
 
 
 class Verdict(Enum):
@@ -92,10 +93,12 @@ class Decision:
 
 @dataclass(frozen=True)
 class AskWords:
-    """Transcribe the input from ``from_ms`` (the onset) on; answer with ``attempt``."""
+    """Transcribe the input from ``from_ms`` (the onset) on; answer with ``attempt``
+    (``final``: the speech fell quiet; else it is still going on)."""
 
     attempt: int
     from_ms: float
+    final: bool = True
 
 
 @dataclass(frozen=True)
@@ -130,10 +133,12 @@ class InterjectionJudge:
         self.phase = Phase.IDLE
         self.onset_ms = 0.0  # where the voice began (input timeline)
         self.attempt = 0  # of the words asked for; an older transcript is ignored
+        self._probed = False  # the words of long speech were asked for
 
     def heard(self, onset_ms: float) -> None:
         """The reply paused for voice that began at ``onset_ms``."""
         self.onset_ms = onset_ms
+        self._probed = False
         self._to(Phase.HEARD, "voice over the reply")
 
     def step(self, now: Listening) -> Decision | AskWords | None:
@@ -151,22 +156,27 @@ class InterjectionJudge:
             if not speaking:
                 return None
             self._to(Phase.SPEECH, "speech goes on")  # the words asked for no longer count
-        voiced_until = now.position_ms - now.quiet_ms
-        if now.speech and voiced_until - self.onset_ms >= self.rules.interruption_ms:
-            return self._decide(Verdict.INTERRUPT, "long speech")
         if not now.speech or now.quiet_ms >= self.rules.quiet_ms:
             self.attempt += 1
-            self._to(Phase.WORDS, "short speech fell quiet")
+            self._to(Phase.WORDS, "the speech fell quiet")
             return AskWords(self.attempt, self.onset_ms)
+        voiced_ms = now.position_ms - now.quiet_ms - self.onset_ms
+        if not self._probed and voiced_ms >= self.rules.interruption_ms:
+            self._probed = True
+            self.attempt += 1
+            return AskWords(self.attempt, self.onset_ms, final=False)
         return None
 
     def words(self, attempt: int, text: str) -> Decision | None:
-        """The transcript of ``attempt``: a decision, or None when it came too late."""
-        if self.phase is not Phase.WORDS or attempt != self.attempt:
+        """The transcript of ``attempt``: a decision, or None (it came too late, or the speech
+        still going on said only backchannels so far)."""
+        if attempt != self.attempt or self.phase < Phase.SPEECH:
             return None
-        if is_backchannel(text):
+        if not is_backchannel(text):
+            return self._decide(Verdict.INTERRUPT, "words")
+        if self.phase is Phase.WORDS:
             return self._decide(Verdict.RESUME, "backchannel" if words_of(text) else "no words")
-        return self._decide(Verdict.INTERRUPT, "words")
+        return None
 
     def overdue(self) -> Decision:
         """The pause reached its deadline: speech confirmed is an interruption, else resume."""

@@ -3,10 +3,11 @@
 
 What applies: ``instructions`` (the persona), ``audio.output.voice``, ``audio.input.
 turn_detection`` of type ``server_vad`` (``threshold``, ``silence_duration_ms``,
-``prefix_padding_ms``, ``create_response``, ``interrupt_response``) and ``output_modalities``
+``prefix_padding_ms``, ``create_response``, ``interrupt_response``) or ``semantic_vad``
+(``eagerness``, ``create_response``, ``interrupt_response``), and ``output_modalities``
 (``["audio"]``: speech and its transcript; ``["text"]``: text only). Refused with a clear
-error, changing nothing: tools (function calls), MCP, ``semantic_vad``, turning turn
-detection off, transcription sessions.
+error, changing nothing: tools (function calls), MCP, turning turn detection off,
+transcription sessions.
 Accepted and ignored (they mean nothing over WebRTC here, or are the server's choice):
 ``model``, audio formats, ``audio.input.transcription``, ``noise_reduction``, ``speed``,
 ``tracing``, ``include``, ``max_output_tokens``, ``truncation``, ``tool_choice``, ``prompt``.
@@ -24,17 +25,21 @@ from server.conversation.protocol import ProtocolError
 
 SILENCE_MS = (100, 10_000)  # silence_duration_ms bounds (the server's vad.end_of_turn_ms)
 PREFIX_MS = (0, 500)  # prefix_padding_ms bounds: the pre-roll the utterance keeps
+EAGERNESS = {"low": 2.0, "medium": 1.0, "auto": 1.0, "high": 0.5}  # semantic_vad: x the waits
 AUDIO_FORMAT = {"type": "audio/pcm", "rate": 24_000}  # nominal: WebRTC carries Opus
 
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """How a session detects and answers the end of the user's turn (``server_vad``).
+    """How a session detects and answers the end of the user's turn.
 
     ``threshold``: speech probability (0-1) of the confirming model; ``silence_ms``: silence
-    that ends a turn; ``prefix_ms``: audio kept before the speech start; ``create_response``:
-    a turn is answered by itself; ``interrupt_response``: the user's speech stops a reply;
-    ``text_only``: replies are text, not speech (``output_modalities`` ``["text"]``).
+    that ends a turn (``server_vad``); ``prefix_ms``: audio kept before the speech start;
+    ``create_response``: a turn is answered by itself; ``interrupt_response``: the user's
+    speech stops a reply; ``text_only``: replies are text, not speech (``output_modalities``
+    ``["text"]``); ``semantic`` (``semantic_vad``): a turn that sounds complete ends after
+    ``complete_ms`` of silence, one that does not after ``incomplete_ms``, both scaled by the
+    ``eagerness``.
     """
 
     threshold: float
@@ -43,13 +48,43 @@ class TurnSettings:
     create_response: bool = True
     interrupt_response: bool = True
     text_only: bool = False
+    semantic: bool = False
+    eagerness: str = "auto"
+    complete_ms: int = 160
+    incomplete_ms: int = 1200
 
     @classmethod
     def from_config(cls, config: Config) -> TurnSettings:
         vad = config.vad
-        return cls(vad.silero_threshold, vad.end_of_turn_ms, PREFIX_MS[1])
+        return cls(
+            vad.silero_threshold,
+            vad.end_of_turn_ms,
+            PREFIX_MS[1],
+            semantic=vad.semantic,
+            complete_ms=vad.complete_silence_ms,
+            incomplete_ms=vad.incomplete_silence_ms,
+        )
+
+    @property
+    def end_of_turn_ms(self) -> int:
+        """Silence (ms) that ends any turn: an unfinished-sounding one with ``semantic``."""
+        if self.semantic:
+            return round(self.incomplete_ms * EAGERNESS[self.eagerness])
+        return self.silence_ms
+
+    @property
+    def complete_wait_ms(self) -> int | None:
+        """Silence (ms) that ends a turn that sounds complete; None without ``semantic``."""
+        return round(self.complete_ms * EAGERNESS[self.eagerness]) if self.semantic else None
 
     def to_json(self) -> dict[str, Any]:
+        if self.semantic:
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
         return {
             "type": "server_vad",
             "threshold": self.threshold,
@@ -112,16 +147,19 @@ def _turn_detection(value: object, event_id: str | None) -> dict[str, Any]:
         )
     detection = _object(value, param, event_id)
     kind = detection.get("type", "server_vad")
-    if kind == "semantic_vad":
-        _refuse(
-            "semantic_vad is not available on this server; use server_vad",
-            f"{param}.type",
-            event_id,
-            "unsupported_feature",
-        )
-    if kind != "server_vad":
+    if kind not in ("server_vad", "semantic_vad"):
         _refuse(f"unknown turn detection type {str(kind)[:32]!r}", f"{param}.type", event_id)
-    turn: dict[str, Any] = {}
+    turn: dict[str, Any] = {"semantic": kind == "semantic_vad"}
+    for name in ("create_response", "interrupt_response"):
+        if detection.get(name) is not None:
+            turn[name] = _flag(detection[name], f"{param}.{name}", event_id)
+    if kind == "semantic_vad":
+        eagerness = detection.get("eagerness")
+        if eagerness is not None:
+            if eagerness not in EAGERNESS:
+                _refuse("eagerness is low, medium, high or auto", f"{param}.eagerness", event_id)
+            turn["eagerness"] = eagerness
+        return turn
     if detection.get("threshold") is not None:
         turn["threshold"] = _number(detection["threshold"], 0, 1, f"{param}.threshold", event_id)
     if detection.get("silence_duration_ms") is not None:
@@ -134,9 +172,6 @@ def _turn_detection(value: object, event_id: str | None) -> dict[str, Any]:
             detection["prefix_padding_ms"], *PREFIX_MS, f"{param}.prefix_padding_ms", event_id
         )
         turn["prefix_ms"] = int(prefix)
-    for name in ("create_response", "interrupt_response"):
-        if detection.get(name) is not None:
-            turn[name] = _flag(detection[name], f"{param}.{name}", event_id)
     return turn
 
 

@@ -12,7 +12,8 @@ assumes it owns the machine:
 - the speech recogniser's final transcript runs while the LLM and TTS wait for it (and its
   partials while the user speaks, when no reply is being made), so it may use every core, up
   to 4;
-- the voice activity detector and the avatar's background warm-up get one thread each;
+- the voice activity detector, the end-of-turn model and the avatar's background warm-up get
+  one thread each;
 - VP8 encoding is aiortc's: one thread per track below 640x480.
 
 On 2 cores or more, what runs at the same time (LLM + TTS while a reply is made) adds up to at

@@ -60,6 +60,14 @@ class SpeechProbability(Protocol):
     def reset(self) -> None: ...
 
 
+class TurnCompleteness(Protocol):
+    """Whether an utterance sounds finished: the probability (0-1) that the user's turn is
+    complete, from its 16 kHz audio (a model that reads prosody and words; CPU-heavy, so
+    callers run it off the event loop)."""
+
+    def probability(self, pcm: Pcm16k) -> float: ...
+
+
 class VadState(Enum):
     SILENCE = "silence"
     SPEECH = "speech"
@@ -106,7 +114,16 @@ def line_share(frame: Pcm16k, lines: int = TONAL_LINES) -> float:
 class TurnDetector:
     """Feeds frames to the gate and the confirming model; emits speech start/stop events."""
 
-    def __init__(self, gate: SpeechGate, confirm: SpeechProbability, config: VadConfig) -> None:
+    def __init__(
+        self,
+        gate: SpeechGate,
+        confirm: SpeechProbability,
+        config: VadConfig,
+        completeness: TurnCompleteness | None = None,
+    ) -> None:
+        """``completeness``: the end-of-turn model the conversation may ask (the detector
+        itself never runs it)."""
+        self.completeness = completeness
         self._gate = gate
         self._confirm = confirm
         self._threshold = config.silero_threshold
@@ -156,6 +173,13 @@ class TurnDetector:
     def position_ms(self) -> float:
         """Input audio judged so far (ms)."""
         return self._samples * 1000 / RATE_HZ
+
+    def end_turn(self) -> VadEvent | None:
+        """The conversation ends the speech now (it judged the utterance complete): a speech
+        stop at the start of the current quiet; None when not speaking."""
+        if self._state is not VadState.SPEECH:
+            return None
+        return self._to(VadState.SILENCE, VadEventKind.STOP, self._quiet * FRAME)
 
     def push(self, pcm: Pcm16k, arrival_ms: float) -> list[VadEvent]:
         """Judge newly received 16 kHz audio that arrived at ``arrival_ms``."""

@@ -16,7 +16,7 @@ from server.avatar.seam import AvatarRenderer
 from server.config import Config
 from server.errors import ConfigError
 from server.pipeline.cpuplan import CpuPlan, this_process_plan
-from server.pipeline.turn_detector import TurnDetector
+from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
 from server.vision.sampling import VisionModel
 
@@ -47,16 +47,30 @@ def vision_model(config: Config) -> VisionModel:
 
 
 def detector_factory(config: Config) -> Callable[[], TurnDetector]:
-    """One turn detector per session: webrtcvad gate + Silero (one shared ONNX model)."""
+    """One turn detector per session: webrtcvad gate + Silero (one shared ONNX model), and the
+    end-of-turn model (Smart Turn, shared) where ``vad.semantic`` asks for it."""
     from models.vad import SileroModel, WebRtcGate
 
     silero = SileroModel()
     vad = config.vad
+    completeness = end_of_turn_model() if vad.semantic else None
 
     def make() -> TurnDetector:
-        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad)
+        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad, completeness)
 
     return make
+
+
+def end_of_turn_model() -> TurnCompleteness | None:
+    """Smart Turn v3.2 (from the pipecat-ai package) on the VAD's threads of the CPU plan;
+    None, with a warning, when it is not installed (turns then end after a fixed silence)."""
+    from models.turn import SmartTurn
+
+    try:
+        return SmartTurn(threads=this_process_plan().vad_threads)
+    except FileNotFoundError as exc:
+        log.warning("semantic end of turn off: %s", exc)
+        return None
 
 
 def remote_options(config: Config) -> RemoteOptions:

@@ -125,13 +125,10 @@ class Session:
     def view(self) -> SessionView:
         """What the scheduler needs to know about this session now."""
         waiting = self._turn_ended_ms if self.state is TurnState.THINKING else None
-        return SessionView(
-            session_id=self.session_id,
-            epoch=self.epoch,
-            slack_ms=self.playback.slack_ms,
-            budget_ms=float(self.config.lookahead_budget_ms),
-            waiting_since_ms=waiting,
-        )
+        if self.state is TurnState.PAUSED:  # the user waits for the reply to go on (or stop)
+            waiting = self.turn.entered_ms
+        budget = float(self.config.lookahead_budget_ms)
+        return SessionView(self.session_id, self.epoch, self.playback.slack_ms, budget, waiting)
 
     # --- input side -----------------------------------------------------------------------
     def speech_started(self, at_ms: float | None = None) -> BargeIn | None:

@@ -10,7 +10,8 @@ class SessionView:
     """What the scheduler knows of a session at one instant.
 
     ``slack_ms``: buffered playback ahead of its cursor (time until it underruns).
-    ``waiting_since_ms``: end of the user's turn while the reply has not started playing.
+    ``waiting_since_ms``: end of the user's turn while the reply has not started playing, or
+    when a reply paused while the voice over it is judged.
     """
 
     session_id: str

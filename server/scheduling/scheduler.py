@@ -77,12 +77,13 @@ def _partition(
 ) -> tuple[list[WorkItem], list[WorkItem], list[WorkItem], list[WorkItem]]:
     """Split work into (stale, deferred: session past its budget, shed, runnable). Optional
     work is shed whenever required work is runnable: running it first would delay a final
-    transcript or a reply's speech by its whole cost."""
+    transcript or a reply's speech by its whole cost. Recognition adds no playback, so it is
+    never deferred (a paused reply's buffer is full while the voice over it is judged)."""
     stale, deferred, runnable = [], [], []
     for item in items:
         if _is_stale(item, sessions):
             stale.append(item)
-        elif _over_budget(sessions[item.session_id]):
+        elif item.stage is not Stage.ASR and _over_budget(sessions[item.session_id]):
             deferred.append(item)
         else:
             runnable.append(item)

@@ -9,7 +9,7 @@ whose recogniser says what the test wants, and its output pulled as the audio tr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import av
@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from models.tts import split_sentences
 from server.clock import FakeClock
 from server.config import load_config
 from server.conversation.conversation import Conversation
@@ -31,8 +32,9 @@ from server.conversation.interjection import (
     is_backchannel,
 )
 from server.metrics import Metrics
-from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
-from server.pipeline.turn_detector import TurnDetector
+from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnTrace
+from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
+from server.pipeline.voice import VoicePipeline
 from server.runtime.conditions import Conditions
 from server.runtime.history import Role
 from server.runtime.media import FRAME_SAMPLES
@@ -74,11 +76,21 @@ def test_voice_the_model_never_confirms_resumes_once_the_gate_lapses() -> None:
     assert out[10] == Decision(Verdict.RESUME, "no voice") and judge.phase is Phase.IDLE
 
 
-def test_long_speech_is_an_interruption_without_waiting_for_words() -> None:
+def test_long_speech_is_judged_by_its_words_so_far() -> None:
     judge = InterjectionJudge(RULES)
     judge.heard(1000.0)
     out = steps(judge, [Listening(1000.0 + 20 * i, True, 0.0, 0.0) for i in range(1, 31)])
-    assert out[-1] == Decision(Verdict.INTERRUPT, "long speech") and set(out[:-1]) == {None}
+    assert out[-1] == AskWords(1, 1000.0, final=False) and set(out[:-1]) == {None}
+    assert judge.words(1, "Sorry, can I") == Decision(Verdict.INTERRUPT, "words")
+
+    judge.heard(5000.0)  # "oh, okay, I see": a long backchannel is judged when it ends
+    out = steps(judge, [Listening(5000.0 + 20 * i, True, 0.0, 0.0) for i in range(1, 31)])
+    assert out[-1] == AskWords(2, 5000.0, final=False)
+    assert judge.words(2, "Oh, okay,") is None and judge.phase is Phase.SPEECH
+    assert judge.step(Listening(5700.0, True, 20.0, 20.0)) is None  # asked once only
+    final = judge.step(Listening(5860.0, True, 160.0, 160.0))
+    assert final == AskWords(3, 5000.0)
+    assert judge.words(3, "Oh, okay, I see.") == Decision(Verdict.RESUME, "backchannel")
 
 
 def test_short_speech_is_judged_by_its_words() -> None:
@@ -103,9 +115,11 @@ def test_speech_that_goes_on_while_its_words_are_transcribed_is_judged_again() -
     first = judge.step(Listening(1300.0, True, 160.0, 160.0))
     assert isinstance(first, AskWords)
     assert judge.step(Listening(1320.0, True, 0.0, 0.0)) is None  # the user speaks on
+    assert judge.words(first.attempt, "Yeah.") is None  # not a reason to resume any more
+    again = judge.step(Listening(1520.0, True, 160.0, 160.0))
+    assert isinstance(again, AskWords) and again.attempt == first.attempt + 1
     assert judge.words(first.attempt, "Yeah.") is None  # too late: it no longer counts
-    out = judge.step(Listening(1620.0, True, 0.0, 0.0))
-    assert out == Decision(Verdict.INTERRUPT, "long speech")
+    assert judge.words(again.attempt, "Yeah, wait.") == Decision(Verdict.INTERRUPT, "words")
 
 
 def test_a_pause_past_its_deadline_is_decided_by_what_was_confirmed() -> None:
@@ -179,15 +193,24 @@ class ScriptedPipeline:
 
 
 class Rig:
-    def __init__(self, **settings: str) -> None:
-        overrides = {"pipeline.incremental": "false", "runtime.fade_ms": "0", **settings}
+    """A conversation on a fake clock (``pipeline``: made for that clock; default: the scripted
+    one), with ``settings`` (dotted names)."""
+
+    def __init__(
+        self,
+        pipeline: Callable[[FakeClock], TurnPipeline] | None = None,
+        settings: dict[str, str] | None = None,
+        completeness: TurnCompleteness | None = None,
+    ) -> None:
+        overrides = {"pipeline.incremental": "false", "runtime.fade_ms": "0", **(settings or {})}
         config = load_config(overrides=overrides)
         self.voice = Voice()
         self.clock = FakeClock(1_000.0)
         self.pipeline = ScriptedPipeline()
-        detector = TurnDetector(self.voice, self.voice, config.vad)
+        made = self.pipeline if pipeline is None else pipeline(self.clock)
+        detector = TurnDetector(self.voice, self.voice, config.vad, completeness)
         self.conversation = Conversation(
-            "c" * 32, config, detector, self.pipeline, Metrics(), clock=self.clock
+            "c" * 32, config, detector, made, Metrics(), clock=self.clock
         )
         self.heard: list[npt.NDArray[np.int16]] = []  # what the audio track sent
         self._pts = 0
@@ -254,6 +277,7 @@ async def until_state(rig: Rig, state: TurnState, frames: int = 100) -> None:
         (3, "", False, "no voice"),  # a click: the gate hears it, the model does not
         (12, "(coughs)", True, "no words"),
         (15, "Mm-hm.", True, "backchannel"),
+        (40, "Oh, okay, I see.", True, "backchannel"),  # long, but only a backchannel
     ],
 )
 async def test_a_false_interruption_resumes_from_the_sample_where_it_paused(
@@ -274,11 +298,12 @@ async def test_a_false_interruption_resumes_from_the_sample_where_it_paused(
     assert resumed["reason"] == reason
     assert len(rig.events("output_audio_buffer.paused")) == 1
     assert session.epoch == 0  # nothing interrupted the reply
-    assert rig.pipeline.transcribed == (0 if reason == "no voice" else 1)
+    # its words: none for a click; once when it fell quiet; once more when it grew long
+    assert rig.pipeline.transcribed == (0 if reason == "no voice" else 1 + (frames >= 40))
     assert rig.conversation.describe()["interjections"] == {"resumed": 1, "interrupted": 0}
 
 
-@pytest.mark.parametrize(("frames", "words"), [(40, ""), (12, "Wait.")])
+@pytest.mark.parametrize(("frames", "words"), [(40, "Sorry, one question."), (12, "Wait.")])
 async def test_a_real_interruption_stops_the_reply_where_it_paused(
     rig: Rig, frames: int, words: str
 ) -> None:
@@ -300,7 +325,7 @@ async def test_a_real_interruption_stops_the_reply_where_it_paused(
 
 
 async def test_with_pause_first_off_confirmed_speech_stops_the_reply_at_once() -> None:
-    rig = Rig(**{"vad.pause_first": "false"})
+    rig = Rig(settings={"vad.pause_first": "false"})
     try:
         await rig.ask()
         rig.voice.on = True
@@ -320,3 +345,72 @@ async def test_a_pause_past_its_deadline_resumes_unconfirmed_voice(rig: Rig) -> 
     await rig.conversation.enforce_deadline()
     assert rig.conversation.session.state is TurnState.AGENT_SPEAKING
     assert rig.events("output_audio_buffer.resumed")[0]["reason"] == "undecided"
+
+
+# --- through the real pipeline's engine queues ------------------------------------------------
+class Engines:
+    """ASR, LLM and TTS stand-ins for VoicePipeline: the recogniser says ``words``, the LLM
+    tells a five-sentence story, each sentence 1 s of :data:`REPLY`-like audio."""
+
+    def __init__(self) -> None:
+        self.words = ""
+
+    def transcribe(self, pcm: object, prefix: str = "") -> str:
+        return self.words
+
+    async def stream(self, messages: Any, request_id: str, max_tokens: int, **_: Any) -> Any:
+        yield "One day a dragon woke up. It flew over the hills. It saw a castle. "
+        yield "It landed in a field. Then it slept again. "
+
+    async def prefill(self, messages: Any, request_id: str, **_: Any) -> None:
+        return None
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+    def last_stats(self, request_id: str) -> None:
+        return None
+
+    def synthesize(self, text: str) -> Any:
+        return SpeechAudio(REPLY)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_paused_reply_with_a_full_buffer_still_has_its_words_heard() -> None:
+    """The paused session is past its lookahead budget (its buffer full and held): the
+    recognition of the interjection is never deferred with the rest of its work."""
+    engines = Engines()
+
+    def voice_pipeline(clock: FakeClock) -> TurnPipeline:
+        return VoicePipeline(
+            engines, engines, engines, split_sentences, max_tokens=60, first_chunk_words=6,
+            clock=clock,
+        )  # fmt: skip
+
+    rig = Rig(voice_pipeline)
+    conversation = rig.conversation
+    try:
+        await rig.ask()
+        for _ in range(200):  # the speech of the next sentences fills the budget
+            await asyncio.sleep(0.005)
+            if conversation.session.playback.space == 0:
+                break
+        engines.words = "Mm-hm."
+        rig.voice.on = True
+        await rig.tick(12)
+        rig.voice.on = False
+        assert conversation.session.state is TurnState.PAUSED
+        assert conversation.session.playback.space == 0  # held full: past its budget
+        for _ in range(100):
+            await rig.tick()
+            await asyncio.sleep(0.005)  # the ASR runs in its engine thread
+            if conversation.session.state is not TurnState.PAUSED:
+                break
+        assert conversation.session.state is TurnState.AGENT_SPEAKING
+        assert rig.events("output_audio_buffer.resumed")[0]["reason"] == "backchannel"
+    finally:
+        await conversation.close()
+        assert conversation.pipeline is not None
+        await conversation.pipeline.close()

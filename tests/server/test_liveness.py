@@ -101,6 +101,10 @@ class Detector:
 
     position_ms = 1_000.0
     quiet_ms = 0.0
+    completeness = None  # no end-of-turn model
+
+    def tune(self, threshold: float, end_of_turn_ms: int) -> None:
+        pass
 
 
 def events(peer: Conversation, kind: str) -> list[dict[str, Any]]:

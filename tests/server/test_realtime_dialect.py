@@ -284,7 +284,9 @@ async def test_refusals_are_ga_errors_and_change_nothing(talk: tuple[Conversatio
         },
         {
             "type": "session.update",
-            "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+            "session": {
+                "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "x"}}}
+            },
         },
         {"type": "no.such.event"},
         {
@@ -301,7 +303,7 @@ async def test_refusals_are_ga_errors_and_change_nothing(talk: tuple[Conversatio
     assert [e["error"]["code"] for e in errors] == [
         "unsupported_feature",
         "unsupported_feature",
-        "unsupported_feature",
+        "invalid_value",
         "unknown_event",
         "unsupported_feature",
     ]
@@ -347,6 +349,41 @@ async def test_session_update_sets_instructions_and_turn_detection(
         "As told: Answer in one word."
     )
     validate(link.sent)
+
+
+class Sure:
+    """An end-of-turn model that finds every utterance complete."""
+
+    def probability(self, pcm: Any) -> float:
+        return 0.9
+
+
+@pytest.mark.parametrize("model", [True, False])
+async def test_semantic_vad_applies_where_the_end_of_turn_model_is(model: bool) -> None:
+    conversation, link = open_talk({}, InstructedTonePipeline(200.0, 2))
+    try:
+        if model:
+            conversation.detector.completeness = Sure()
+        detection = {"type": "semantic_vad", "eagerness": "high", "interrupt_response": False}
+        update = {"type": "realtime", "audio": {"input": {"turn_detection": detection}}}
+        send(conversation, {"type": "session.update", "session": update})
+        turn = (await until(link, "session.updated"))["session"]["audio"]["input"]
+        settings = conversation.turn_settings
+        if model:  # high eagerness: half the waits (1200 ms unfinished, 160 ms complete)
+            assert turn["turn_detection"] == {
+                "type": "semantic_vad",
+                "eagerness": "high",
+                "create_response": True,
+                "interrupt_response": False,
+            }
+            assert conversation.detector._stop_frames == 600 // 20
+            assert settings.complete_wait_ms == 80
+        else:  # no model on this server: it says what it does instead
+            assert turn["turn_detection"]["type"] == "server_vad"
+            assert settings.complete_wait_ms is None and not settings.interrupt_response
+        validate(link.sent)
+    finally:
+        await conversation.close()
 
 
 async def test_cutting_the_reply_in_progress_past_what_played_is_refused(

@@ -16,6 +16,7 @@ from server.errors import BadRequest, NotFound, ResumeExpired, ResumeRefused
 from server.http.registry import SessionRegistry
 from server.metrics import Metrics
 from server.runtime.turn import TurnState
+from tests.support.detectors import deaf_detector
 
 
 class Link:
@@ -77,7 +78,7 @@ def test_events_wait_for_a_link_and_come_in_order_after_session_created() -> Non
 async def test_a_detached_conversation_waits_and_its_deadlines_wait_too() -> None:
     clock = FakeClock(1_000.0)
     config = load_config()
-    detector: Any = None
+    detector = deaf_detector()
     conversation = Conversation("s" * 32, config, detector, None, Metrics(), clock=clock)
     link = Link()
     conversation.attach(link)
@@ -109,7 +110,7 @@ async def test_the_registry_ends_a_conversation_its_client_did_not_resume() -> N
     clock = FakeClock(0.0)
     config = load_config(overrides={"session.resume_window_s": "30"})
     registry = SessionRegistry(config, lambda: None, None, Metrics(), clock=clock)  # type: ignore[arg-type,return-value]
-    detector: Any = None
+    detector = deaf_detector()
     conversation = Conversation("c" * 32, config, detector, None, Metrics(), clock=clock)
     registry.conversations[conversation.session_id] = conversation
     link = Link()
@@ -131,7 +132,7 @@ async def test_the_registry_ends_a_conversation_its_client_did_not_resume() -> N
 async def test_a_wrong_token_changes_nothing() -> None:
     config = load_config()
     registry = SessionRegistry(config, lambda: None, None, Metrics())  # type: ignore[arg-type,return-value]
-    detector: Any = None
+    detector = deaf_detector()
     conversation = Conversation("e" * 32, config, detector, None, Metrics())
     registry.conversations[conversation.session_id] = conversation
     link = Link()

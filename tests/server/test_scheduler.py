@@ -72,6 +72,14 @@ def test_session_over_budget_is_not_scheduled(edf: DeadlineScheduler) -> None:
     assert edf.schedule(20.0, [item(1, "full")], views, 1).run[0].session_id == "full"
 
 
+def test_recognition_of_a_session_over_budget_still_runs(edf: DeadlineScheduler) -> None:
+    # a paused reply's buffer is full while the voice over it is judged: its words must be heard
+    words = WorkItem(1, "paused", Stage.ASR, 0, 300.0, 0.0)
+    speech = item(2, "paused")
+    plan = edf.schedule(0.0, [words, speech], {"paused": view("paused", 2000.0, waiting=0.0)}, 2)
+    assert plan.run == (words,) and plan.deferred == (speech,)
+
+
 def test_max_items_leaves_the_rest_waiting(edf: DeadlineScheduler) -> None:
     views = {s: view(s, 100 * i) for i, s in enumerate("abcd")}
     plan = edf.schedule(0.0, [item(i, s) for i, s in enumerate("abcd")], views, 2)

@@ -25,6 +25,7 @@ from server.runtime.history import CacheClass, ContextEntry, Role
 from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag, ShedWork
 from server.scheduling.scheduler import DeadlineScheduler
+from tests.support.detectors import deaf_detector
 
 
 def feed_all(cutter: FirstChunkCutter, text: str, step: int = 3) -> list[str]:
@@ -152,7 +153,7 @@ async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
     pipeline = _pipeline(engines)
     assert isinstance(pipeline, SessionScoped)
     sid = "p" * 32
-    no_detector: Any = None  # a peer that never connects hears nothing
+    no_detector = deaf_detector()  # a peer that never connects hears nothing
     peer = Conversation(sid, Config(), no_detector, pipeline, Metrics())
     try:
         for session in (sid, "live"):
@@ -371,7 +372,7 @@ async def test_a_turn_in_progress_is_warmed_open_under_the_replys_salt() -> None
 
 
 async def test_the_peer_hands_its_owner_to_the_pipeline() -> None:
-    no_detector: Any = None
+    no_detector = deaf_detector()
     peer = Conversation("p" * 32, Config(), no_detector, None, Metrics(), owner="d" * 64)
     try:
         request = peer.request(0)
