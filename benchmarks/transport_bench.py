@@ -165,26 +165,32 @@ async def keep_talking(peer: ClientPeer, seconds: float) -> int:
     return replies
 
 
-async def noise_session(server: ServerProcess, kind: str, dbfs: float, seconds: float) -> int:
+async def noise_session(
+    server: ServerProcess, kind: str, dbfs: float, seconds: float
+) -> tuple[int, int]:
+    """Speech starts, and replies paused (then resumed: no voice), over ``seconds`` of noise."""
     peer = ClientPeer(server.url, video=False)
     await peer.connect()
     try:
         peer.mic.play(noise(kind, dbfs, seconds, seed=int(-dbfs)))
         await keep_talking(peer, seconds)  # the agent talks over the noise
-        return int(session_stats(server, peer.session_id)["speech_starts"])
+        stats = session_stats(server, peer.session_id)
+        paused = sum(stats.get("interjections", {}).values())
+        return int(stats["speech_starts"]), int(paused)
     finally:
         await peer.close()
 
 
 async def bench_noise(server: ServerProcess, seconds: float) -> dict[str, Any]:
     cases = [("white", -40.0), ("white", -30.0), ("pink", -40.0), ("pink", -30.0)]
-    starts = await asyncio.gather(*(noise_session(server, k, d, seconds) for k, d in cases))
+    found = await asyncio.gather(*(noise_session(server, k, d, seconds) for k, d in cases))
+    names = [f"{k} {d:.0f} dBFS" for k, d in cases]
     return {
         "seconds_each": seconds,
-        "false_speech_starts": {
-            f"{k} {d:.0f} dBFS": s for (k, d), s in zip(cases, starts, strict=True)
-        },
-        "total": sum(starts),
+        "false_speech_starts": {n: s for n, (s, _) in zip(names, found, strict=True)},
+        "total": sum(s for s, _ in found),
+        "replies_paused": {n: p for n, (_, p) in zip(names, found, strict=True)},
+        "paused_total": sum(p for _, p in found),
     }
 
 

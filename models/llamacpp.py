@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import secrets
 import shutil
 import tempfile
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     import xllamacpp
 
 log = logging.getLogger(__name__)
+EOT_TOP_TOKENS = 20  # top tokens returned with an end-of-turn probability
 
 _END = object()  # the sentinel that ends a request's chunk queue
 
@@ -219,6 +221,31 @@ class LlamaCppEngine:
         generation = self._generate(self.chat.render(messages), request_id, 1, cache_salt)
         return await _one_token(generation, self._stats, request_id)
 
+    async def end_of_turn_probability(
+        self, messages: Sequence[Message], *, cache_salt: str | None = None
+    ) -> float:
+        """The probability (0-1) that the user's last message ends after its words: the
+        model's end-of-turn token right after them (one token, in the scope's slot, whose
+        prompt is the chat as said so far)."""
+        if self._closed:
+            raise LlmError("the engine is closed")
+        if self.chat.eos_token_id < 0:
+            raise LlmError(f"{self.model_path.name} names no end-of-turn token")
+        check_salt(cache_salt)
+        prompt = self.chat.render_user_open(messages)
+        lease = await self._lease(cache_salt if cache_salt is not None else "")
+        try:
+            body = {**self._body(prompt, 1, lease), "stream": False, "logprobs": EOT_TOP_TOKENS}
+            body.pop("stream_options")
+            found: list[Any] = []
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                self._pool, self._server.handle_completions, body, lambda c: found.append(c)
+            )
+        finally:
+            await self._release(lease.slot)
+        return _token_probability(found, self.chat.eos_token_id)
+
     async def _lease(self, scope: str) -> SlotLease:
         async with self._freed:
             while (lease := self._book.acquire(scope)) is None:
@@ -382,6 +409,23 @@ class _Tally:
         return GenerationStats(
             self.prompt_tokens, self.cached_tokens, outputs, self.ttft_ms, self.finish
         )
+
+
+def _token_probability(responses: list[Any], token_id: int) -> float:
+    """The probability of ``token_id`` as the first generated token (0 when it is not among
+    the top tokens returned); LlmError for an error response."""
+    for response in responses:
+        if not isinstance(response, dict):
+            continue
+        if "error" in response:
+            raise LlmError(f"llama.cpp: {response['error']}")
+        for choice in response.get("choices", []):
+            content = (choice.get("logprobs") or {}).get("content") or []
+            for top in content[0].get("top_logprobs", []) if content else []:
+                if top.get("id") == token_id:
+                    return math.exp(float(top["logprob"]))
+            return 0.0
+    raise LlmError("llama.cpp returned no token probabilities")
 
 
 def _start_server(model_path: Path, options: LlamaCppOptions, folder: Path) -> xllamacpp.Server:

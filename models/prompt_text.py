@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.llm import LlmError, Message, open_text
+from models.llm import OPEN_MARK, LlmError, Message, open_text
 
 
 def _raise(message: str) -> None:
@@ -26,6 +26,7 @@ class ChatText:
     template: str
     bos_token: str = ""
     eos_token: str = ""
+    eos_token_id: int = -1  # the end-of-turn token's id (-1: unknown)
 
     @classmethod
     def from_gguf(cls, path: Path) -> ChatText:
@@ -47,9 +48,19 @@ class ChatText:
             index = int(fields[key].contents())
             return str(tokens.contents(index))
 
-        return cls(
-            template, token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id")
-        )
+        eos = "tokenizer.ggml.eos_token_id"
+        eos_id = int(fields[eos].contents()) if eos in fields else -1
+        return cls(template, token("tokenizer.ggml.bos_token_id"), token(eos), eos_id)
+
+    def render_user_open(self, messages: Sequence[Message]) -> str:
+        """Prompt text that ends right after the last (user) message's words, its turn still
+        open: the next token says whether the message ends there."""
+        *before, last = messages
+        text = self.render([*before, {**last, "content": last["content"] + OPEN_MARK}])
+        end = text.find(OPEN_MARK)
+        if end < 0:
+            raise LlmError("the chat template does not keep a message's words in place")
+        return text[:end]
 
     def _compiled(self) -> Any:
         cached = _COMPILED.get(self.template)

@@ -297,6 +297,12 @@ class VadConfig:
         "after complete_silence_ms when it does, incomplete_silence_ms when not (off: "
         "end_of_turn_ms always).",
     )
+    complete_probability: float = _setting(
+        0.9,
+        "The end-of-turn model's probability (0-1) above which an utterance sounds complete.",
+        min=0.0,
+        max=1.0,
+    )
     complete_silence_ms: int = _setting(
         160, "Silence (ms) that ends a turn that sounds complete.", min=40, max=10_000
     )

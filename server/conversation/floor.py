@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
 PROBE_MS = 60.0  # quiet (ms) after which the end-of-turn model hears the utterance
-COMPLETE_P = 0.5  # the model's probability above which an utterance sounds complete
 
 
 class Floor:
@@ -216,7 +215,7 @@ class Floor:
         finally:
             self._probing = False
         if gen == self._probe_gen:
-            self._complete = probability >= COMPLETE_P
+            self._complete = probability >= self._config.vad.complete_probability
             self.turn_probabilities.append(round(probability, 3))
             log.debug("session %s: the utterance sounds %s (%.2f)", self._sid,
                       "complete" if self._complete else "unfinished", probability)  # fmt: skip

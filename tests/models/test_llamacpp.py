@@ -143,6 +143,22 @@ async def test_a_turn_heard_whole_leaves_one_token_to_compute(engine: LlamaCppEn
 
 
 @on_module_loop
+async def test_the_end_of_turn_probability_tells_a_question_from_a_fragment(
+    engine: LlamaCppEngine,
+) -> None:
+    assert engine.chat.eos_token_id >= 0
+    done = await engine.end_of_turn_probability(
+        chat("What is the capital of France?"), cache_salt="e"
+    )
+    fragment = await engine.end_of_turn_probability(
+        chat("I would like to go to the"), cache_salt="e"
+    )
+    assert 0.0 <= fragment < done <= 1.0
+    assert done > 0.5
+    assert engine.running() == 0
+
+
+@on_module_loop
 async def test_another_scope_neither_reuses_nor_keeps_a_scopes_tokens() -> None:
     one = await LlamaCppEngine.start(smollm2_gguf(), LlamaCppOptions(slots=1))
     try:

@@ -1,0 +1,330 @@
+"""When is the user done? A labelled spoken set through the server's own turn taking.
+
+The set: 40 complete utterances and 40 with a mid-sentence pause of 400-900 ms ("I'd like to
+go to ... Paris next summer", half of them with a filler before the pause), spoken by the joe
+voice (the server's own TTS; a different voice from the one of the replies is not needed:
+nothing here is a reply). Each is fed, 20 ms frame by 20 ms frame in real time, to two
+conversations at once, built as the server builds them (webrtcvad + Silero, the real turn
+detector and floor):
+
+- **semantic**: the end-of-turn model (Smart Turn v3.2) judges the utterance at a pause: it
+  ends after ``vad.complete_silence_ms`` when it sounds complete, else after
+  ``vad.incomplete_silence_ms``;
+- **fixed**: the baseline, ``vad.end_of_turn_ms`` (600 ms) for every turn.
+
+Reported for each: the silence from the end of speech to the turn's end on complete utterances
+(p50, p90; goal <= 250 ms) and the share of incomplete ones cut off at their pause (goal <= 5 %),
+over all 80 and over the 64 held out from the 8 + 8 that chose ``vad.complete_probability``.
+
+The LLM alternative (``--llm``): the default LLM's probability that the user's message ends
+after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
+prompt is what the incremental prefill computes anyway), on the same sentences as text: the
+exact words, so it is the text path's best case, before any recognition error or latency.
+
+Run: ``.venv/bin/python -m benchmarks.end_of_turn_bench`` (``--quick``: 8 + 8 utterances).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+from benchmarks import pct, stamped
+from server.config import Config, load_config
+from server.conversation.conversation import Conversation
+from server.metrics import Metrics
+from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
+from server.runtime.media import FRAME_SAMPLES
+from server.runtime.turn import TurnState
+
+PCM = npt.NDArray[np.int16]
+RATE = 48_000
+COMPLETE = [
+    "What is the capital of France?",
+    "Can you tell me a joke?",
+    "How tall is Mount Everest?",
+    "What time is it in Tokyo right now?",
+    "Please set a timer for ten minutes.",
+    "I would like to book a table for two tonight.",
+    "Tell me something interesting about octopuses.",
+    "What should I cook for dinner?",
+    "How do I make a cup of green tea?",
+    "Who wrote the novel Pride and Prejudice?",
+    "Thanks, that was really helpful.",
+    "Can you recommend a good science fiction book?",
+    "What is the weather like in London today?",
+    "How many legs does a spider have?",
+    "I think I will go for a walk now.",
+    "Why is the sky blue?",
+    "What is the difference between a virus and a bacterium?",
+    "Could you explain how a rainbow forms?",
+    "My favourite colour is green.",
+    "How far away is the moon?",
+    "What is the best way to learn a new language?",
+    "Remind me to call my mother tomorrow.",
+    "Is it going to rain this weekend?",
+    "What does a koala eat?",
+    "How do airplanes stay in the air?",
+    "Good morning, how are you today?",
+    "I need help writing a birthday message.",
+    "What are the rules of chess?",
+    "Which planet is the largest in our solar system?",
+    "Can you translate hello into Spanish?",
+    "I just finished reading a wonderful book.",
+    "How long should I boil an egg?",
+    "What is photosynthesis?",
+    "Let us talk about something else.",
+    "Where do penguins live?",
+    "How does a refrigerator keep food cold?",
+    "I am feeling a bit tired today.",
+    "What is the square root of one hundred and forty four?",
+    "Tell me about the history of the bicycle.",
+    "That sounds like a great plan.",
+]
+UNFINISHED = [
+    ("I would like to go to", "Paris next summer."),
+    ("Can you tell me about the", "history of Rome?"),
+    ("What I really want to know is", "how the stock market works."),
+    ("My sister and I were thinking about", "adopting a dog."),
+    ("How many people live in", "New York City?"),
+    ("I need to buy a present for my", "father's birthday."),
+    ("Could you explain why the", "ocean is salty?"),
+    ("The best thing about living here is", "the quiet mornings."),
+    ("What is the fastest way to get to", "the airport?"),
+    ("Yesterday I went to the market and", "bought some fresh bread."),
+    ("I was wondering if you could", "help me with my homework."),
+    ("Tell me a story about a", "dragon and a knight."),
+    ("Do you know who invented the", "telephone?"),
+    ("I would rather have", "tea than coffee."),
+    ("When I was a child I used to", "play in the garden."),
+    ("How do you say thank you in", "Japanese?"),
+    ("The meeting tomorrow is at", "nine in the morning."),
+    ("Can you recommend a restaurant that serves", "good Italian food?"),
+    ("If it rains tomorrow we should", "stay at home."),
+    ("What is the name of the", "tallest building in the world?"),
+    ("I think the problem with my computer is", "the battery."),
+    ("Please remind me to", "water the plants."),
+    ("My favourite kind of music is", "jazz from the sixties."),
+    ("How long does it take to", "fly to Australia?"),
+    ("I am looking for a recipe with", "chicken and rice."),
+    ("Could you play some", "relaxing music?"),
+    ("What happened to the", "dinosaurs?"),
+    ("We are planning a trip to", "the mountains in July."),
+    ("Is it true that", "cats sleep most of the day?"),
+    ("I want to learn how to", "play the guitar."),
+    ("The movie we watched last night was", "really funny."),
+    ("Can you help me find", "my keys?"),
+    ("Why do leaves change", "colour in autumn?"),
+    ("I usually wake up at", "seven o'clock."),
+    ("What would you suggest for", "a rainy afternoon?"),
+    ("My friend told me that", "you know a lot about space."),
+    ("How much water should I", "drink every day?"),
+    ("Next week I have to", "give a presentation at work."),
+    ("Do you think it is a good idea to", "start running?"),
+    ("Tell me what you know about", "volcanoes."),
+]
+FILLERS = ("um", "uh")
+DEV = 8  # the first 8 of each kind chose vad.complete_probability (0.9); the rest are held out
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """48 kHz audio with its labels: where the speech ends (ms), and for an unfinished one,
+    where the pause begins and how long it lasts (ms)."""
+
+    text: str
+    audio: PCM
+    speech_end_ms: float
+    pause_ms: tuple[float, float] | None = None
+    dev: bool = False  # one of the 8 + 8 that chose vad.complete_probability
+
+
+def spoken_span(pcm: PCM, threshold: int = 300) -> tuple[int, int]:
+    """First and last loud sample (48 kHz)."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > threshold)
+    return int(loud[0]), int(loud[-1]) + 1
+
+
+def build_set(quick: bool, rng: random.Random) -> list[Utterance]:
+    from models.tts import OnnxVoiceTts
+
+    tts = OnnxVoiceTts()
+
+    def said(text: str) -> PCM:
+        pcm = tts.synthesize(text).pcm
+        start, end = spoken_span(pcm)
+        return pcm[start:end]
+
+    def silence(ms: float) -> PCM:
+        return np.zeros(int(ms * RATE / 1000), np.int16)
+
+    lead, tail = silence(300), silence(1600)
+    out: list[Utterance] = []
+    complete = COMPLETE[:8] if quick else COMPLETE
+    unfinished = UNFINISHED[:8] if quick else UNFINISHED
+    for i, text in enumerate(complete):
+        speech = said(text)
+        audio = np.concatenate([lead, speech, tail])
+        out.append(Utterance(text, audio, 300 + len(speech) * 1000 / RATE, dev=i < DEV))
+    for i, (first, rest) in enumerate(unfinished):
+        head = f"{first}, {FILLERS[i % 2]}..." if i % 2 else f"{first}..."
+        part1, part2 = said(head), said(rest)
+        pause = rng.uniform(400, 900)
+        audio = np.concatenate([lead, part1, silence(pause), part2, tail])
+        pause_start = 300 + len(part1) * 1000 / RATE
+        end = pause_start + pause + len(part2) * 1000 / RATE
+        out.append(Utterance(f"{head} {rest}", audio, end, (pause_start, pause), i < DEV))
+    return out
+
+
+def conversation(config: Config, completeness: TurnCompleteness | None, name: str) -> Any:
+    from models.vad import SileroModel, WebRtcGate
+
+    vad = config.vad
+    detector = TurnDetector(WebRtcGate(vad.aggressiveness), SileroModel().stream(), vad)
+    detector.completeness = completeness
+    return Conversation(name * 16, config, detector, None, Metrics())
+
+
+async def feed(conversations: list[Any], utterance: Utterance) -> list[float | None]:
+    """Frames in real time to every conversation; where in the utterance (ms) each ended the
+    user's turn (None: never)."""
+    ended: list[float | None] = [None] * len(conversations)
+    bases = [conv.detector.position_ms for conv in conversations]  # where this one starts
+    samples = utterance.audio
+    started = time.monotonic()
+    for n, at in enumerate(range(0, len(samples) - FRAME_SAMPLES + 1, FRAME_SAMPLES)):
+        pcm48 = samples[at : at + FRAME_SAMPLES]
+        frame = av.AudioFrame.from_ndarray(pcm48.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = RATE, n * FRAME_SAMPLES
+        for i, conv in enumerate(conversations):
+            was = conv.session.state
+            await conv.hear(frame, time.monotonic() * 1000)
+            now = conv.session.state
+            if ended[i] is None and was is TurnState.USER_SPEAKING is not now:
+                ended[i] = conv.detector.position_ms - bases[i]
+        delay = started + (n + 1) * 0.02 - time.monotonic()
+        await asyncio.sleep(max(0.0, delay))
+    return ended
+
+
+def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    complete = [r[mode] for r in rows if r["kind"] == "complete"]
+    silences = [c["silence_ms"] for c in complete if c["silence_ms"] is not None]
+    unfinished = [r[mode] for r in rows if r["kind"] == "unfinished"]
+    cut = sum(bool(u["cut_off"]) for u in unfinished)
+    return {
+        "complete": len(complete),
+        "complete_never_ended": sum(c["silence_ms"] is None for c in complete),
+        "silence_p50_ms": round(statistics.median(silences), 1) if silences else None,
+        "silence_p90_ms": round(pct(silences, 0.9), 1) if silences else None,
+        "unfinished": len(unfinished),
+        "cut_off_at_the_pause": cut,
+        "cut_off_share": round(cut / len(unfinished), 3) if unfinished else None,
+    }
+
+
+async def run(quick: bool, llm: bool) -> dict[str, Any]:
+    from models.turn import SmartTurn
+
+    rng = random.Random(11)
+    utterances = build_set(quick, rng)
+    base = {"pipeline.factory": "", "server.log_level": "WARNING"}
+    semantic = conversation(load_config(overrides=base), SmartTurn(), "s")
+    fixed = conversation(load_config(overrides={**base, "vad.semantic": "false"}), None, "f")
+    rows: list[dict[str, Any]] = []
+    for u in utterances:
+        ended = await feed([semantic, fixed], u)
+        row: dict[str, Any] = {"text": u.text, "kind": "complete" if u.pause_ms is None else
+                               "unfinished", "dev": u.dev}  # fmt: skip
+        if u.pause_ms is not None:
+            row["pause_ms"] = round(u.pause_ms[1])
+        for mode, end in zip(("semantic", "fixed"), ended, strict=True):
+            result: dict[str, Any] = {"ended_at_ms": end}
+            if u.pause_ms is None:
+                result["silence_ms"] = None if end is None else round(end - u.speech_end_ms, 1)
+            else:
+                pause_start, pause = u.pause_ms
+                result["cut_off"] = end is not None and end < pause_start + pause
+            row[mode] = result
+        row["model_probabilities"] = list(semantic.floor.turn_probabilities)
+        semantic.floor.turn_probabilities.clear()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    await semantic.close()
+    await fixed.close()
+    held_out = [r for r in rows if not r["dev"]]
+    results: dict[str, Any] = {
+        "semantic": summarize(rows, "semantic"),
+        "fixed_600ms": summarize(rows, "fixed"),
+        "held_out": {"semantic": summarize(held_out, "semantic"),
+                     "fixed_600ms": summarize(held_out, "fixed")} if held_out else None,
+        "utterances": rows,
+    }  # fmt: skip
+    if llm:
+        results["llm"] = await llm_verdicts(quick)
+    return results
+
+
+async def llm_verdicts(quick: bool) -> dict[str, Any]:
+    """The default LLM's probability of its end-of-turn token after the user's words."""
+    from models.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from models.prepare import DEFAULT_GGUF, embedded_gguf
+
+    persona = load_config().runtime.persona
+    engine = await LlamaCppEngine.start(embedded_gguf(DEFAULT_GGUF), LlamaCppOptions(slots=1))
+    try:
+        complete = COMPLETE[:8] if quick else COMPLETE
+        unfinished = [first for first, _ in (UNFINISHED[:8] if quick else UNFINISHED)]
+        scores: dict[str, list[float]] = {"complete": [], "unfinished": []}
+        took: list[float] = []
+        for kind, texts in (("complete", complete), ("unfinished", unfinished)):
+            for text in texts:
+                started = time.perf_counter()
+                chat = [{"role": "system", "content": persona}, {"role": "user", "content": text}]
+                scores[kind].append(await engine.end_of_turn_probability(chat, cache_salt="e"))
+                took.append((time.perf_counter() - started) * 1000)
+    finally:
+        await engine.close()
+    correct = sum(p >= 0.5 for p in scores["complete"]) + sum(p < 0.5 for p in scores["unfinished"])
+    return {
+        "complete_p50": round(statistics.median(scores["complete"]), 3),
+        "unfinished_p50": round(statistics.median(scores["unfinished"]), 3),
+        "complete_judged_complete": sum(p >= 0.5 for p in scores["complete"]),
+        "unfinished_judged_complete": sum(p >= 0.5 for p in scores["unfinished"]),
+        "accuracy": round(correct / (len(complete) + len(unfinished)), 3),
+        "ms_per_verdict_p50": round(statistics.median(took), 1),
+        "model": DEFAULT_GGUF,
+        "probabilities": {k: [round(p, 3) for p in v] for k, v in scores.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description="semantic end of turn against a fixed silence")
+    parser.add_argument("--quick", action="store_true", help="8 + 8 utterances")
+    parser.add_argument("--llm", action="store_true", help="also the LLM's end-of-turn verdicts")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/end_of_turn.json"))
+    args = parser.parse_args(argv)
+    results = asyncio.run(run(args.quick, args.llm))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(stamped(results), indent=2))
+    print(json.dumps({k: v for k, v in results.items() if k != "utterances"}, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
