@@ -44,6 +44,7 @@ PCM = npt.NDArray[np.int16]
 RATE = 48_000
 FRAME = 960
 FADE = 240  # runtime.fade_ms (5 ms) at 48 kHz
+QUIET_LEVEL = 300.0  # RMS below which the paused samples are too quiet to compare
 SLOW = Path(__file__).resolve().parents[1] / "scripts" / "slow.sh"
 QUESTIONS = [
     "Tell me a short story about a brave little dragon.",
@@ -138,6 +139,8 @@ def resume_check(audio: list[PCM], paused_at: int, resumed_at: int) -> dict[str,
     ramp = np.linspace(1.0, 0.0, FADE, endpoint=False)  # the fade-out; the fade-in reversed
     middle = slice(FADE // 5, FADE * 4 // 5)  # where neither ramp is near 0
     heard = (a[end - FADE : end] / ramp)[middle]  # the paused samples, the fade undone
+    if float(np.sqrt(np.mean(heard**2))) < QUIET_LEVEL:
+        return {"silent": True}  # too quiet where it paused (a word's tail) to compare
     b = np.concatenate(audio[m - 1 : m + 2]).astype(np.float64)
     at = FRAME + end - FADE  # the same place in the resumed frame
     scores = {}

@@ -43,7 +43,10 @@ BACKCHANNELS = frozenset(
         "absolutely", "interesting", "you",  # "you": Whisper's word for a noise
     )
 )  # fmt: skip
-_NOT_WORDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # "(coughs)", "[MUSIC]", "*sigh*"
+# noise tags and Whisper's inventions for sounds: "(coughs)", "[MUSIC]", "*sigh*", "== Intro =="
+_NOT_WORDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|=+[^=]*=+")
+# a hum or a grunt however it is spelt: "mmm", "mhm", "hmmm", "mm-hmm", "uhhh", "ahh", "ohh"
+_HUM = re.compile(r"^([mh]+|u+h+|u+m+|a+h+|o+h+|e+h+|e+r+m*)$")
 
 
 def words_of(text: str) -> list[str]:
@@ -60,7 +63,7 @@ def is_backchannel(text: str) -> bool:
         return False
     i = 0
     while i < len(words):
-        if words[i] in FILLERS:
+        if words[i] in FILLERS or _HUM.match(words[i]):
             i += 1
         elif tuple(words[i : i + 2]) in BACKCHANNELS:
             i += 2

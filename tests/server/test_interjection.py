@@ -48,7 +48,9 @@ RULES = JudgeRules(interruption_ms=600.0, quiet_ms=160.0)
 @pytest.mark.parametrize(
     "text",
     ["", "Mm-hm.", "mhm", "Yeah.", "Okay.", "OK", "Uh-huh.", "Right, right.", "I see.",
-     "Oh, okay.", "(coughs)", "[MUSIC]", " you", "Yeah, got it.", "Thank you."],
+     "Oh, okay.", "(coughs)", "[MUSIC]", " you", "Yeah, got it.", "Thank you.",
+     # what Whisper tiny wrote for espeak-ng's "Mm-hm." and "Mhm."
+     "== Animation ==", "Mmmmmmmmm", "M-M-M-M-M", "Mm-hmm.", "Uhhh, okay."],
 )  # fmt: skip
 def test_backchannels_and_noises_are_no_bid_for_the_floor(text: str) -> None:
     assert is_backchannel(text)
@@ -414,3 +416,18 @@ async def test_a_paused_reply_with_a_full_buffer_still_has_its_words_heard() -> 
         await conversation.close()
         assert conversation.pipeline is not None
         await conversation.pipeline.close()
+
+
+def test_the_command_line_client_shows_a_pause_and_a_resume(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from client.cli import show_event
+
+    with caplog.at_level("INFO", logger="client"):
+        show_event({"type": "x-avatar.output_audio_buffer.paused", "audio_end_ms": 1240.0})
+        show_event(
+            {"type": "output_audio_buffer.resumed", "paused_ms": 620.0, "reason": "backchannel"}
+        )
+    assert "reply paused at 1240 ms of its audio: hearing you" in caplog.text
+    assert "reply resumed after a 620 ms pause (backchannel)" in caplog.text
+    assert len(capsys.readouterr().out.splitlines()) == 2  # every event is still a JSON line

@@ -74,6 +74,11 @@ WATCH_PARTIALS_JS = """() => {
       if (shown && window.partialsShown.at(-1) !== shown) window.partialsShown.push(shown);
     }
   }).observe(list, {subtree: true, childList: true, characterData: true, attributes: true});
+  window.turnsShown = [];
+  const turn = document.getElementById('turn');
+  new MutationObserver(() => {
+    if (window.turnsShown.at(-1) !== turn.textContent) window.turnsShown.push(turn.textContent);
+  }).observe(turn, {subtree: true, childList: true, characterData: true});
 }"""
 
 
@@ -351,6 +356,10 @@ def test_a_spoken_conversation(server: ServerProcess, talking: Browser) -> None:
             lambda: events(page, "conversation.item.truncated"), 15, "a barge-in", page
         )[0]
         assert truncated["item_id"] == item_id and truncated["audio_end_ms"] > 0
+        # the reply paused at the voice's onset, and the page said so, before it was judged
+        paused = events(page, "x-avatar.output_audio_buffer.paused")
+        assert paused and paused[0]["item_id"] == item_id, paused
+        assert "Paused: hearing you" in page.evaluate("() => window.turnsShown")
         # what was heard (the item's transcript in response.done) is shown as heard, the rest
         # struck through, and it is what the server keeps in its history
         cancelled = wait_for(lambda: done_of(page, first), 5, "the cut reply's end", page)[0]
@@ -749,6 +758,14 @@ async () => {
   out.offset = f.offsetMs;
   out.early = f.update(1500, true, 2550);
   out.second = f.update(1560, true, 2610);
+  // a pause of 700 ms at 2000 on the timeline (a resumed reply): chunks placed after it move
+  f = new SpeechFollower(65, 0);
+  f.add(1, 'Before.');
+  f.add(2, 'After.');
+  f.place(1, 1500);
+  f.place(2, 2500);
+  f.shift(2000, 700);
+  out.shifted = f.queue.map((c) => c.startMs);
   // by sound (no visemes): the next chunk after its estimated length, or at a pause
   f = new SpeechFollower(50);
   f.add(1, 'x'.repeat(20));
@@ -776,6 +793,7 @@ def test_speech_follower_reveals_chunks_when_their_audio_plays(
     assert out["first"] == [1] and out["offset"] == -100
     assert out["early"] == []  # 2550 - 100 < 2500
     assert out["second"] == [2]
+    assert out["shifted"] == [1500, 3200]  # only what starts after the pause moves
     assert out["bySound"] == [[0, [1]], [1000, [2]]]  # 20 chars x 50 ms
     assert out["afterPause"] == [3]
     assert out["remaining"] == []
