@@ -252,6 +252,7 @@ async def trial(
         e.get("delta", "") for e in events_after(peer, mark, "response.audio_transcript.delta")
     )
     session = server.session(peer.session_id) or {}
+    words = session.get("interjections", {}).get("words", [])
     assistant = [t for t in session.get("history", []) if t["role"] == "assistant"]
     last = assistant[-1] if assistant else {}
     whole = bool(last) and not last["truncated"] and last["text"].split() == deltas.split()
@@ -271,6 +272,7 @@ async def trial(
         "history_whole": whole,
         "resume_check": check,
         "client_reaction_ms": reaction,
+        "last_words_judged": words[-1] if words and (resumed or truncated) else None,
     }
 
 

@@ -175,7 +175,8 @@ async def noise_session(
         peer.mic.play(noise(kind, dbfs, seconds, seed=int(-dbfs)))
         await keep_talking(peer, seconds)  # the agent talks over the noise
         stats = session_stats(server, peer.session_id)
-        paused = sum(stats.get("interjections", {}).values())
+        judged = stats.get("interjections", {})
+        paused = judged.get("resumed", 0) + judged.get("interrupted", 0)
         return int(stats["speech_starts"]), int(paused)
     finally:
         await peer.close()

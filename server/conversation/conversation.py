@@ -389,7 +389,8 @@ class Conversation:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
         turns = list(self.replies.traces)
         floor = self.floor
-        judged = {"resumed": floor.resumed, "interrupted": floor.interrupted}
+        words = list(floor.heard_words)
+        judged = {"resumed": floor.resumed, "interrupted": floor.interrupted, "words": words}
         session, playout = self.session, self.playout
         starts = floor.speech_starts
         figures = describe(session, playout, turns, self.avatar, self.animator, starts, judged)

@@ -19,11 +19,11 @@ def describe(
     avatar: AvatarVideo | None,
     animator: FaceAnimator,
     speech_starts: int,
-    interjections: dict[str, int] | None = None,
+    interjections: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     """Cursors (ms), turn state, barge-in reactions (ms), voice over replies (``resumed`` and
-    ``interrupted`` pauses), stage timings of each heard reply, the history, and the lateness
-    (ms) of recent audio frames."""
+    ``interrupted`` pauses, the ``words`` of the latest), stage timings of each heard reply,
+    the history, and the lateness (ms) of recent audio frames."""
     cursors = session.cursors
     lateness = [late * 1000 for late in playout.send_log]
     return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -100,6 +101,7 @@ class Floor:
         self.speech_starts = 0
         self.resumed = 0  # pauses that were no interruption
         self.interrupted = 0  # pauses that were
+        self.heard_words: deque[str] = deque(maxlen=8)  # recent interjections' transcripts
 
     # --- the detector's events ----------------------------------------------------------------
     async def on_vad(self, event: VadEvent) -> None:
@@ -161,6 +163,7 @@ class Floor:
         except Exception as exc:  # the recogniser failed: the pause's deadline decides
             log.warning("session %s: interjection not transcribed: %s", self._sid, exc)
             return
+        self.heard_words.append(text)
         decision = self.judge.words(ask.attempt, text)
         if decision is not None and self._session.state is TurnState.PAUSED:
             await self.decide(decision)

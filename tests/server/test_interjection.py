@@ -302,7 +302,9 @@ async def test_a_false_interruption_resumes_from_the_sample_where_it_paused(
     assert session.epoch == 0  # nothing interrupted the reply
     # its words: none for a click; once when it fell quiet; once more when it grew long
     assert rig.pipeline.transcribed == (0 if reason == "no voice" else 1 + (frames >= 40))
-    assert rig.conversation.describe()["interjections"] == {"resumed": 1, "interrupted": 0}
+    judged = rig.conversation.describe()["interjections"]
+    assert (judged["resumed"], judged["interrupted"]) == (1, 0)
+    assert judged["words"] == ([] if reason == "no voice" else [words] * (1 + (frames >= 40)))
 
 
 @pytest.mark.parametrize(("frames", "words"), [(40, "Sorry, one question."), (12, "Wait.")])
@@ -321,7 +323,8 @@ async def test_a_real_interruption_stops_the_reply_where_it_paused(
     assert sent <= before + 3  # paused within the onset (40 ms) and a frame of resampling
     assert truncated["audio_end_ms"] == pytest.approx(sent * 20.0)  # what was heard, exactly
     assert not rig.events("output_audio_buffer.resumed")
-    assert rig.conversation.describe()["interjections"] == {"resumed": 0, "interrupted": 1}
+    judged = rig.conversation.describe()["interjections"]
+    assert (judged["resumed"], judged["interrupted"], judged["words"]) == (0, 1, [words])
     # the user's turn holds the interjection from its onset
     assert rig.events("input_audio_buffer.speech_started")
 
