@@ -207,7 +207,7 @@ class Conversation:
     def _turn(self, settings: TurnSettings) -> TurnSettings:
         """``settings`` as the turn detector can apply them (``semantic`` needs its model)."""
         if settings.semantic and self.detector.completeness is None:
-            log.warning("session %s: no end-of-turn model: semantic_vad off", self.session_id[:8])
+            log.debug("session %s: no end-of-turn model: semantic_vad off", self.session_id[:8])
             settings = replace(settings, semantic=False)
         self.detector.tune(settings.threshold, settings.end_of_turn_ms)
         return settings

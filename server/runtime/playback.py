@@ -259,8 +259,9 @@ class PlaybackBuffer(Generic[V]):
         return True
 
     def resume(self) -> int:
-        """Play on from the exact sample where :meth:`pause` held it, fading in; chunks not yet
-        started move later by the pause. Returns the pause's length (samples; 0 if none)."""
+        """Play on from the exact sample where :meth:`pause` held it, fading in; the queued
+        chunks' output positions move later by the pause. Returns the pause's length (samples;
+        0 if none)."""
         if self._paused_at is None:
             return 0
         held, self._paused_at = self.playback_cursor - self._paused_at, None
