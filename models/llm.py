@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 log = logging.getLogger(__name__)
+Dtype = Literal["bfloat16", "float32", "auto"]  # what an in-process vLLM computes in
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -221,7 +222,7 @@ class VllmOptions:
     # multiples of 32 (16 fails at start: "No common block size for 16")
     block_size: int = 32
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE when unset
-    dtype: Literal["bfloat16", "float32", "auto"] = "bfloat16"
+    dtype: Dtype = "bfloat16"
     temperature: float = 0.0  # 0 = greedy
     max_num_seqs: int = 16  # concurrent requests in one batch
     seed: int = 0
@@ -248,12 +249,16 @@ class VllmEngine:
         try:
             from transformers import AutoTokenizer
             from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
 
             self.prompts = ChatPrompts(AutoTokenizer.from_pretrained(str(self.model_dir)))
+            dtype = self.options.dtype
+            if current_platform.is_cpu():
+                dtype = cpu_dtype(dtype)
             args = AsyncEngineArgs(
                 model=str(self.model_dir),
-                dtype=self.options.dtype,
+                dtype=dtype,
                 max_model_len=self.options.max_model_len,
                 enforce_eager=self.options.enforce_eager,
                 enable_prefix_caching=self.options.enable_prefix_caching,
@@ -395,6 +400,30 @@ class VllmEngine:
         await asyncio.to_thread(self._engine.shutdown)
         del self._engine  # its __del__ shuts down again; let that happen now, not at exit
         log.info("LLM engine shut down in %.1f s", time.perf_counter() - started)
+
+
+def cpu_dtype(requested: Dtype, cpu_flags: str | None = None) -> Dtype:
+    """The dtype vLLM's CPU build runs: ``requested``, except bfloat16 on a CPU with AMX
+    (``amx_bf16``: Intel Sapphire Rapids and later), where vLLM 0.32 computes wrong tokens
+    (SmolLM2 answered "L'Étoile, la Marseillaise, ..." to "What is the capital of France?";
+    in float32, "The capital of France is Paris."): float32 there."""
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    if requested == "bfloat16" and "amx_bf16" in flags.split():
+        log.warning("this CPU has AMX, where vLLM's bfloat16 is wrong: running float32")
+        return "float32"
+    return requested
+
+
+def _cpu_flags() -> str:
+    """The ISA flags of the first CPU in /proc/cpuinfo ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return line.partition(":")[2]
+    except OSError:
+        pass
+    return ""
 
 
 def _default_env(options: VllmOptions) -> None:
