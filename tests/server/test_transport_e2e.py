@@ -125,9 +125,17 @@ async def test_barge_in_silences_the_reply_and_bumps_the_epoch(
     timings = await peer.wait_event("response.timings", after=n)
     assert timings["epoch"] == 0 and timings["status"] == "cancelled"
     assert timings["voice_to_voice_ms"] > 0
-    # output is silent from shortly after the decision (network + client jitter buffer)
+    # output is silent after the decision (the reply paused at the voice's onset, before it)
+    # until a reply of the new epoch plays: "Wait, stop," may be a whole turn of its own,
+    # ended 160 ms after it when it sounds complete
     await asyncio.sleep(0.8)
-    after = [p for t, p in peer.audio if t > t_truncated + 0.25]
+    newer = [
+        t
+        for t, e in peer.events[n:]
+        if e["type"] == "output_audio_buffer.started" and e["epoch"] > 0
+    ]
+    until_t = min([*newer, time.monotonic()])
+    after = [p for t, p in peer.audio if t_truncated + 0.05 < t < until_t]
     assert after and max(rms(p) for p in after) < 50
     # the interruption is a new turn: its reply carries the new epoch
     reply = await peer.wait_event("response.created", timeout=15, after=n)
