@@ -31,7 +31,6 @@ from models.llm import (
     RemoteVllm,
     VllmEngine,
     VllmOptions,
-    cpu_dtype,
 )
 from models.prepare import prepare_llm
 from tests.support.llm_helpers import chat, collect, stats_of
@@ -193,12 +192,6 @@ async def smol() -> AsyncIterator[VllmEngine]:
     engine = await start_engine(folder)
     yield engine
     await engine.close()
-
-
-def test_vllm_on_a_cpu_with_amx_runs_float32() -> None:
-    assert cpu_dtype("bfloat16", "fpu avx2 avx512f amx_bf16 amx_tile") == "float32"
-    assert cpu_dtype("bfloat16", "fpu avx2 avx512f avx512_bf16") == "bfloat16"
-    assert cpu_dtype("auto", "amx_bf16") == "auto"  # only bfloat16 is replaced
 
 
 async def test_smollm2_answers_a_question(smol: VllmEngine) -> None:

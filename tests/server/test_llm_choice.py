@@ -23,3 +23,11 @@ def test_the_llm_engine_follows_the_setting_the_model_and_the_machine(
     setting: str, model: str, gpu_vllm: bool, engine: str
 ) -> None:
     assert llm_engine_name(setting, model, gpu_vllm) == engine
+
+
+def test_vllm_on_a_cpu_with_amx_runs_float32() -> None:
+    from models.llm import cpu_dtype
+
+    assert cpu_dtype("bfloat16", "fpu avx2 avx512f amx_bf16 amx_tile") == "float32"
+    assert cpu_dtype("bfloat16", "fpu avx2 avx512f avx512_bf16") == "bfloat16"
+    assert cpu_dtype("auto", "amx_bf16") == "auto"  # only bfloat16 is replaced
