@@ -473,6 +473,7 @@ function onServerEvent(event) {
     }
     case 'conversation.item.truncated':
       // a barge-in: nothing more of this reply plays; what was heard comes with response.done
+      call.pausedAtMs = null; // a pause that ended in an interruption
       if (response && (!response.itemId || event.item_id === response.itemId)) {
         response.cut = true;
         follower.drop();
@@ -567,6 +568,7 @@ function heardTranscript(done) {
 
 function onResponseDone(done, now) {
   const response = call.response;
+  call.pausedAtMs = null;
   const status = done.status || 'failed';
   if (response && response.id === done.id) {
     call.response = null;
@@ -658,7 +660,9 @@ function levelTick() {
     call.barge = null;
   }
   if (call.barge && now - call.barge.t0 > 3000) call.barge = null;
-  if (call.response) {
+  if (call.response && call.pausedAtMs == null) {
+    // while the reply is paused nothing of it plays: the follower holds (the played time
+    // still counts the silence; the resume moves what was placed after the pause)
     const played = call.played ? call.played.ms + (now - call.played.at) : null;
     for (const id of follower.update(now, agent >= AGENT_SOUND, played)) {
       conversation.spoken(id);
