@@ -149,15 +149,22 @@ def open_text(render: Callable[[Sequence[Message]], str], messages: Sequence[Mes
     """The text of a chat whose last message is still being said: the template (``render``)
     up to that message's :func:`settled_words`, the turn left open; a prefix of ``render`` of
     any chat whose last message starts with this one's words."""
+    text = words_open_text(render, messages)
+    content = messages[-1]["content"]
+    return text[: len(text) - (len(content) - len(settled_words(content)))]
+
+
+def words_open_text(render: Callable[[Sequence[Message]], str], messages: Sequence[Message]) -> str:
+    """The template's text (``render``) up to the end of the last message's words, its turn
+    still open."""
     if not messages:
         raise LlmError("no message to leave open")
     *before, last = messages
-    content = last["content"]
-    text = render([*before, {**last, "content": content + OPEN_MARK}])
+    text = render([*before, {**last, "content": last["content"] + OPEN_MARK}])
     end = text.find(OPEN_MARK)
     if end < 0 or text.count(OPEN_MARK) != 1:
         raise LlmError("the chat template does not keep a message's words in place")
-    return text[: end - (len(content) - len(settled_words(content)))]
+    return text[:end]
 
 
 class ChatPrompts:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.llm import OPEN_MARK, LlmError, Message, open_text
+from models.llm import LlmError, Message, open_text, words_open_text
 
 
 def _raise(message: str) -> None:
@@ -55,12 +55,7 @@ class ChatText:
     def render_user_open(self, messages: Sequence[Message]) -> str:
         """Prompt text that ends right after the last (user) message's words, its turn still
         open: the next token says whether the message ends there."""
-        *before, last = messages
-        text = self.render([*before, {**last, "content": last["content"] + OPEN_MARK}])
-        end = text.find(OPEN_MARK)
-        if end < 0:
-            raise LlmError("the chat template does not keep a message's words in place")
-        return text[:end]
+        return words_open_text(self.render, messages)
 
     def _compiled(self) -> Any:
         cached = _COMPILED.get(self.template)
