@@ -97,7 +97,7 @@ class Floor:
         self._complete: bool | None = None  # the model's verdict on the utterance as it stands
         self._probing = False
         self._probe_gen = 0  # an older probe's verdict no longer counts
-        self.turn_probabilities: list[float] = []  # the model's verdicts (diagnostics)
+        self.turn_probabilities: deque[float] = deque(maxlen=16)  # recent verdicts (diagnostics)
         self.speech_starts = 0
         self.resumed = 0  # pauses that were no interruption
         self.interrupted = 0  # pauses that were
