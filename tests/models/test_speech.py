@@ -211,9 +211,16 @@ def test_tts_speaks_numbers_and_abbreviations(tts: OnnxVoiceTts, asr: WhisperAsr
         "Call me at 7 tomorrow.": {"7", "seven"},
         "Dr. Jones is 42 years old.": {"doctor", "dr", "42"},
     }
+    # the voice samples noise (VITS), and Whisper tiny sometimes drops a number from one
+    # take ("It costs $"): a sentence passes if one of three takes is heard with its number,
+    # while a number gruut skipped or misspoke is missing from all of them
     for sentence, expected in said.items():
-        heard = asr.transcribe(resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000))
-        assert expected & set(words_of(heard)), (sentence, heard)
+        heard = []
+        for _ in range(3):
+            heard.append(asr.transcribe(resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)))
+            if expected & set(words_of(heard[-1])):
+                break
+        assert expected & set(words_of(heard[-1])), (sentence, heard)
 
 
 def test_tts_is_safe_from_several_threads(tts: OnnxVoiceTts) -> None:

@@ -27,9 +27,16 @@ def words(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
 
 
-def wer(reference: str, hypothesis: str) -> float:
-    ref = words(reference)
-    return edit_distance(ref, words(hypothesis)) / max(1, len(ref))
+def cer(reference: str, hypothesis: str) -> float:
+    """Character error rate over the normalised words (one space between words).
+
+    Characters, not words: the voice samples noise (VITS), and Whisper tiny hears the clean
+    synthesis of "The capital of France is Paris." as "the capital of Francis Pears." in some
+    runs, a word error rate of 0.5 from two near-homophones. Its character error rate is 0.13;
+    audio with gaps, clipped or at a wrong rate scores far worse.
+    """
+    ref = list(" ".join(words(reference)))
+    return edit_distance(ref, list(" ".join(words(hypothesis)))) / max(1, len(ref))
 
 
 server = server_process(
@@ -89,7 +96,7 @@ async def test_spoken_question_gets_a_spoken_answer(
     assert text.strip()
     # what the client received is speech of the reply's text
     recognised = asr.transcribe(resample(peer.received_audio(), 48_000, 16_000))
-    assert wer(text, recognised) <= 0.35, (text, recognised)
+    assert cer(text, recognised) <= 0.25, (text, recognised)
     session = server.session(peer.session_id)
     assert session is not None
     history = session["history"]

@@ -1,10 +1,11 @@
-"""Word error rates for the speech tests."""
+"""Error rates (words, characters) for the speech tests."""
 
 from __future__ import annotations
 
 
 def edit_distance(reference: list[str], hypothesis: list[str]) -> int:
-    """Word-level Levenshtein distance (substitutions, insertions, deletions)."""
+    """Levenshtein distance between two sequences of words or characters (substitutions,
+    insertions, deletions)."""
     row = list(range(len(hypothesis) + 1))
     for i, ref in enumerate(reference, 1):
         previous, row[0] = row[0], i
