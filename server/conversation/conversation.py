@@ -41,6 +41,7 @@ from server.conversation.resume import ResumeTicket
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.owner import NO_OWNER
+from server.pipeline.echo import EchoPath
 from server.pipeline.seams import (
     ReplyRequest,
     ReportsLoad,
@@ -98,6 +99,7 @@ class Conversation:
         self.detached_since_ms: float | None = None  # when the last link was lost
         self.inbox = Inbox(session_id, config.transport.max_event_bytes, self.emit)
         self._resampler: av.AudioResampler | None = None
+        self.echo = EchoPath(detector.echo)  # the avatar's voice out of what is heard
         self.ticket = ResumeTicket(session_id)
         self.utterance = Utterance()
         self.partials = Partials(
@@ -135,7 +137,7 @@ class Conversation:
             self._tasks.spawn,
             self.request,
             self.tag,
-            self._announce,
+            lambda chunk_id: self.playout.announce_visemes(chunk_id),
             lambda: self.turn_settings,
         )
         self.playout = Playout(
@@ -147,6 +149,7 @@ class Conversation:
             self.clock,
             self.emit,
             self.flush_events,
+            self.echo.played,
             lambda ms: log.info("session %s barge-in reaction %.0f ms", session_id[:8], ms),
         )
         self.floor = Floor(
@@ -223,6 +226,7 @@ class Conversation:
         self.detached_since_ms = None
         self.playout.base_ms = samples_to_ms(self.session.cursors.playback_cursor)
         self._resampler = None  # a new inbound stream
+        self.echo.restart()
 
     def detach(self, link: Link) -> None:
         """``link`` is lost (if it is still the one attached): wait for a new one."""
@@ -257,17 +261,18 @@ class Conversation:
 
     # --- frames in ----------------------------------------------------------------------------
     async def hear(self, frame: av.AudioFrame, arrival_ms: float) -> None:
-        """One inbound audio frame (any rate): resampled to 16 kHz mono for the detector."""
+        """One inbound audio frame (any rate): resampled to 16 kHz mono, the avatar's echo
+        taken out (server/pipeline/echo.py), for the detector and the recogniser."""
         if self._resampler is None:
             self._resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
         self.session.input.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
         link = self.outlet.link
         for out in self._resampler.resample(frame):
-            pcm = out.to_ndarray().reshape(-1).astype(np.int16)
+            pcm, voice = self.echo.clean(out.to_ndarray().reshape(-1).astype(np.int16))
             media_ms = None if link is None else link.media_ms()
             if media_ms is not None:  # never started by inbound audio
-                self.animator.hear_user(media_ms + self.playout.base_ms, pcm_level(pcm))
-            for event in self.detector.push(pcm, arrival_ms):
+                self.animator.hear_user(media_ms + self.playout.base_ms, pcm_level(voice))
+            for event in self.detector.push(voice, arrival_ms):
                 await self.on_vad(event)
             self.keep_audio(pcm)
             await self.floor.after_frames()
@@ -381,9 +386,6 @@ class Conversation:
         """The shared engines have required work (any session's): shed optional work."""
         return isinstance(self.pipeline, ReportsLoad) and self.pipeline.busy
 
-    def _announce(self, chunk_id: int) -> None:
-        self.playout.announce_visemes(chunk_id)
-
     # --- diagnostics ----------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
@@ -394,4 +396,4 @@ class Conversation:
         session, playout = self.session, self.playout
         starts = floor.speech_starts
         figures = describe(session, playout, turns, self.avatar, self.animator, starts, judged)
-        return {**figures, "attached": self.attached}
+        return {**figures, "attached": self.attached, "echo": self.echo.describe()}

@@ -35,8 +35,10 @@ class Playout:
         clock: Clock,
         emit: Callable[[dict[str, Any]], None],
         flush: Callable[[], None],
+        played: Callable[[npt.NDArray[np.int16]], None],
         log_reaction: Callable[[float], None],
     ) -> None:
+        """``played``: told every sample the track pulled (the echo canceller's far end)."""
         self._session = session
         self._replies = replies
         self._lipsync = lipsync
@@ -46,6 +48,7 @@ class Playout:
         self._emit = emit
         self._flush = flush
         self._log_reaction = log_reaction
+        self._played = played
         self.base_ms = 0.0  # the playback cursor (ms) when the current link attached
         self.send_log: deque[float] = deque(maxlen=3000)  # lateness (s) of recent audio frames
         self.barge_in_reactions_ms: list[float] = []  # from the gate's voice onset
@@ -72,6 +75,7 @@ class Playout:
         if self._pulls % LOOKAHEAD_SAMPLE_FRAMES == 0 and session.playback.streaming:
             self._metrics.lookahead.observe(session.playback.slack_ms / 1000)
         self._flush()
+        self._played(pulled.pcm)
         return pulled.pcm
 
     async def face_at(self, media_ms: float) -> av.VideoFrame:

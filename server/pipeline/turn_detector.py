@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.config import VadConfig
+from server.pipeline.echo import EchoCanceller
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,13 @@ class TurnDetector:
         confirm: SpeechProbability,
         config: VadConfig,
         completeness: TurnCompleteness | None = None,
+        echo: EchoCanceller | None = None,
     ) -> None:
-        """``completeness``: the end-of-turn model the conversation may ask (the detector
-        itself never runs it)."""
+        """``completeness``: the end-of-turn model the conversation may ask; ``echo``: the
+        session's echo canceller, which the conversation runs on the audio before it reaches
+        this detector (the detector itself runs neither)."""
         self.completeness = completeness
+        self.echo = echo
         self._gate = gate
         self._confirm = confirm
         self._threshold = config.silero_threshold

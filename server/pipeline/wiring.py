@@ -47,16 +47,23 @@ def vision_model(config: Config) -> VisionModel:
 
 
 def detector_factory(config: Config) -> Callable[[], TurnDetector]:
-    """One turn detector per session: webrtcvad gate + Silero (one shared ONNX model), and the
-    end-of-turn model (Smart Turn, shared) where ``vad.semantic`` asks for it."""
+    """One turn detector per session: webrtcvad gate + Silero (one shared ONNX model), the
+    end-of-turn model (Smart Turn, shared) where ``vad.semantic`` asks for it, and an echo
+    canceller of its own (WebRTC AEC3) where ``vad.echo_cancellation`` does."""
+    from models.echo import WebRtcEchoCanceller
     from models.vad import SileroModel, WebRtcGate
 
     silero = SileroModel()
     vad = config.vad
     completeness = end_of_turn_model() if vad.semantic else None
+    if vad.echo_cancellation:
+        WebRtcEchoCanceller()  # a missing or broken library fails the start, not a session
+        log.info("echo cancellation on (WebRTC AEC3, one per session)")
 
     def make() -> TurnDetector:
-        return TurnDetector(WebRtcGate(vad.aggressiveness), silero.stream(), vad, completeness)
+        echo = WebRtcEchoCanceller() if vad.echo_cancellation else None
+        gate = WebRtcGate(vad.aggressiveness)
+        return TurnDetector(gate, silero.stream(), vad, completeness, echo)
 
     return make
 

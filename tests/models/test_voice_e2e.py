@@ -14,6 +14,7 @@ from client.cli import ClientPeer
 from models.asr import WhisperAsr
 from models.tts import OnnxVoiceTts
 from server.runtime.media import resample
+from tests.support.echo import EchoingMic
 from tests.support.pace import within
 from tests.support.peers import Peer
 from tests.support.server_process import ServerProcess, metric_value, server_process
@@ -149,3 +150,42 @@ async def test_barge_in_keeps_only_what_was_played(
     assert len(heard) < len(words(generated))  # and not all of it
     tail = words(truncated["heard_text"])  # the chunk cut mid-play ends what was heard
     assert not tail or heard[-len(tail) :] == tail
+
+
+async def test_a_reply_over_its_own_echo_plays_out_and_the_user_still_stops_it(
+    server: ServerProcess, tts: OnnxVoiceTts, client_ice: None
+) -> None:
+    # a client with speakers and no echo cancellation: what it receives comes back into its
+    # microphone 120 ms later at -10 dB, through a small room (tests/support/echo.py)
+    mic = EchoingMic(120, -10.0, reverb=True)
+    peer = Peer(server.url, video=False, mic=mic)
+    mic.received = peer.audio
+    stop = tts.synthesize("Stop, please, tell me something else.").pcm
+    await peer.connect(timeout=30)
+    try:
+        peer.say("Tell me about the history of the city of Rome.")
+        done = await peer.wait_event("response.done", timeout=180)
+        heard_echo = [i for i, (_, pcm) in enumerate(peer.audio) if float(np.abs(pcm).max()) > 3000]
+        assert heard_echo and done["status"] == "completed"  # it played, and to its end
+        kinds = {e.get("type") for _, e in peer.events}
+        assert "output_audio_buffer.paused" not in kinds  # not even a pause
+        assert "input_audio_buffer.speech_started" not in kinds
+        session = server.session(peer.session_id)
+        assert session is not None
+        echo = session["echo"]
+        assert echo["cancelling"] and echo["frames_while_speaking"] > 0
+        # the user talks over the next reply, and over its echo: the reply stops
+        n, frames = len(peer.events), len(peer.audio)
+        peer.say("Tell me a long story about a brave little dragon.")
+        await peer.wait_event("response.audio_transcript.delta", timeout=120, after=n)
+        deadline = time.monotonic() + within(60)
+        while time.monotonic() < deadline:
+            if any(float(np.abs(p).max()) > 3000 for _, p in peer.audio[frames:]):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.8)
+        spoke = len(peer.events)
+        peer.mic.play(stop)
+        await peer.wait_event("conversation.item.truncated", timeout=20, after=spoke)
+    finally:
+        await peer.close()

@@ -102,6 +102,7 @@ class Detector:
     position_ms = 1_000.0
     quiet_ms = 0.0
     completeness = None  # no end-of-turn model
+    echo = None  # no echo canceller
 
     def tune(self, threshold: float, end_of_turn_ms: int) -> None:
         pass

@@ -1,0 +1,129 @@
+"""The avatar's own voice taken out of what the client's microphone sends back.
+
+A client without echo cancellation (speakers and a microphone in a game engine, GStreamer,
+a native app, a browser with its AEC off) returns the reply's audio, delayed and coloured by
+the room, into its microphone. Unchecked, the turn detector takes it for the user and the
+avatar interrupts itself. The server knows exactly what it sent, and when: every sample the
+link's audio track pulled (silence too) is the far end of an echo canceller, fed in the order
+it went out, and each inbound frame is cleaned before the turn detector and the recogniser
+hear it. The canceller estimates the echo path (delay, gain per frequency) online.
+
+A linear canceller leaks while it relearns the path: at a session's first words, and each
+time the client's playout delay moves (its jitter buffer stretching or skipping). The
+residual echo gate (server/pipeline/echo_gate.py) catches those leaks for the voice detector;
+the recogniser hears the cancelled audio ungated (the quieter sounds of the user's words are
+kept for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+from server.pipeline.echo_gate import ResidualEchoGate
+from server.runtime.media import MEDIA_RATE_HZ, pcm_level
+
+RATE_HZ = 16_000
+FRAME = RATE_HZ // 100  # samples in the canceller's 10 ms frame
+FAR_KEPT = 20 * FRAME  # far-end samples kept for the next inbound frame (200 ms)
+FAR_ACTIVE_LEVEL = 0.003  # far-end RMS (0-1, ~-50 dBFS) above which the avatar is speaking
+Pcm16k = npt.NDArray[np.int16]
+
+
+class EchoCanceller(Protocol):
+    """An acoustic echo canceller on 16 kHz mono int16, in 10 ms (160-sample) frames."""
+
+    def render(self, frame: Pcm16k) -> None:
+        """A far-end frame: audio the client is about to play."""
+        ...
+
+    def capture(self, frame: Pcm16k) -> Pcm16k:
+        """A microphone frame with the echo of the far end removed."""
+        ...
+
+
+class EchoPath:
+    """One conversation's far end (what its link's audio track sent) and the cleaning of its
+    inbound audio. Without a canceller, audio passes through untouched."""
+
+    def __init__(self, canceller: EchoCanceller | None) -> None:
+        self.canceller = canceller
+        self.gate = ResidualEchoGate()
+        self._resampler: av.AudioResampler | None = None
+        self._far = np.zeros(0, np.int16)  # sent, not yet given to the canceller
+        self._near = np.zeros(0, np.int16)  # heard, less than a frame
+        self.frames = 0  # inbound frames cleaned
+        self.far_frames = 0  # of which the avatar's voice was going out
+        self._far_energy = [0.0, 0.0]  # while it was: inbound energy before and after
+
+    def played(self, pcm: npt.NDArray[np.int16]) -> None:
+        """Samples (48 kHz) the link's audio track just sent."""
+        if self.canceller is None or not len(pcm):
+            return
+        if self._resampler is None:
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = MEDIA_RATE_HZ
+        parts = [self._far, *(o.to_ndarray().reshape(-1) for o in self._resampler.resample(frame))]
+        # what the client has not sent back within FAR_KEPT went out while its microphone
+        # was silent or gone: its echo will never be heard
+        self._far = np.concatenate(parts)[-FAR_KEPT:].astype(np.int16)
+
+    def clean(self, pcm: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
+        """Inbound 16 kHz audio without the avatar's echo: for the recogniser (cancelled), and
+        for the voice detector (cancelled, and what is left of the echo gated). Both lag by
+        less than one 10 ms frame (a partial frame waits for the rest)."""
+        canceller = self.canceller
+        if canceller is None:
+            return pcm, pcm
+        near = np.concatenate([self._near, pcm]) if len(self._near) else pcm
+        whole = len(near) // FRAME * FRAME
+        self._near = near[whole:].copy()
+        # everything sent so far goes in first: the canceller measures the delay from there
+        sent = len(self._far) // FRAME * FRAME
+        for start in range(0, sent, FRAME):
+            canceller.render(self._far[start : start + FRAME])
+            self.gate.sent(self._far[start : start + FRAME])
+        far_level = pcm_level(self._far[:sent])
+        self._far = self._far[sent:]
+        frames = [canceller.capture(near[i : i + FRAME]) for i in range(0, whole, FRAME)]
+        gated = [
+            self.gate.apply(near[i * FRAME : (i + 1) * FRAME], f) for i, f in enumerate(frames)
+        ]
+        cleaned = np.concatenate(frames) if frames else np.zeros(0, np.int16)
+        self.frames += len(frames)
+        if far_level > FAR_ACTIVE_LEVEL and whole:
+            self.far_frames += len(frames)
+            self._far_energy[0] += energy(near[:whole])
+            self._far_energy[1] += energy(cleaned)
+        return cleaned, np.concatenate(gated) if gated else cleaned
+
+    def restart(self) -> None:
+        """A new inbound stream (a resume): what the old one left is dropped."""
+        self._far = np.zeros(0, np.int16)
+        self._near = np.zeros(0, np.int16)
+
+    def describe(self) -> dict[str, Any]:
+        """Whether echo is cancelled, and by how much (dB of inbound energy removed while the
+        avatar spoke: the echo, or less where the user talked over it); the echo path's gain
+        and delay as learnt, and the frames the residual echo gate silenced."""
+        before, after = self._far_energy
+        gain = self.gate.gain_db
+        removed = 10 * np.log10((before + 1.0) / (after + 1.0)) if self.far_frames else None
+        lag = self.gate.delay.lag
+        return {
+            "cancelling": self.canceller is not None,
+            "frames": self.frames,
+            "frames_while_speaking": self.far_frames,
+            "removed_db": None if removed is None else round(float(removed), 1),
+            "echo_gain_db": None if gain is None else round(gain, 1),
+            "echo_delay_ms": None if lag is None else lag * 10,
+            "frames_silenced": self.gate.silenced,
+        }
+
+
+def energy(pcm: Pcm16k) -> float:
+    return float(np.square(pcm.astype(np.float64)).sum())

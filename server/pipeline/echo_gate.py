@@ -1,0 +1,187 @@
+"""The residual echo gate: what an echo canceller leaves of the avatar's voice, kept from the
+voice detector.
+
+A linear canceller leaks while it relearns the echo path: at a session's first words, and
+each time the client's playout delay moves. The gate uses what the server knows for certain,
+the level of every 10 ms frame it sent, and learns two things online from what comes back:
+the echo path's **delay** (the lag at which the level envelopes of what was sent and what was
+heard correlate best) and its **gain** (how loud the echo alone comes back). A frame heard
+while the avatar talks is the user only if it is louder than the echo could be: the loudest
+frame sent around the delay, times the gain, plus a margin. Until the delay is known the
+window is ``MAX_LAG_FRAMES`` wide (600 ms); until the gain is known, the echo is assumed as
+loud as what was sent.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
+FAR_ACTIVE = (0.003 * 32768) ** 2  # a mean square (~-50 dBFS) above which the avatar talks
+MAX_LAG_FRAMES = 60  # echo delays up to 600 ms
+NEAR_FRAMES = (10, 15)  # with the delay known: lag - 10 to lag + 15 (its error, the reverb)
+LAG_MOVED = 5  # frames the delay moves before the gain around it is learnt again
+ECHO_ONLY_DB = 10.0  # a frame the canceller took this much from is the echo alone
+GAIN_FRAMES = 300  # the gain is learnt over the last 300 such frames (3 s)
+GAIN_TRUSTED = 50  # such frames (0.5 s) before the learnt gain is used
+GAIN_QUANTILE = 0.95  # the loudest of them: the echo of the far end's loudest sounds
+ANY_GAIN_QUANTILE = 0.8  # without such frames, of every frame (the user talks over a few)
+FIRST_GAIN_DB = 0.0  # the echo's gain until then: as loud as what was sent
+GATE_MARGIN_DB = 3.0  # above the bound: the echo of a far-end sound louder than the quantile
+FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
+FLOOR_QUANTILE = 0.1
+DELAY_FRAMES = 300  # the delay is estimated over the last 3 s heard while the avatar talked
+DELAY_EVERY = 50  # frames between estimates
+DELAY_CORRELATION = 0.5  # the envelopes' correlation at the lag that makes it the delay
+Pcm16k = npt.NDArray[np.int16]
+
+
+class EchoGain:
+    """The echo path's gain (dB, heard over sent) as one window of the far end sees it: a
+    high quantile over the frames that were the echo alone, or, where there are too few (no
+    echo: a client that cancels its own, headphones; or a canceller still learning), a lower
+    one over every frame (the microphone's noise under the far end, or the echo itself)."""
+
+    def __init__(self) -> None:
+        self._alone: deque[float] = deque(maxlen=GAIN_FRAMES)
+        self._all: deque[float] = deque(maxlen=GAIN_FRAMES)
+        self._count = 0
+        self.db = FIRST_GAIN_DB
+
+    def learn(self, ratio_db: float, echo_alone: bool) -> None:
+        self._all.append(ratio_db)
+        if echo_alone:
+            self._alone.append(ratio_db)
+        self._count += 1
+        if self._count % 10:
+            return
+        if len(self._alone) >= GAIN_TRUSTED:
+            self.db = float(np.quantile(self._alone, GAIN_QUANTILE))
+        elif len(self._all) >= GAIN_TRUSTED:
+            self.db = float(np.quantile(self._all, ANY_GAIN_QUANTILE))
+
+    @property
+    def trusted(self) -> bool:
+        return len(self._all) >= GAIN_TRUSTED
+
+
+class EchoDelay:
+    """The echo path's delay in 10 ms frames: the lag (0 to ``MAX_LAG_FRAMES``) at which the
+    far end's level envelope best predicts what was heard while the avatar talked (a Pearson
+    correlation of the dB levels of at least ``DELAY_CORRELATION``); None until found."""
+
+    def __init__(self) -> None:
+        self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
+        self._sent = 0  # far frames so far
+        self._heard: deque[tuple[int, float]] = deque(maxlen=DELAY_FRAMES)  # (sent by then, dB)
+        self._since = 0
+        self.lag: int | None = None
+
+    def sent(self, level_db: float) -> None:
+        self._far.append(level_db)
+        self._sent += 1
+
+    def heard(self, level_db: float) -> None:
+        """A frame heard while the avatar talked."""
+        self._heard.append((self._sent, level_db))
+        self._since += 1
+        if self._since >= DELAY_EVERY and len(self._heard) >= DELAY_FRAMES // 2:
+            self._since = 0
+            self.lag = self._estimate()
+
+    def _estimate(self) -> int | None:
+        far = np.array(self._far)
+        first = self._sent - len(far)  # the index of far[0] among every frame sent
+        at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
+        heard = np.array([level for _, level in self._heard])
+        best, best_r = None, DELAY_CORRELATION
+        for lag in range(MAX_LAG_FRAMES + 1):
+            ok = at - lag >= 0
+            if ok.sum() < DELAY_FRAMES // 2:
+                break
+            x, y = far[at[ok] - lag], heard[ok]
+            if x.std() < 1e-6 or y.std() < 1e-6:
+                continue
+            r = float(np.corrcoef(x, y)[0, 1])
+            if r > best_r:
+                best, best_r = lag, r
+        return best
+
+
+class ResidualEchoGate:
+    """Silences, for the voice detector, what the canceller left of the echo while the avatar
+    talks: a frame whose level (the lesser of before and after cancelling: a canceller
+    relearning the path can add energy) is below the echo's bound becomes white noise at the
+    noise floor. The bound is the loudest frame sent in the window (around the delay once
+    known) plus that window's gain plus ``GATE_MARGIN_DB``."""
+
+    def __init__(self) -> None:
+        self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + NEAR_FRAMES[1] + 1)
+        self.delay = EchoDelay()
+        self._wide = EchoGain()  # for the window of every delay up to MAX_LAG_FRAMES
+        self._near = EchoGain()  # for the window around the delay found
+        self._near_lag: int | None = None  # the delay self._near learnt with
+        self._floors: deque[float] = deque(maxlen=FLOOR_FRAMES)  # cleaned mean squares
+        self._floor = 0.0  # the noise floor (a mean square)
+        self._noise = np.random.default_rng(0)  # comfort noise in place of a silenced frame
+        self.frames = 0
+        self.silenced = 0  # frames
+
+    def sent(self, frame: Pcm16k) -> None:
+        """A far-end frame, as the canceller got it."""
+        power = mean_square(frame)
+        self._far.append(power)
+        self.delay.sent(db(power))
+
+    def apply(self, heard: Pcm16k, cleaned: Pcm16k) -> Pcm16k:
+        """``cleaned`` (the canceller's output for ``heard``) if it may be the user, else
+        white noise at the noise floor: the voice gate calls even a faint frame of speech's
+        shape voice, and silence would reset its own noise estimate (the floor's return would
+        then sound like an onset)."""
+        power = mean_square(cleaned)
+        self._floors.append(power)
+        if self.frames % 10 == 0:
+            self._floor = float(np.quantile(self._floors, FLOOR_QUANTILE))
+        self.frames += 1
+        wide = max(self._far, default=0.0)
+        if wide < FAR_ACTIVE:
+            return cleaned
+        heard_power = mean_square(heard)
+        self.delay.heard(db(heard_power))
+        alone = db(heard_power) - db(power) >= ECHO_ONLY_DB
+        self._wide.learn(db(heard_power) - db(wide), alone)
+        far, gain = db(wide), self._wide.db
+        lag = self.delay.lag
+        if lag is not None:
+            if self._near_lag is None or abs(lag - self._near_lag) > LAG_MOVED:
+                self._near, self._near_lag = EchoGain(), lag  # the path moved: learn it again
+            recent = list(self._far)[::-1]  # lag 0 first
+            window = recent[max(0, lag - NEAR_FRAMES[0]) : lag + NEAR_FRAMES[1] + 1]
+            near = max(window, default=0.0)
+            self._near.learn(db(heard_power) - db(near), alone)
+            if self._near.trusted:
+                far, gain = db(near), self._near.db
+        if db(min(power, heard_power)) >= far + gain + GATE_MARGIN_DB:
+            return cleaned
+        self.silenced += 1
+        noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
+        comfort: Pcm16k = np.clip(noise, -32768, 32767).astype(np.int16)
+        return comfort
+
+    @property
+    def gain_db(self) -> float | None:
+        """The echo path's gain as learnt (dB, heard over the loudest sent in 600 ms), None
+        before it is trusted."""
+        return self._wide.db if self._wide.trusted else None
+
+
+def mean_square(pcm: Pcm16k) -> float:
+    """Mean square of int16 samples (int16 units; 0 for none)."""
+    return float(np.square(pcm.astype(np.float64)).mean()) if len(pcm) else 0.0
+
+
+def db(power: float) -> float:
+    """A mean square (int16 units) in dB; 1e-3 keeps digital silence finite."""
+    return float(10 * np.log10(power + 1e-3))

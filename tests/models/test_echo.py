@@ -1,0 +1,158 @@
+"""Echo cancellation on the real canceller (WebRTC AEC3) and the real turn detector.
+
+The far end is the joe voice as the server sends it (48 kHz, 20 ms pulls, through
+``EchoPath.played``); the microphone hears it back 50-150 ms later at -10 dB through a room
+(tests/support/echo.py), resampled to 16 kHz as ``Conversation.hear`` does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from models.asr import WhisperAsr
+from models.echo import EchoError, WebRtcEchoCanceller
+from models.tts import OnnxVoiceTts
+from models.vad import SileroVad, WebRtcGate
+from server.config import VadConfig
+from server.pipeline.echo import EchoPath
+from server.pipeline.turn_detector import TurnDetector, VadEventKind
+from server.runtime.media import resample
+from tests.support.echo import room_response
+
+PCM = npt.NDArray[np.int16]
+PULL = 960  # the audio track's 20 ms at 48 kHz
+HEARD = 320  # the same 20 ms at 16 kHz
+
+
+@pytest.fixture(scope="module")
+def voice_model() -> OnnxVoiceTts:
+    return OnnxVoiceTts()
+
+
+@pytest.fixture(scope="module")
+def asr() -> WhisperAsr:
+    return WhisperAsr()
+
+
+@pytest.fixture(scope="module")
+def reply(voice_model: OnnxVoiceTts) -> PCM:
+    """Eight seconds or so of the avatar talking (48 kHz)."""
+    text = (
+        "The capital of France is Paris, a city on the river Seine. It has many museums, "
+        "old bridges and a famous tower made of iron, built for a fair long ago."
+    )
+    return voice_model.synthesize(text).pcm
+
+
+def echo_of(far: PCM, delay_ms: int, reverb: bool, gain_db: float = -10.0) -> PCM:
+    """What a microphone beside the speaker hears (48 kHz): ``far`` back through the room."""
+    wet = np.convolve(far.astype(np.float64), room_response(gain_db, reverb))[: len(far)]
+    delayed = np.concatenate([np.zeros(delay_ms * 48), wet])[: len(far)]
+    noise = np.random.default_rng(delay_ms).standard_normal(len(far)) * 30  # the mic's hiss
+    mic: PCM = np.clip(delayed + noise, -32768, 32767).astype(np.int16)
+    return mic
+
+
+def through(path: EchoPath, far: PCM, mic: PCM) -> tuple[PCM, PCM]:
+    """``far`` sent and ``mic`` heard, 20 ms at a time in the server's order; the mic as the
+    recogniser and as the voice detector hear it (16 kHz)."""
+    heard = resample(mic, 48_000, 16_000)
+    words, voice = [], []
+    for n in range(len(far) // PULL):
+        path.played(far[n * PULL : (n + 1) * PULL])
+        for_words, for_voice = path.clean(heard[n * HEARD : (n + 1) * HEARD])
+        words.append(for_words)
+        voice.append(for_voice)
+    return np.concatenate(words), np.concatenate(voice)
+
+
+def db(pcm: npt.NDArray[np.generic]) -> float:
+    return float(10 * np.log10(np.mean(np.square(pcm.astype(np.float64))) + 1e-9))
+
+
+@pytest.mark.parametrize(("delay_ms", "reverb"), [(50, False), (100, True), (150, True)])
+def test_the_avatars_echo_is_removed(reply: PCM, delay_ms: int, reverb: bool) -> None:
+    path = EchoPath(WebRtcEchoCanceller())
+    mic = echo_of(reply, delay_ms, reverb)
+    cleaned, _ = through(path, reply, mic)
+    settled = slice(16_000 * 2, len(cleaned))  # the echo path is learnt within the first words
+    heard = resample(mic, 48_000, 16_000)[: len(cleaned)]
+    removed = db(heard[settled]) - db(cleaned[settled])
+    assert removed >= 20, removed  # 34-37 dB measured
+    figures = path.describe()
+    assert figures["cancelling"] and figures["frames_while_speaking"] > 0
+    assert figures["removed_db"] >= 15
+    assert -16 <= figures["echo_gain_db"] <= -4  # learnt: the echo comes back at -10 dB
+
+
+def test_the_user_talking_over_the_echo_is_heard(
+    voice_model: OnnxVoiceTts, reply: PCM, asr: WhisperAsr
+) -> None:
+    user = voice_model.synthesize("Wait, stop, tell me about Rome instead.").pcm
+    mic = echo_of(reply, 100, True).astype(np.int32)
+    at = len(reply) // 2
+    mic[at : at + len(user)] += user[: len(mic) - at]
+    mic16 = np.clip(mic, -32768, 32767).astype(np.int16)
+    cleaned, voice = through(EchoPath(WebRtcEchoCanceller()), reply, mic16)
+    span = slice(at // 3, (at + len(user)) // 3)
+    alone = resample(user, 48_000, 16_000)
+    assert abs(db(cleaned[span]) - db(alone[: span.stop - span.start])) <= 4
+    # the detector hears the user start within the first words: a barge-in
+    starts = [
+        at_ms for kind, at_ms in voice_events(detector(), voice) if kind is VadEventKind.START
+    ]
+    assert any(at // 48 <= ms <= at // 48 + 500 for ms in starts), (at // 48, starts)
+    # and the recogniser their words, from the cancelled audio
+    said = {"wait", "stop", "tell", "me", "about", "rome", "instead"}
+    heard = asr.transcribe(cleaned[span.start - 1600 : span.stop + 3200]).lower()
+    assert len(said & set(re.findall(r"[a-z]+", heard))) >= 4, heard  # Whisper tiny: 5-7
+
+
+def detector() -> TurnDetector:
+    config = VadConfig()
+    return TurnDetector(WebRtcGate(config.aggressiveness), SileroVad(), config)
+
+
+def voice_events(det: TurnDetector, pcm: PCM) -> list[tuple[VadEventKind, float]]:
+    """The detector's events (kind, at_ms) for ``pcm`` (16 kHz), but for the gate's onsets in
+    the first 100 ms (webrtcvad's noise estimate starts from nothing)."""
+    found = []
+    for i in range(0, len(pcm), HEARD):
+        found += [(e.kind, e.at_ms) for e in det.push(pcm[i : i + HEARD], arrival_ms=i / 16)]
+    return [(kind, ms) for kind, ms in found if ms > 100 or kind is not VadEventKind.ONSET]
+
+
+def jumpy_echo(far: PCM, delays_ms: list[tuple[int, int]]) -> PCM:
+    """``far``'s echo (-10 dB, a room) whose delay changes: (from sample, delay ms) pairs, as a
+    client's jitter buffer moves its playout."""
+    wet = np.convolve(far.astype(np.float64), room_response(-10.0, True))[: len(far)]
+    out = np.zeros(len(far))
+    bounds = [start for start, _ in delays_ms[1:]] + [len(far)]
+    for (start, delay), end in zip(delays_ms, bounds, strict=True):
+        source = np.arange(start, end) - delay * 48
+        out[start:end][source >= 0] = wet[source[source >= 0]]
+    out += np.random.default_rng(1).standard_normal(len(far)) * 30
+    return np.clip(out, -32768, 32767).astype(np.int16)
+
+
+def test_the_detector_hears_the_echo_only_without_cancellation(reply: PCM) -> None:
+    # two replies with a pause between; the client's playout delay moves three times
+    far = np.concatenate([reply, np.zeros(96_000, np.int16), reply])
+    half = len(reply) // 2
+    moves = [(0, 100), (half, 140), (len(reply) + 48_000, 80), (len(reply) + 96_000 + half, 120)]
+    mic = jumpy_echo(far, moves)
+    # baseline: the raw echo is voice to the detector (it would pause and stop the reply)
+    raw = [kind for kind, _ in voice_events(detector(), resample(mic, 48_000, 16_000))]
+    assert VadEventKind.START in raw and VadEventKind.ONSET in raw
+    # cancelled and gated: not even an onset, from the avatar's first words on
+    _, voice = through(EchoPath(WebRtcEchoCanceller()), far, mic)
+    assert voice_events(detector(), voice) == []
+
+
+def test_a_frame_of_the_wrong_length_is_refused() -> None:
+    with pytest.raises(EchoError, match="160 samples"):
+        WebRtcEchoCanceller().capture(np.zeros(100, np.int16))

@@ -1,0 +1,139 @@
+"""The echo path's bookkeeping and its residual echo gate, with a scripted canceller.
+
+The real canceller (WebRTC AEC3) on real speech is in tests/models/test_echo.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
+from server.pipeline.echo_gate import ResidualEchoGate, mean_square
+
+PCM = npt.NDArray[np.int16]
+
+
+class Scripted:
+    """A canceller that records its calls and takes ``keep`` of each microphone frame."""
+
+    def __init__(self, keep: float = 1.0) -> None:
+        self.keep = keep
+        self.calls: list[tuple[str, int]] = []  # (render | capture, frame's first sample)
+
+    def render(self, frame: PCM) -> None:
+        assert len(frame) == FRAME
+        self.calls.append(("render", int(frame[0])))
+
+    def capture(self, frame: PCM) -> PCM:
+        assert len(frame) == FRAME
+        self.calls.append(("capture", int(frame[0])))
+        return (frame * self.keep).astype(np.int16)
+
+
+def tone(n: int, level: float, hz: float = 440.0, rate: int = 16_000) -> PCM:
+    """``n`` samples of a sine whose RMS is ``level`` (int16 units)."""
+    t = np.arange(n) / rate
+    wave: PCM = (np.sin(2 * np.pi * hz * t) * level * np.sqrt(2)).astype(np.int16)
+    return wave
+
+
+def test_without_a_canceller_audio_passes_untouched() -> None:
+    path = EchoPath(None)
+    path.played(np.full(960, 1000, np.int16))
+    pcm = np.arange(320, dtype=np.int16)
+    words, voice = path.clean(pcm)
+    assert words is pcm and voice is pcm
+    assert path.describe()["cancelling"] is False
+
+
+def test_what_was_sent_goes_in_before_what_is_heard() -> None:
+    canceller = Scripted()
+    path = EchoPath(canceller)
+    path.played(np.full(960, 5000, np.int16))  # 20 ms at 48 kHz: two 10 ms frames at 16 kHz
+    words, _ = path.clean(np.full(320, 7, np.int16))
+    kinds = [kind for kind, _ in canceller.calls]
+    assert kinds.count("render") >= 1 and kinds[-2:] == ["capture", "capture"]
+    assert kinds.index("capture") > max(i for i, k in enumerate(kinds) if k == "render")
+    assert len(words) == 320 and (words == 7).all()
+
+
+def test_a_partial_frame_waits_for_the_rest() -> None:
+    canceller = Scripted()
+    path = EchoPath(canceller)
+    first, _ = path.clean(np.full(100, 1, np.int16))
+    assert len(first) == 0 and canceller.calls == []
+    second, _ = path.clean(np.full(220, 2, np.int16))
+    assert len(second) == 320 and list(second[:100]) == [1] * 100 and (second[100:] == 2).all()
+
+
+def test_audio_sent_while_nothing_was_heard_is_not_kept_forever() -> None:
+    canceller = Scripted()
+    path = EchoPath(canceller)
+    for _ in range(50):  # a second sent while the client's microphone sent nothing
+        path.played(np.full(960, 3000, np.int16))
+    path.clean(np.zeros(FRAME, np.int16))
+    renders = sum(kind == "render" for kind, _ in canceller.calls)
+    assert renders == FAR_KEPT // FRAME  # the last 200 ms
+
+
+def test_a_new_inbound_stream_starts_clean() -> None:
+    canceller = Scripted()
+    path = EchoPath(canceller)
+    path.clean(np.zeros(100, np.int16))  # less than a frame: it waits
+    path.played(np.full(960, 3000, np.int16))  # sent, not yet given to the canceller
+    path.restart()
+    words, _ = path.clean(np.zeros(FRAME, np.int16))
+    assert len(words) == FRAME  # the 100 samples left from before are gone
+    assert canceller.calls == [("capture", 0)]  # and what was sent to the old stream
+
+
+def test_the_gate_silences_a_leak_and_passes_the_user() -> None:
+    gate = ResidualEchoGate()
+    quiet = tone(FRAME, 2.0)
+    for _ in range(20):  # the noise floor: the microphone's hiss before the avatar talks
+        gate.apply(quiet, quiet)
+    far = tone(FRAME, 3000.0)
+    for _ in range(60):
+        gate.sent(far)
+    # the gain is not learnt yet: the echo could be as loud as what was sent
+    leak = tone(FRAME, 1500.0, hz=300)  # -6 dB: what a canceller relearning the path lets by
+    out = gate.apply(leak, leak)
+    assert mean_square(out) < mean_square(quiet) * 10  # noise at the floor
+    user = tone(FRAME, 6000.0, hz=200)  # +6 dB
+    assert gate.apply(user, user) is user
+    assert gate.silenced == 1
+
+
+def test_the_gate_learns_the_echo_and_opens_above_it() -> None:
+    gate = ResidualEchoGate()
+    far = tone(FRAME, 3000.0)
+    echo = tone(FRAME, 300.0, hz=300)  # -20 dB
+    residual = tone(FRAME, 10.0, hz=300)  # what the canceller leaves: 30 dB less
+    for _ in range(100):
+        gate.sent(far)
+        gate.apply(echo, residual)
+    assert gate.gain_db is not None and -21 <= gate.gain_db <= -19
+    user = tone(FRAME, 1000.0, hz=200)  # -10 dB: far above the echo, below what was sent
+    assert gate.apply(user + echo, user) is user
+    leak = tone(FRAME, 300.0, hz=300)  # the echo let through whole: not above its own level
+    assert gate.apply(leak, leak) is not leak
+
+
+def test_without_echo_the_gate_opens_for_a_quiet_user() -> None:
+    gate = ResidualEchoGate()
+    far = tone(FRAME, 3000.0)
+    hiss = tone(FRAME, 3.0, hz=5000)  # a client that cancels its own echo: only its hiss
+    for _ in range(100):
+        gate.sent(far)
+        gate.apply(hiss, hiss)
+    assert gate.gain_db is not None and gate.gain_db < -50
+    user = tone(FRAME, 200.0, hz=200)  # -24 dB under what is sent
+    assert gate.apply(user, user) is user
+
+
+def test_nothing_is_gated_while_the_avatar_is_quiet() -> None:
+    gate = ResidualEchoGate()
+    gate.sent(np.zeros(FRAME, np.int16))
+    murmur = tone(FRAME, 20.0)
+    assert gate.apply(murmur, murmur) is murmur and gate.silenced == 0
