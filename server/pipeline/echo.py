@@ -74,8 +74,9 @@ class EchoPath:
 
     def clean(self, pcm: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
         """Inbound 16 kHz audio without the avatar's echo: for the recogniser (cancelled), and
-        for the voice detector (cancelled, and what is left of the echo gated). Both lag by
-        less than one 10 ms frame (a partial frame waits for the rest)."""
+        for the voice detector (cancelled, and what is left of the echo gated: see
+        server/pipeline/echo_gate.py). Both lag by less than one 10 ms frame (a partial frame
+        waits for the rest)."""
         canceller = self.canceller
         if canceller is None:
             return pcm, pcm
@@ -90,16 +91,19 @@ class EchoPath:
         far_level = pcm_level(self._far[:sent])
         self._far = self._far[sent:]
         frames = [canceller.capture(near[i : i + FRAME]) for i in range(0, whole, FRAME)]
-        gated = [
-            self.gate.apply(near[i * FRAME : (i + 1) * FRAME], f) for i, f in enumerate(frames)
-        ]
         cleaned = np.concatenate(frames) if frames else np.zeros(0, np.int16)
         self.frames += len(frames)
         if far_level > FAR_ACTIVE_LEVEL and whole:
             self.far_frames += len(frames)
             self._far_energy[0] += energy(near[:whole])
             self._far_energy[1] += energy(cleaned)
-        return cleaned, np.concatenate(gated) if gated else cleaned
+        if not frames:
+            return cleaned, cleaned
+        gated = [
+            self.gate.apply(near[i * FRAME : (i + 1) * FRAME], f) for i, f in enumerate(frames)
+        ]
+        words = np.concatenate([for_words for for_words, _ in gated])
+        return words, np.concatenate([for_voice for _, for_voice in gated])
 
     def restart(self) -> None:
         """A new inbound stream (a resume): what the old one left is dropped."""
@@ -120,6 +124,7 @@ class EchoPath:
             "frames_while_speaking": self.far_frames,
             "removed_db": None if removed is None else round(float(removed), 1),
             "echo_gain_db": None if gain is None else round(gain, 1),
+            "echo_heard": self.gate.echo_heard,
             "echo_delay_ms": None if lag is None else lag * 10,
             "frames_silenced": self.gate.silenced,
         }

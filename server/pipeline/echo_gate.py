@@ -5,11 +5,16 @@ A linear canceller leaks while it relearns the echo path: at a session's first w
 each time the client's playout delay moves. The gate uses what the server knows for certain,
 the level of every 10 ms frame it sent, and learns two things online from what comes back:
 the echo path's **delay** (the lag at which the level envelopes of what was sent and what was
-heard correlate best) and its **gain** (how loud the echo alone comes back). A frame heard
-while the avatar talks is the user only if it is louder than the echo could be: the loudest
-frame sent around the delay, times the gain, plus a margin. Until the delay is known the
-window is ``MAX_LAG_FRAMES`` wide (600 ms); until the gain is known, the echo is assumed as
-loud as what was sent.
+heard correlate best) and its **gain** (how loud what comes back is while the avatar talks).
+A frame heard while the avatar talks is the user only if it is louder than the echo could be:
+the loudest frame sent around the delay, times the gain, plus a margin. Until the delay is
+known the window is ``MAX_LAG_FRAMES`` wide (600 ms); until the gain is known, the echo is
+assumed as loud as loud speakers beside the microphone make it (``FIRST_GAIN_DB``).
+
+Where nothing of the avatar comes back (the gain below ``NO_ECHO_DB``: a client that cancels
+its own echo, headphones), the audio passes untouched: WebRTC's canceller, never finding an
+echo path, keeps damping the near end while the far end plays (a steady tone over a silent
+microphone is wiped out whole), and the user's words would be lost to it.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ import numpy as np
 import numpy.typing as npt
 
 FAR_ACTIVE = (0.003 * 32768) ** 2  # a mean square (~-50 dBFS) above which the avatar talks
+NOW_FRAMES = 10  # the avatar talks now: a frame of the last 100 ms sent was active
 MAX_LAG_FRAMES = 60  # echo delays up to 600 ms
 NEAR_FRAMES = (10, 15)  # with the delay known: lag - 10 to lag + 15 (its error, the reverb)
 LAG_MOVED = 5  # frames the delay moves before the gain around it is learnt again
+GAIN_FRAMES = 300  # the gain is learnt over the last 300 frames heard while it talked (3 s)
+GAIN_TRUSTED = 80  # frames (0.8 s, longer than any delay) before the learnt gain is used
 ECHO_ONLY_DB = 10.0  # a frame the canceller took this much from is the echo alone
-GAIN_FRAMES = 300  # the gain is learnt over the last 300 such frames (3 s)
-GAIN_TRUSTED = 50  # such frames (0.5 s) before the learnt gain is used
-GAIN_QUANTILE = 0.95  # the loudest of them: the echo of the far end's loudest sounds
-ANY_GAIN_QUANTILE = 0.8  # without such frames, of every frame (the user talks over a few)
-FIRST_GAIN_DB = 0.0  # the echo's gain until then: as loud as what was sent
+GAIN_QUANTILE = 0.99  # of those: nearly the loudest, the path's own gain
+ANY_GAIN_QUANTILE = 0.9  # of every frame (the user talks over few)
+FIRST_GAIN_DB = -10.0  # the echo's gain until then: loud speakers beside the microphone
+NO_ECHO_DB = -40.0  # a gain below this: nothing comes back (the microphone's noise)
 GATE_MARGIN_DB = 3.0  # above the bound: the echo of a far-end sound louder than the quantile
 FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
 FLOOR_QUANTILE = 0.1
@@ -39,28 +46,29 @@ Pcm16k = npt.NDArray[np.int16]
 
 
 class EchoGain:
-    """The echo path's gain (dB, heard over sent) as one window of the far end sees it: a
-    high quantile over the frames that were the echo alone, or, where there are too few (no
-    echo: a client that cancels its own, headphones; or a canceller still learning), a lower
-    one over every frame (the microphone's noise under the far end, or the echo itself)."""
+    """The echo path's gain (dB, heard over sent) as one window of the far end sees it, from
+    the frames heard while the avatar talked: the ``GAIN_QUANTILE`` of those that were the
+    echo alone (the canceller took ``ECHO_ONLY_DB`` or more: not the user, whom it keeps),
+    or, with too few of them, the ``ANY_GAIN_QUANTILE`` of all (the microphone's noise where
+    nothing comes back; the user talks over few: a reply pauses when they do)."""
 
     def __init__(self) -> None:
         self._alone: deque[float] = deque(maxlen=GAIN_FRAMES)
         self._all: deque[float] = deque(maxlen=GAIN_FRAMES)
         self._count = 0
         self.db = FIRST_GAIN_DB
+        self.any_db = FIRST_GAIN_DB  # over every frame
 
     def learn(self, ratio_db: float, echo_alone: bool) -> None:
         self._all.append(ratio_db)
         if echo_alone:
             self._alone.append(ratio_db)
         self._count += 1
-        if self._count % 10:
+        if self._count % 10 or not self.trusted:
             return
-        if len(self._alone) >= GAIN_TRUSTED:
-            self.db = float(np.quantile(self._alone, GAIN_QUANTILE))
-        elif len(self._all) >= GAIN_TRUSTED:
-            self.db = float(np.quantile(self._all, ANY_GAIN_QUANTILE))
+        self.any_db = float(np.quantile(self._all, ANY_GAIN_QUANTILE))
+        alone = len(self._alone) >= GAIN_TRUSTED
+        self.db = float(np.quantile(self._alone, GAIN_QUANTILE)) if alone else self.any_db
 
     @property
     def trusted(self) -> bool:
@@ -112,10 +120,12 @@ class EchoDelay:
 
 class ResidualEchoGate:
     """Silences, for the voice detector, what the canceller left of the echo while the avatar
-    talks: a frame whose level (the lesser of before and after cancelling: a canceller
-    relearning the path can add energy) is below the echo's bound becomes white noise at the
-    noise floor. The bound is the loudest frame sent in the window (around the delay once
-    known) plus that window's gain plus ``GATE_MARGIN_DB``."""
+    talks: a frame below the echo's bound, before or after cancelling (a canceller relearning
+    the path can add energy), becomes white noise at the noise floor. The bound is the loudest
+    frame sent in the window (around the delay once known) plus that window's gain plus
+    ``GATE_MARGIN_DB``. Before the gain is learnt, the frame as heard is judged against the
+    first guess, and passed as heard: WebRTC's canceller, still learning too, may wipe out a
+    user talking over a steady far end (a tone) whole."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + NEAR_FRAMES[1] + 1)
@@ -135,46 +145,60 @@ class ResidualEchoGate:
         self._far.append(power)
         self.delay.sent(db(power))
 
-    def apply(self, heard: Pcm16k, cleaned: Pcm16k) -> Pcm16k:
-        """``cleaned`` (the canceller's output for ``heard``) if it may be the user, else
-        white noise at the noise floor: the voice gate calls even a faint frame of speech's
-        shape voice, and silence would reset its own noise estimate (the floor's return would
-        then sound like an onset)."""
-        power = mean_square(cleaned)
+    def apply(self, heard: Pcm16k, cleaned: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
+        """The frame for the recogniser and for the voice detector, from ``heard`` and the
+        canceller's output for it, ``cleaned``: ``heard`` for both where nothing comes back;
+        else ``cleaned`` for the recogniser, and for the detector ``cleaned`` if it may be the
+        user, or white noise at the noise floor (the voice gate calls even a faint frame of
+        speech's shape voice, and silence would reset its own noise estimate: the floor's
+        return would then sound like an onset)."""
+        power, heard_power = mean_square(cleaned), mean_square(heard)
         self._floors.append(power)
         if self.frames % 10 == 0:
             self._floor = float(np.quantile(self._floors, FLOOR_QUANTILE))
         self.frames += 1
-        wide = max(self._far, default=0.0)
-        if wide < FAR_ACTIVE:
-            return cleaned
-        heard_power = mean_square(heard)
-        self.delay.heard(db(heard_power))
+        recent = list(self._far)[::-1]  # lag 0 first
+        wide = max(recent, default=0.0)
+        talking = max(recent[:NOW_FRAMES], default=0.0) >= FAR_ACTIVE
         alone = db(heard_power) - db(power) >= ECHO_ONLY_DB
-        self._wide.learn(db(heard_power) - db(wide), alone)
+        if talking:
+            self.delay.heard(db(heard_power))
+            self._wide.learn(db(heard_power) - db(wide), alone)
+        if self._wide.trusted and self._wide.any_db < NO_ECHO_DB:
+            return heard, heard
+        if wide < FAR_ACTIVE:
+            return cleaned, cleaned
         far, gain = db(wide), self._wide.db
         lag = self.delay.lag
         if lag is not None:
             if self._near_lag is None or abs(lag - self._near_lag) > LAG_MOVED:
                 self._near, self._near_lag = EchoGain(), lag  # the path moved: learn it again
-            recent = list(self._far)[::-1]  # lag 0 first
             window = recent[max(0, lag - NEAR_FRAMES[0]) : lag + NEAR_FRAMES[1] + 1]
             near = max(window, default=0.0)
-            self._near.learn(db(heard_power) - db(near), alone)
+            if talking:
+                self._near.learn(db(heard_power) - db(near), alone)
             if self._near.trusted:
                 far, gain = db(near), self._near.db
-        if db(min(power, heard_power)) >= far + gain + GATE_MARGIN_DB:
-            return cleaned
+        if not self._wide.trusted:  # the canceller too is still learning, and may damp the
+            if db(heard_power) >= far + gain + GATE_MARGIN_DB:  # user whole: judge as heard
+                return heard, heard
+        elif db(min(power, heard_power)) >= far + gain + GATE_MARGIN_DB:
+            return cleaned, cleaned
         self.silenced += 1
         noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
         comfort: Pcm16k = np.clip(noise, -32768, 32767).astype(np.int16)
-        return comfort
+        return cleaned, comfort
 
     @property
     def gain_db(self) -> float | None:
         """The echo path's gain as learnt (dB, heard over the loudest sent in 600 ms), None
         before it is trusted."""
         return self._wide.db if self._wide.trusted else None
+
+    @property
+    def echo_heard(self) -> bool | None:
+        """Whether any of the avatar's voice comes back (None before the gain is trusted)."""
+        return None if not self._wide.trusted else self._wide.any_db >= NO_ECHO_DB
 
 
 def mean_square(pcm: Pcm16k) -> float:
