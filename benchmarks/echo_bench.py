@@ -182,7 +182,7 @@ def summarize(outcomes: list[dict[str, Any]], code: int) -> dict[str, Any]:
     }
 
 
-async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
+async def run(quick: bool, slow_server: bool, baseline: bool = True) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     trials = 4 if quick else 10
     started = time.monotonic()
@@ -191,8 +191,9 @@ async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
         "echo_gain_db": GAIN_DB,
         "echo_delays_ms": list(DELAYS_MS),
         "with_echo_cancellation": await run_server(True, trials, slow_server),
-        "baseline_without": await run_server(False, trials, slow_server),
     }
+    if baseline:
+        results["baseline_without"] = await run_server(False, trials, slow_server)
     results["seconds"] = round(time.monotonic() - started, 1)
     return results
 
@@ -202,15 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="replies over their own echo, with and without")
     parser.add_argument("--quick", action="store_true", help="4 trials a server")
     parser.add_argument("--slow-server", action="store_true", help="the servers in slow.sh")
+    parser.add_argument("--no-baseline", action="store_true", help="only the echo handling")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/echo.json"))
     args = parser.parse_args(argv)
     isolate("benchmarks.echo_bench", argv)
-    results = asyncio.run(run(args.quick, args.slow_server))
+    results = asyncio.run(run(args.quick, args.slow_server, not args.no_baseline))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamped(results), indent=2))
     brief = {
         mode: {k: v for k, v in results[mode].items() if k != "trials"}
         for mode in ("with_echo_cancellation", "baseline_without")
+        if mode in results
     }
     print(json.dumps(brief, indent=2))
     print(f"wrote {args.out}")

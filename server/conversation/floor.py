@@ -102,6 +102,7 @@ class Floor:
         self.resumed = 0  # pauses that were no interruption
         self.interrupted = 0  # pauses that were
         self.heard_words: deque[str] = deque(maxlen=8)  # recent interjections' transcripts
+        self._resumed_in_speech = False  # resumed while the speech over it had only paused
 
     # --- the detector's events ----------------------------------------------------------------
     async def on_vad(self, event: VadEvent) -> None:
@@ -129,10 +130,12 @@ class Floor:
         if self._session.state is TurnState.USER_SPEAKING:
             await self._semantic_end()
             return
+        detector = self._detector
+        if self._session.state is TurnState.AGENT_SPEAKING and self._resumed_in_speech:
+            self._speaks_on()
         if self._session.state is not TurnState.PAUSED:
             self.judge.abandon()
             return
-        detector = self._detector
         speech = detector.state is VadState.SPEECH
         now = Listening(detector.position_ms, speech, detector.quiet_ms, detector.gate_quiet_ms)
         step = self.judge.step(now)
@@ -141,6 +144,20 @@ class Floor:
             self._words_task = self._spawn(self._judge_words(step), "interjection-words")
         elif step is not None:
             await self.decide(step)
+
+    def _speaks_on(self) -> None:
+        """The reply resumed while the speech over it had only paused (no words yet, or a
+        backchannel so far): if it goes on, the reply pauses again and it is judged anew
+        ("Stop, [a breath] please tell me something else")."""
+        detector = self._detector
+        if detector.state is not VadState.SPEECH:
+            self._resumed_in_speech = False
+        elif detector.quiet_ms == 0.0 and self._pauses() and self._session.pause_reply():
+            self._resumed_in_speech = False
+            self.judge.heard(detector.position_ms)
+            now_ms = self._clock.now_ms()
+            self._playout.barged_in(now_ms, now_ms)
+            self._flush()
 
     def _pauses(self) -> bool:
         return self._config.vad.pause_first and self._settings().interrupt_response
@@ -175,6 +192,7 @@ class Floor:
         self._metrics.interjections.labels(verdict).inc()
         if decision.verdict is Verdict.RESUME:
             self.resumed += 1
+            self._resumed_in_speech = self._detector.state is VadState.SPEECH
             self._session.resume_reply(decision.reason)
             self._flush()
             return

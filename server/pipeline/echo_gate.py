@@ -147,11 +147,14 @@ class ResidualEchoGate:
 
     def apply(self, heard: Pcm16k, cleaned: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
         """The frame for the recogniser and for the voice detector, from ``heard`` and the
-        canceller's output for it, ``cleaned``: ``heard`` for both where nothing comes back;
-        else ``cleaned`` for the recogniser, and for the detector ``cleaned`` if it may be the
-        user, or white noise at the noise floor (the voice gate calls even a faint frame of
-        speech's shape voice, and silence would reset its own noise estimate: the floor's
-        return would then sound like an onset)."""
+        canceller's output for it, ``cleaned``: ``heard`` for both where nothing was sent that
+        could come back, where nothing comes back, and where the user is louder than the echo
+        could be (the canceller damps a user talking
+        over the far end, and its output misleads both); else ``cleaned`` for the recogniser
+        (the avatar's words left out of what it transcribes) and white noise at the noise
+        floor for the detector (the voice gate calls even a faint frame of speech's shape
+        voice, and silence would reset its own noise estimate: the floor's return would then
+        sound like an onset)."""
         power, heard_power = mean_square(cleaned), mean_square(heard)
         self._floors.append(power)
         if self.frames % 10 == 0:
@@ -166,8 +169,8 @@ class ResidualEchoGate:
             self._wide.learn(db(heard_power) - db(wide), alone)
         if self._wide.trusted and self._wide.any_db < NO_ECHO_DB:
             return heard, heard
-        if wide < FAR_ACTIVE:
-            return cleaned, cleaned
+        if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
+            return heard, heard
         far, gain = db(wide), self._wide.db
         lag = self.delay.lag
         if lag is not None:
@@ -183,7 +186,7 @@ class ResidualEchoGate:
             if db(heard_power) >= far + gain + GATE_MARGIN_DB:  # user whole: judge as heard
                 return heard, heard
         elif db(min(power, heard_power)) >= far + gain + GATE_MARGIN_DB:
-            return cleaned, cleaned
+            return heard, heard
         self.silenced += 1
         noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
         comfort: Pcm16k = np.clip(noise, -32768, 32767).astype(np.int16)

@@ -329,6 +329,24 @@ async def test_a_real_interruption_stops_the_reply_where_it_paused(
     assert rig.events("input_audio_buffer.speech_started")
 
 
+async def test_speech_that_goes_on_after_a_resume_pauses_the_reply_again(rig: Rig) -> None:
+    # "Stop, [a breath] please tell me something else": the first word alone is heard as no
+    # words and the reply resumes; the speech goes on, so the reply pauses again and the
+    # rest is judged
+    await rig.ask()
+    await rig.tick(10)
+    await interject(rig, 12, "")
+    await until_state(rig, TurnState.AGENT_SPEAKING, frames=20)
+    (resumed,) = rig.events("output_audio_buffer.resumed")
+    assert resumed["reason"] == "no words"
+    await interject(rig, 30, "Please tell me something else.")
+    await until_state(rig, TurnState.USER_SPEAKING)
+    assert len(rig.events("output_audio_buffer.paused")) == 2
+    assert rig.conversation.session.epoch == 1  # then it was an interruption
+    judged = rig.conversation.describe()["interjections"]
+    assert (judged["resumed"], judged["interrupted"]) == (1, 1)
+
+
 async def test_with_pause_first_off_confirmed_speech_stops_the_reply_at_once() -> None:
     rig = Rig(settings={"vad.pause_first": "false"})
     try:

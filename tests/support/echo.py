@@ -27,12 +27,12 @@ def room_response(gain_db: float, reverb: bool, seed: int = 0) -> npt.NDArray[np
 
 
 class EchoingMic(ScriptedMic):
-    """A :class:`ScriptedMic` that also hears the client's speaker. Each frame in ``received``
-    (a ClientPeer's ``audio``: (arrival, 48 kHz frame)) plays ``delay_ms`` after it arrived,
-    on the microphone's own clock, right after the frame before it when it comes late (the
-    delay then grows; a frame more than ``JITTER_KEPT`` late is skipped, as a jitter buffer
-    catches up). What the speaker plays comes back through :func:`room_response`, mixed with
-    the clips the microphone plays."""
+    """A :class:`ScriptedMic` that also hears the client's speaker. The frames in ``received``
+    (a ClientPeer's ``audio``: (arrival, 48 kHz frame)) play back to back on the microphone's
+    own clock, the first ``delay_ms`` after it arrived (when the speaker runs dry the next
+    plays on arrival and the delay grows; a frame more than ``JITTER_KEPT`` past its due time
+    is skipped, as a jitter buffer catches up). What the speaker plays comes back through
+    :func:`room_response`, mixed with the clips the microphone plays."""
 
     def __init__(self, delay_ms: float, gain_db: float = -10.0, reverb: bool = True) -> None:
         super().__init__()
@@ -51,7 +51,9 @@ class EchoingMic(ScriptedMic):
         """Put the frames that arrived since the last call on the speaker's timeline."""
         for arrival, pcm in self.received[self._taken :]:
             due = round((arrival + self._delay_s - t0) * RATE_HZ)
-            at = max(due, self._end, self._start)
+            # a playout buffer: the first frame when it is due, then each right after the one
+            # before (continuous), or now if the speaker ran dry
+            at = max(self._end, self._start) if self._end else max(due, self._start)
             if at - due > JITTER_KEPT:
                 self.skipped += 1
                 continue
