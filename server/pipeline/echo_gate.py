@@ -3,13 +3,14 @@ voice detector.
 
 A linear canceller leaks while it relearns the echo path: at a session's first words, and
 each time the client's playout delay moves. The gate uses what the server knows for certain,
-the level of every 10 ms frame it sent, and learns two things online from what comes back:
-the echo path's **delay** (the lag at which the level envelopes of what was sent and what was
-heard correlate best) and its **gain** (how loud what comes back is while the avatar talks).
-A frame heard while the avatar talks is the user only if it is louder than the echo could be:
-the loudest frame sent around the delay, times the gain, plus a margin. Until the delay is
-known the window is ``MAX_LAG_FRAMES`` wide (600 ms); until the gain is known, the echo is
-assumed as loud as loud speakers beside the microphone make it (``FIRST_GAIN_DB``).
+the level of every 10 ms frame it sent, and learns from what comes back how loud the echo
+alone is (the path's **gain**). A frame heard while the avatar talks is the user only if it is
+louder than the echo could be: the loudest frame sent within any delay up to 600 ms, times
+the gain, plus a margin. Until the gain is known the echo is assumed as loud as loud speakers
+beside the microphone make it (``FIRST_GAIN_DB``). The path's **delay** is estimated too (the
+lag at which the level envelopes of what was sent and what was heard correlate best), for the
+session's diagnostics: bounding the window by it let users through less often in the
+benchmark (a delay estimate a few frames off lets the echo's bound fall too soon or too late).
 
 Where nothing of the avatar comes back (the gain below ``NO_ECHO_DB``: a client that cancels
 its own echo, headphones), the audio passes untouched: WebRTC's canceller, never finding an
@@ -27,8 +28,7 @@ import numpy.typing as npt
 FAR_ACTIVE = (0.003 * 32768) ** 2  # a mean square (~-50 dBFS) above which the avatar talks
 NOW_FRAMES = 10  # the avatar talks now: a frame of the last 100 ms sent was active
 MAX_LAG_FRAMES = 60  # echo delays up to 600 ms
-NEAR_FRAMES = (10, 15)  # with the delay known: lag - 10 to lag + 15 (its error, the reverb)
-LAG_MOVED = 5  # frames the delay moves before the gain around it is learnt again
+REVERB_FRAMES = 15  # and a room's reverberation after the longest of them (150 ms)
 GAIN_FRAMES = 300  # the gain is learnt over the last 300 frames heard while it talked (3 s)
 GAIN_TRUSTED = 80  # frames (0.8 s, longer than any delay) before the learnt gain is used
 ECHO_ONLY_DB = 10.0  # a frame the canceller took this much from is the echo alone
@@ -49,8 +49,9 @@ class EchoGain:
     """The echo path's gain (dB, heard over sent) as one window of the far end sees it, from
     the frames heard while the avatar talked: the ``GAIN_QUANTILE`` of those that were the
     echo alone (the canceller took ``ECHO_ONLY_DB`` or more: not the user, whom it keeps),
-    or, with too few of them, the ``ANY_GAIN_QUANTILE`` of all (the microphone's noise where
-    nothing comes back; the user talks over few: a reply pauses when they do)."""
+    ``FIRST_GAIN_DB`` until there are enough of them. ``any_db``, the ``ANY_GAIN_QUANTILE``
+    of all of them, says whether anything comes back at all (the microphone's noise where
+    nothing does; the user talks over few: a reply pauses when they do)."""
 
     def __init__(self) -> None:
         self._alone: deque[float] = deque(maxlen=GAIN_FRAMES)
@@ -67,8 +68,8 @@ class EchoGain:
         if self._count % 10 or not self.trusted:
             return
         self.any_db = float(np.quantile(self._all, ANY_GAIN_QUANTILE))
-        alone = len(self._alone) >= GAIN_TRUSTED
-        self.db = float(np.quantile(self._alone, GAIN_QUANTILE)) if alone else self.any_db
+        if len(self._alone) >= GAIN_TRUSTED:
+            self.db = float(np.quantile(self._alone, GAIN_QUANTILE))
 
     @property
     def trusted(self) -> bool:
@@ -120,19 +121,17 @@ class EchoDelay:
 
 class ResidualEchoGate:
     """Silences, for the voice detector, what the canceller left of the echo while the avatar
-    talks: a frame below the echo's bound, before or after cancelling (a canceller relearning
-    the path can add energy), becomes white noise at the noise floor. The bound is the loudest
-    frame sent in the window (around the delay once known) plus that window's gain plus
-    ``GATE_MARGIN_DB``. Before the gain is learnt, the frame as heard is judged against the
-    first guess, and passed as heard: WebRTC's canceller, still learning too, may wipe out a
-    user talking over a steady far end (a tone) whole."""
+    talks: a frame whose level as heard is below the echo's bound becomes white noise at the
+    noise floor. The bound is the loudest frame sent in the last 750 ms (every delay up to
+    ``MAX_LAG_FRAMES`` and its reverberation) plus the gain (nearly the loudest the echo alone
+    came back) plus ``GATE_MARGIN_DB``. The level is judged as heard, not after cancelling: a
+    canceller relearning the path adds energy, and one not sure of it damps a user talking over
+    the far end (WebRTC's wipes one out whole over a steady tone while it is still learning)."""
 
     def __init__(self) -> None:
-        self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + NEAR_FRAMES[1] + 1)
+        self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + REVERB_FRAMES)
         self.delay = EchoDelay()
         self._wide = EchoGain()  # for the window of every delay up to MAX_LAG_FRAMES
-        self._near = EchoGain()  # for the window around the delay found
-        self._near_lag: int | None = None  # the delay self._near learnt with
         self._floors: deque[float] = deque(maxlen=FLOOR_FRAMES)  # cleaned mean squares
         self._floor = 0.0  # the noise floor (a mean square)
         self._noise = np.random.default_rng(0)  # comfort noise in place of a silenced frame
@@ -171,21 +170,7 @@ class ResidualEchoGate:
             return heard, heard
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
             return heard, heard
-        far, gain = db(wide), self._wide.db
-        lag = self.delay.lag
-        if lag is not None:
-            if self._near_lag is None or abs(lag - self._near_lag) > LAG_MOVED:
-                self._near, self._near_lag = EchoGain(), lag  # the path moved: learn it again
-            window = recent[max(0, lag - NEAR_FRAMES[0]) : lag + NEAR_FRAMES[1] + 1]
-            near = max(window, default=0.0)
-            if talking:
-                self._near.learn(db(heard_power) - db(near), alone)
-            if self._near.trusted:
-                far, gain = db(near), self._near.db
-        if not self._wide.trusted:  # the canceller too is still learning, and may damp the
-            if db(heard_power) >= far + gain + GATE_MARGIN_DB:  # user whole: judge as heard
-                return heard, heard
-        elif db(min(power, heard_power)) >= far + gain + GATE_MARGIN_DB:
+        if db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB:
             return heard, heard
         self.silenced += 1
         noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
