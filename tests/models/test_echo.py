@@ -148,9 +148,12 @@ def test_the_detector_hears_the_echo_only_without_cancellation(reply: PCM) -> No
     # baseline: the raw echo is voice to the detector (it would pause and stop the reply)
     raw = [kind for kind, _ in voice_events(detector(), resample(mic, 48_000, 16_000))]
     assert VadEventKind.START in raw and VadEventKind.ONSET in raw
-    # cancelled and gated: not even an onset, from the avatar's first words on
+    # cancelled and gated: never speech; not even an onset once the echo's gain is learnt
+    # (before, in the avatar's first 2 s, a loud echo may make one: a pause, no interruption)
     _, voice = through(EchoPath(WebRtcEchoCanceller()), far, mic)
-    assert voice_events(detector(), voice) == []
+    events = voice_events(detector(), voice)
+    assert [ms for kind, ms in events if kind is not VadEventKind.ONSET or ms > 2_000] == []
+    assert len(events) <= 1
 
 
 def test_a_frame_of_the_wrong_length_is_refused() -> None:
