@@ -37,6 +37,7 @@ ANY_GAIN_QUANTILE = 0.9  # of every frame (the user talks over few)
 FIRST_GAIN_DB = -10.0  # the echo's gain until then: loud speakers beside the microphone
 NO_ECHO_DB = -40.0  # a gain below this: nothing comes back (the microphone's noise)
 GATE_MARGIN_DB = 3.0  # above the bound: the echo of a far-end sound louder than the quantile
+CANCELLED_DB = 20.0  # a frame the canceller took this much from is its echo (once it knows it)
 FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
 FLOOR_QUANTILE = 0.1
 DELAY_FRAMES = 300  # the delay is estimated over the last 3 s heard while the avatar talked
@@ -74,6 +75,11 @@ class EchoGain:
     @property
     def trusted(self) -> bool:
         return len(self._all) >= GAIN_TRUSTED
+
+    @property
+    def known(self) -> bool:
+        """The gain comes from frames of the echo alone: the canceller has found the path."""
+        return len(self._alone) >= GAIN_TRUSTED
 
 
 class EchoDelay:
@@ -126,7 +132,9 @@ class ResidualEchoGate:
     ``MAX_LAG_FRAMES`` and its reverberation) plus the gain (nearly the loudest the echo alone
     came back) plus ``GATE_MARGIN_DB``. The level is judged as heard, not after cancelling: a
     canceller relearning the path adds energy, and one not sure of it damps a user talking over
-    the far end (WebRTC's wipes one out whole over a steady tone while it is still learning)."""
+    the far end (WebRTC's wipes one out whole over a steady tone while it is still learning).
+    Once the canceller has found the path, a loud frame it took ``CANCELLED_DB`` or more from
+    is the echo's own peak, not the user (whom it damps far less)."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + REVERB_FRAMES)
@@ -170,7 +178,8 @@ class ResidualEchoGate:
             return heard, heard
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
             return heard, heard
-        if db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB:
+        loud = db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB
+        if loud and not (self._wide.known and db(heard_power) - db(power) >= CANCELLED_DB):
             return heard, heard
         self.silenced += 1
         noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
