@@ -7,7 +7,7 @@ end (a **self-interruption** is a reply stopped, a **pause** one the echo paused
 another and speaks a real interruption over its echo (espeak-ng: "Wait, stop.", ...): it
 must stop the reply; the reaction as the client hears it is the interruption's onset sent ->
 the first silent frame received. The same trials run on a server with the echo handling
-(``vad.echo_cancellation``, the default) and on one without it (the baseline).
+(``vad.echo_cancellation`` on) and on one without it (the baseline).
 
 Run: ``.venv/bin/python -m benchmarks.echo_bench`` (``--quick``: 4 trials a server;
 ``--slow-server``: the servers in the slow profile, scripts/slow.sh).

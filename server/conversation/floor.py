@@ -192,7 +192,9 @@ class Floor:
         self._metrics.interjections.labels(verdict).inc()
         if decision.verdict is Verdict.RESUME:
             self.resumed += 1
-            self._resumed_in_speech = self._detector.state is VadState.SPEECH
+            # voice never confirmed (a click, a beep) is not speech that could go on
+            confirmed = decision.reason != "no voice"
+            self._resumed_in_speech = confirmed and self._detector.state is VadState.SPEECH
             self._session.resume_reply(decision.reason)
             self._flush()
             return
