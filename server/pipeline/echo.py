@@ -23,7 +23,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from server.pipeline.echo_gate import ResidualEchoGate
+from server.pipeline.echo_gate import ResidualEchoGate, mean_square
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level
 
 RATE_HZ = 16_000
@@ -55,7 +55,6 @@ class EchoPath:
         self._resampler: av.AudioResampler | None = None
         self._far = np.zeros(0, np.int16)  # sent, not yet given to the canceller
         self._near = np.zeros(0, np.int16)  # heard, less than a frame
-        self.frames = 0  # inbound frames cleaned
         self.far_frames = 0  # of which the avatar's voice was going out
         self._far_energy = [0.0, 0.0]  # while it was: inbound energy before and after
 
@@ -92,11 +91,10 @@ class EchoPath:
         self._far = self._far[sent:]
         frames = [canceller.capture(near[i : i + FRAME]) for i in range(0, whole, FRAME)]
         cleaned = np.concatenate(frames) if frames else np.zeros(0, np.int16)
-        self.frames += len(frames)
         if far_level > FAR_ACTIVE_LEVEL and whole:
             self.far_frames += len(frames)
-            self._far_energy[0] += energy(near[:whole])
-            self._far_energy[1] += energy(cleaned)
+            self._far_energy[0] += mean_square(near[:whole]) * whole
+            self._far_energy[1] += mean_square(cleaned) * whole
         if not frames:
             return cleaned, cleaned
         gated = [
@@ -120,7 +118,7 @@ class EchoPath:
         lag = self.gate.delay.lag
         return {
             "cancelling": self.canceller is not None,
-            "frames": self.frames,
+            "frames": self.gate.frames,  # inbound frames cleaned
             "frames_while_speaking": self.far_frames,
             "removed_db": None if removed is None else round(float(removed), 1),
             "echo_gain_db": None if gain is None else round(gain, 1),
@@ -128,7 +126,3 @@ class EchoPath:
             "echo_delay_ms": None if lag is None else lag * 10,
             "frames_silenced": self.gate.silenced,
         }
-
-
-def energy(pcm: Pcm16k) -> float:
-    return float(np.square(pcm.astype(np.float64)).sum())
