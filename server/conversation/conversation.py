@@ -268,14 +268,15 @@ class Conversation:
         self.session.input.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
         link = self.outlet.link
         for out in self._resampler.resample(frame):
-            pcm, voice = self.echo.clean(out.to_ndarray().reshape(-1).astype(np.int16))
+            inbound = self.echo.clean(out.to_ndarray().reshape(-1).astype(np.int16))
+            pcm, voice = inbound.words, inbound.voice
             media_ms = None if link is None else link.media_ms()
             if media_ms is not None:  # never started by inbound audio
                 self.animator.hear_user(media_ms + self.playout.base_ms, pcm_level(voice))
-            for event in self.detector.push(voice, arrival_ms):
+            for event in self.detector.push(voice, arrival_ms, inbound.heard):
                 await self.on_vad(event)
             self.keep_audio(pcm)
-            await self.floor.after_frames()
+            await self.floor.after_frames(self.echo.masked_ms)
 
     def keep_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         self.utterance.keep(pcm, self.session.state is TurnState.USER_SPEAKING)

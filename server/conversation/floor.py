@@ -124,9 +124,10 @@ class Floor:
             await self.end_user_turn(event.at_ms)
         self._flush()
 
-    async def after_frames(self) -> None:
+    async def after_frames(self, masked_ms: float = float("inf")) -> None:
         """The detector judged more audio: the user's turn may end early (it sounds complete),
-        or the pause's judgement moves on."""
+        or the pause's judgement moves on (``masked_ms``: since the residual echo gate last hid
+        a frame from the detector)."""
         if self._session.state is TurnState.USER_SPEAKING:
             await self._semantic_end()
             return
@@ -137,7 +138,8 @@ class Floor:
             self.judge.abandon()
             return
         speech = detector.state is VadState.SPEECH
-        now = Listening(detector.position_ms, speech, detector.quiet_ms, detector.gate_quiet_ms)
+        quiet, gate_quiet = detector.quiet_ms, detector.gate_quiet_ms
+        now = Listening(detector.position_ms, speech, quiet, gate_quiet, masked_ms)
         step = self.judge.step(now)
         if isinstance(step, AskWords):
             await cancel(self._words_task)

@@ -4,7 +4,12 @@ When the gate hears voice over a reply, the reply pauses at once (server/convers
 The :class:`InterjectionJudge` then watches the turn detector, frame by frame, and decides:
 
 - the gate's voice lapses before the confirming model calls it speech (a click, a knock, a
-  tone): **resume**, "no voice";
+  tone): **resume**, "no voice". Where the residual echo gate (server/pipeline/echo_gate.py)
+  hid frames from the detector meanwhile (the user talked over the reply's echo, which still
+  comes back for a while after the pause), the quiet counts from the last hidden frame, and
+  the lapse asks for the words instead: the recogniser hears the cancelled audio, hidden
+  frames included ("stop" said over a loud echo is no click). Confirmed speech is not quiet
+  while frames are hidden either (what the detector missed may be the rest of the words);
 - confirmed speech falls quiet for ``quiet_ms``: its words are transcribed. No words (a cough)
   or only backchannels ("mm-hm", "yeah", "ok", "right", "I see"): **resume**; anything else
   ("wait", "stop", "no"): **interrupt**. Speech that goes on while its words are transcribed
@@ -108,12 +113,13 @@ class AskWords:
 class Listening:
     """What the judge reads of the turn detector after a frame (ms on the input timeline):
     its position, whether it is in speech, and how long the speaker (``quiet_ms``) and the
-    gate (``gate_quiet_ms``) have been quiet."""
+    gate (``gate_quiet_ms``) have been quiet, and since the echo gate hid a frame."""
 
     position_ms: float
     speech: bool
     quiet_ms: float
     gate_quiet_ms: float
+    masked_ms: float = float("inf")  # since the echo gate last hid a frame from the detector
 
 
 @dataclass(frozen=True)
@@ -137,11 +143,12 @@ class InterjectionJudge:
         self.onset_ms = 0.0  # where the voice began (input timeline)
         self.attempt = 0  # of the words asked for; an older transcript is ignored
         self._probed = False  # the words of long speech were asked for
+        self._confirmed = False  # the confirming model called the voice speech
 
     def heard(self, onset_ms: float) -> None:
         """The reply paused for voice that began at ``onset_ms``."""
         self.onset_ms = onset_ms
-        self._probed = False
+        self._probed = self._confirmed = False
         self._to(Phase.HEARD, "voice over the reply")
 
     def step(self, now: Listening) -> Decision | AskWords | None:
@@ -150,16 +157,22 @@ class InterjectionJudge:
             return None
         if self.phase is Phase.HEARD:
             if not now.speech:
-                if now.gate_quiet_ms >= self.rules.lapse_ms:
+                if min(now.gate_quiet_ms, now.masked_ms) < self.rules.lapse_ms:
+                    return None
+                if now.masked_ms >= now.gate_quiet_ms:
                     return self._decide(Verdict.RESUME, "no voice")
-                return None
+                self.attempt += 1
+                self._to(Phase.WORDS, "the voice lapsed under the echo")
+                return AskWords(self.attempt, self.onset_ms)
+            self._confirmed = True
             self._to(Phase.SPEECH, "speech confirmed")
         speaking = now.speech and now.quiet_ms == 0.0
         if self.phase is Phase.WORDS:
             if not speaking:
                 return None
             self._to(Phase.SPEECH, "speech goes on")  # the words asked for no longer count
-        if not now.speech or now.quiet_ms >= self.rules.quiet_ms:
+        quiet = now.quiet_ms if now.speech else float("inf")
+        if min(quiet, now.masked_ms) >= self.rules.quiet_ms:
             self.attempt += 1
             self._to(Phase.WORDS, "the speech fell quiet")
             return AskWords(self.attempt, self.onset_ms)
@@ -183,7 +196,7 @@ class InterjectionJudge:
 
     def overdue(self) -> Decision:
         """The pause reached its deadline: speech confirmed is an interruption, else resume."""
-        if self.phase >= Phase.SPEECH:
+        if self._confirmed:
             return self._decide(Verdict.INTERRUPT, "undecided speech")
         return self._decide(Verdict.RESUME, "undecided")
 

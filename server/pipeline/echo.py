@@ -17,6 +17,7 @@ kept for it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import av
@@ -31,6 +32,18 @@ FRAME = RATE_HZ // 100  # samples in the canceller's 10 ms frame
 FAR_KEPT = 20 * FRAME  # far-end samples kept for the next inbound frame (200 ms)
 FAR_ACTIVE_LEVEL = 0.003  # far-end RMS (0-1, ~-50 dBFS) above which the avatar is speaking
 Pcm16k = npt.NDArray[np.int16]
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    """Inbound 16 kHz audio after the echo handling, three views of the same samples: for
+    the recogniser (``words``: cancelled), for the voice detector (``voice``: cancelled, what
+    is left of the echo gated) and as it was heard (``heard``: a tone's shape, which gating
+    breaks, is judged there)."""
+
+    words: Pcm16k
+    voice: Pcm16k
+    heard: Pcm16k
 
 
 class EchoCanceller(Protocol):
@@ -71,14 +84,14 @@ class EchoPath:
         # was silent or gone: its echo will never be heard
         self._far = np.concatenate(parts)[-FAR_KEPT:].astype(np.int16)
 
-    def clean(self, pcm: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
+    def clean(self, pcm: Pcm16k) -> Cleaned:
         """Inbound 16 kHz audio without the avatar's echo: for the recogniser (cancelled), and
         for the voice detector (cancelled, and what is left of the echo gated: see
-        server/pipeline/echo_gate.py). Both lag by less than one 10 ms frame (a partial frame
+        server/pipeline/echo_gate.py). They lag by less than one 10 ms frame (a partial frame
         waits for the rest)."""
         canceller = self.canceller
         if canceller is None:
-            return pcm, pcm
+            return Cleaned(pcm, pcm, pcm)
         near = np.concatenate([self._near, pcm]) if len(self._near) else pcm
         whole = len(near) // FRAME * FRAME
         self._near = near[whole:].copy()
@@ -96,12 +109,20 @@ class EchoPath:
             self._far_energy[0] += mean_square(near[:whole]) * whole
             self._far_energy[1] += mean_square(cleaned) * whole
         if not frames:
-            return cleaned, cleaned
+            return Cleaned(cleaned, cleaned, cleaned)
         gated = [
             self.gate.apply(near[i * FRAME : (i + 1) * FRAME], f) for i, f in enumerate(frames)
         ]
         words = np.concatenate([for_words for for_words, _ in gated])
-        return words, np.concatenate([for_voice for _, for_voice in gated])
+        return Cleaned(words, np.concatenate([for_voice for _, for_voice in gated]), near[:whole])
+
+    @property
+    def masked_ms(self) -> float:
+        """Inbound audio (ms) since the residual echo gate last hid a frame from the voice
+        detector (the user's voice there, if any, was not heard by it); inf if never."""
+        if self.canceller is None or self.gate.silenced == 0:
+            return float("inf")
+        return self.gate.since_silenced * 1000 * FRAME / RATE_HZ
 
     def restart(self) -> None:
         """A new inbound stream (a resume): what the old one left is dropped."""

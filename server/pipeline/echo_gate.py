@@ -145,6 +145,7 @@ class ResidualEchoGate:
         self._noise = np.random.default_rng(0)  # comfort noise in place of a silenced frame
         self.frames = 0
         self.silenced = 0  # frames
+        self.since_silenced = 1 << 30  # frames heard since the last one silenced
 
     def sent(self, frame: Pcm16k) -> None:
         """A far-end frame, as the canceller got it."""
@@ -167,6 +168,7 @@ class ResidualEchoGate:
         if self.frames % 10 == 0:
             self._floor = float(np.quantile(self._floors, FLOOR_QUANTILE))
         self.frames += 1
+        self.since_silenced += 1
         recent = list(self._far)[::-1]  # lag 0 first
         wide = max(recent, default=0.0)
         talking = max(recent[:NOW_FRAMES], default=0.0) >= FAR_ACTIVE
@@ -182,6 +184,7 @@ class ResidualEchoGate:
         if loud and not (self._wide.known and db(heard_power) - db(power) >= CANCELLED_DB):
             return heard, heard
         self.silenced += 1
+        self.since_silenced = 0
         noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
         comfort: Pcm16k = np.clip(noise, -32768, 32767).astype(np.int16)
         return cleaned, comfort

@@ -13,7 +13,9 @@ cost almost nothing.
 Tones are not speech: a run of voiced frames whose every frame is tonal (nearly all of its
 energy in a few narrow spectral lines: a beep, a ring, a whistle, a pure tone, at any level)
 never makes a speech start, even when both models call it voice. Speech has a few such frames
-at most (a held vowel); the first frame that is not tonal lets its run start as usual.
+at most (a held vowel); the first frame that is not tonal lets its run start as usual. A tone
+is judged as heard, before the echo handling, whose comfort noise in place of the avatar's echo
+would break its shape.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ class TurnDetector:
         self._gate_run = 0  # consecutive frames the gate called voice
         self._state = VadState.SILENCE
         self._pending = np.zeros(0, np.int16)  # not yet a whole 20 ms frame
+        self._pending_heard = np.zeros(0, np.int16)  # the same, as heard
         self._window_buf = np.zeros(0, np.int16)  # not yet a whole model window
         self._history: deque[Pcm16k] = deque(maxlen=WARMUP_WINDOWS * 2)
         self._model_on = False
@@ -185,19 +188,24 @@ class TurnDetector:
             return None
         return self._to(VadState.SILENCE, VadEventKind.STOP, self._quiet * FRAME)
 
-    def push(self, pcm: Pcm16k, arrival_ms: float) -> list[VadEvent]:
-        """Judge newly received 16 kHz audio that arrived at ``arrival_ms``."""
+    def push(self, pcm: Pcm16k, arrival_ms: float, heard: Pcm16k | None = None) -> list[VadEvent]:
+        """Judge newly received 16 kHz audio that arrived at ``arrival_ms``; ``heard``: the same
+        samples before the echo handling (a tone is judged there: the gate's comfort noise in
+        place of the echo would break its shape), else ``pcm``."""
         data = np.concatenate([self._pending, pcm]) if len(self._pending) else pcm
+        raw = data if heard is None else np.concatenate([self._pending_heard, heard])
+        assert len(raw) == len(data), "heard and pcm are the same samples"
         events: list[VadEvent] = []
         n = len(data) // FRAME * FRAME
         for start in range(0, n, FRAME):
-            event = self._frame(data[start : start + FRAME], arrival_ms)
+            event = self._frame(data[start : start + FRAME], arrival_ms, raw[start : start + FRAME])
             if event is not None:
                 events.append(event)
         self._pending = data[n:].copy()
+        self._pending_heard = raw[n:].copy()
         return events
 
-    def _frame(self, frame: Pcm16k, arrival_ms: float) -> VadEvent | None:
+    def _frame(self, frame: Pcm16k, arrival_ms: float, heard: Pcm16k) -> VadEvent | None:
         self.frames += 1
         self._samples += FRAME
         gate = self._gate.is_speech(frame)
@@ -216,7 +224,7 @@ class TurnDetector:
                     self._run_arrival = min(arrival_ms, self._gate_arrival)
                     self._run_tonal = True
                 self._run += 1
-                if self._run_tonal and line_share(frame) < TONAL_SHARE:
+                if self._run_tonal and line_share(heard) < TONAL_SHARE:
                     self._run_tonal = False
             else:
                 self._run = 0

@@ -64,9 +64,9 @@ def through(path: EchoPath, far: PCM, mic: PCM) -> tuple[PCM, PCM]:
     words, voice = [], []
     for n in range(len(far) // PULL):
         path.played(far[n * PULL : (n + 1) * PULL])
-        for_words, for_voice = path.clean(heard[n * HEARD : (n + 1) * HEARD])
-        words.append(for_words)
-        voice.append(for_voice)
+        cleaned = path.clean(heard[n * HEARD : (n + 1) * HEARD])
+        words.append(cleaned.words)
+        voice.append(cleaned.voice)
     return np.concatenate(words), np.concatenate(voice)
 
 

@@ -42,8 +42,8 @@ def test_without_a_canceller_audio_passes_untouched() -> None:
     path = EchoPath(None)
     path.played(np.full(960, 1000, np.int16))
     pcm = np.arange(320, dtype=np.int16)
-    words, voice = path.clean(pcm)
-    assert words is pcm and voice is pcm
+    cleaned = path.clean(pcm)
+    assert cleaned.words is pcm and cleaned.voice is pcm and cleaned.heard is pcm
     assert path.describe()["cancelling"] is False
 
 
@@ -51,20 +51,24 @@ def test_what_was_sent_goes_in_before_what_is_heard() -> None:
     canceller = Scripted(keep=0.5)
     path = EchoPath(canceller)
     path.played(np.full(960, 5000, np.int16))  # 20 ms at 48 kHz: two 10 ms frames at 16 kHz
-    words, _ = path.clean(np.full(320, 7, np.int16))
+    words = path.clean(np.full(320, 7, np.int16)).words
     kinds = [kind for kind, _ in canceller.calls]
     assert kinds.count("render") >= 1 and kinds[-2:] == ["capture", "capture"]
     assert kinds.index("capture") > max(i for i, k in enumerate(kinds) if k == "render")
     assert len(words) == 320 and (words == 3).all()  # cancelled: the avatar was talking
+    assert path.masked_ms == 0.0  # the detector got noise at the floor for the last frame
+    assert EchoPath(None).masked_ms == float("inf")
 
 
 def test_a_partial_frame_waits_for_the_rest() -> None:
     canceller = Scripted()
     path = EchoPath(canceller)
-    first, _ = path.clean(np.full(100, 1, np.int16))
+    first = path.clean(np.full(100, 1, np.int16)).words
     assert len(first) == 0 and canceller.calls == []
-    second, _ = path.clean(np.full(220, 2, np.int16))
+    out = path.clean(np.full(220, 2, np.int16))
+    second = out.words
     assert len(second) == 320 and list(second[:100]) == [1] * 100 and (second[100:] == 2).all()
+    assert (out.heard == second).all()  # the heard samples the same (the canceller kept all)
 
 
 def test_audio_sent_while_nothing_was_heard_is_not_kept_forever() -> None:
@@ -83,7 +87,7 @@ def test_a_new_inbound_stream_starts_clean() -> None:
     path.clean(np.zeros(100, np.int16))  # less than a frame: it waits
     path.played(np.full(960, 3000, np.int16))  # sent, not yet given to the canceller
     path.restart()
-    words, _ = path.clean(np.zeros(FRAME, np.int16))
+    words = path.clean(np.zeros(FRAME, np.int16)).words
     assert len(words) == FRAME  # the 100 samples left from before are gone
     assert canceller.calls == [("capture", 0)]  # and what was sent to the old stream
 
@@ -103,7 +107,7 @@ def test_the_gate_silences_a_leak_and_passes_the_user() -> None:
     assert mean_square(voice) < mean_square(quiet) * 10  # the detector: noise at the floor
     user = tone(FRAME, 2000.0, hz=200)  # -3.5 dB
     assert gate.apply(user, user) == (user, user)
-    assert gate.silenced == 1
+    assert gate.silenced == 1 and gate.since_silenced == 1  # a frame heard since the one hidden
 
 
 def test_the_gate_learns_the_echo_and_opens_above_it() -> None:

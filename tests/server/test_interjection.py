@@ -78,6 +78,42 @@ def test_voice_the_model_never_confirms_resumes_once_the_gate_lapses() -> None:
     assert out[10] == Decision(Verdict.RESUME, "no voice") and judge.phase is Phase.IDLE
 
 
+def test_voice_that_lapses_while_the_echo_gate_hides_frames_is_transcribed() -> None:
+    # the user says "stop" over the reply's echo: the gate let its first syllables through
+    # (the pause), then the echo gate hid the rest from the detector for 500 ms after
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    script = [Listening(1000.0 + 20 * i, False, 0.0, 20.0 * i, max(0.0, 20.0 * (i - 25)))
+              for i in range(40)]  # fmt: skip
+    out = steps(judge, script)
+    ask = next(o for o in out if o is not None)
+    assert out.index(ask) == 35  # 200 ms after the last hidden frame, not after the gate's lapse
+    assert ask == AskWords(1, 1000.0) and judge.phase is Phase.WORDS
+    assert judge.words(1, "Stop.") == Decision(Verdict.INTERRUPT, "words")
+    # the same voice with no words in it: the reply resumes; at the pause's deadline too
+    judge.heard(3000.0)
+    steps(judge, [Listening(3000.0 + 20 * i, False, 0.0, 20.0 * i, 20.0 * i - 40.0)
+                  for i in range(3, 15)])  # fmt: skip
+    assert judge.words(judge.attempt, "") == Decision(Verdict.RESUME, "no words")
+    judge.heard(5000.0)
+    steps(judge, [Listening(5000.0 + 20 * i, False, 0.0, 20.0 * i, 20.0 * i - 40.0)
+                  for i in range(3, 15)])  # fmt: skip
+    assert judge.overdue() == Decision(Verdict.RESUME, "undecided")  # it was never speech
+
+
+def test_confirmed_speech_is_not_quiet_while_the_echo_gate_hides_frames() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    judge.step(Listening(1100.0, True, 0.0, 0.0, 0.0))
+    # the detector hears quiet: the echo gate hid the frames (the reply's echo still comes back)
+    hidden = [Listening(1100.0 + 20 * i, True, 20.0 * i, 20.0 * i, 0.0) for i in range(1, 30)]
+    assert steps(judge, hidden) == [None] * 29 and judge.phase is Phase.SPEECH
+    # the echo is over: 160 ms of quiet that was heard
+    heard = [Listening(1700.0 + 20 * i, True, 600.0 + 20 * i, 600.0, 20.0 * i) for i in range(9)]
+    out = steps(judge, heard)
+    assert out[:8] == [None] * 8 and out[8] == AskWords(1, 1000.0)
+
+
 def test_long_speech_is_judged_by_its_words_so_far() -> None:
     judge = InterjectionJudge(RULES)
     judge.heard(1000.0)

@@ -240,6 +240,22 @@ def test_tones_are_not_speech_and_speech_right_after_them_is(
     assert end_ms - 100 <= starts[0] <= end_ms + 500, (sound, starts)
 
 
+def test_a_tone_is_judged_as_heard_not_as_the_echo_gate_left_it() -> None:
+    # a steady tone heard while the avatar talks, both models calling it voice: the residual
+    # echo gate (server/pipeline/echo_gate.py) gave the detector comfort noise in place of
+    # every other 10 ms frame of it, which no longer looks tonal
+    heard = tone_1khz(-20.0)[: 320 * 50]
+    voice = heard.copy()
+    for block in range(0, len(voice) // 160, 2):
+        voice[block * 160 : (block + 1) * 160] = np.random.default_rng(block).normal(0, 10, 160)
+    assert line_share(voice[:320]) < TONAL_SHARE <= line_share(heard[:320])
+    starts = {}
+    for name, raw in (("gated", None), ("heard", heard)):
+        det = TurnDetector(ScriptedGate([True] * 50), FixedProbability(0.9), VadConfig())
+        starts[name] = [e.kind for e in det.push(voice, 0.0, raw)].count(VadEventKind.START)
+    assert starts == {"gated": 1, "heard": 0}
+
+
 def test_line_share_tells_tones_from_speech(speech: np.ndarray) -> None:
     frames = [speech[i : i + 320] for i in range(0, len(speech) - 320, 320)]
     voiced = [f for f in frames if np.sqrt(np.mean(f.astype(np.float64) ** 2)) > 300]
