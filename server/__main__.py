@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,15 @@ from server.fleet.workers import run_supervisor
 from server.http import logfilter
 from server.http.app import create_app
 from server.http.auth import exposure_warning
+from server.http.registry import SessionRegistry
+from server.http.signaling import REGISTRY_KEY
 from server.machine import this_machine
 from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate
 from server.pipeline.seams import Tunable, TurnPipeline, WarmsUp, load_pipeline
 from server.pipeline.wiring import avatar_renderer, detector_factory, vision_model
 
 log = logging.getLogger("server")
+DRAIN_POLL_S = 0.2  # how often a drain looks whether the live sessions have ended
 
 
 def _settings_help() -> str:
@@ -100,9 +105,17 @@ async def serve(
     ``listen_fd``: serve on this inherited listening socket instead of host:port (a worker).
     """
     stop = stop or asyncio.Event()
+    drain = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if sig is signal.SIGTERM and config.server.drain_timeout_s > 0 and not drain.is_set():
+            drain.set()  # the first SIGTERM drains; SIGINT or a second SIGTERM stops
+        else:
+            stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     pipeline = await load_pipeline(config)
     log.info("reply pipeline: %s", config.pipeline.factory or "none (listen only)")
     times: dict[str, float | None] = {}
@@ -136,13 +149,41 @@ async def serve(
         await site.start()
         for addr in runner.addresses:
             log.info("ready: listening on http://%s:%d/ (GET /healthz)", addr[0], addr[1])
-        await stop.wait()
+        await first_of(stop, drain)
+        if not stop.is_set():
+            await drain_sessions(app[REGISTRY_KEY], config.server.drain_timeout_s, stop)
         log.info("shutting down")
     finally:
         await runner.cleanup()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         log.info("stopped")
+
+
+async def first_of(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def drain_sessions(registry: SessionRegistry, timeout_s: float, stop: asyncio.Event) -> None:
+    """Refuse new sessions and wait until the live ones have ended (a session kept for a
+    resume counts until its window closes), ``timeout_s`` at most or until ``stop``."""
+    registry.drain()
+    deadline = time.monotonic() + timeout_s
+    while len(registry) and not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            log.warning("drain deadline: %d sessions still live, closing them", len(registry))
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), min(DRAIN_POLL_S, left))
+    log.info("drained: no session left" if not len(registry) else "drain cut short")
 
 
 async def calibrate_server(

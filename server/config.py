@@ -48,6 +48,15 @@ class ServerConfig:
     shutdown_timeout_s: float = _setting(
         5.0, "Seconds a graceful shutdown waits for sessions to close.", min=0.0, max=600.0
     )
+    drain_timeout_s: float = _setting(
+        0.0,
+        "Seconds a SIGTERM lets live sessions finish before the shutdown: meanwhile new "
+        "sessions are refused (503) and /healthz answers 503 'draining', so a proxy takes the "
+        "host out of rotation. 0: SIGTERM shuts down at once; SIGINT or a second SIGTERM always "
+        "does.",
+        min=0.0,
+        max=86_400.0,
+    )
     auth_tokens: tuple[str, ...] = _setting(
         (),
         f"Bearer tokens (>= {MIN_TOKEN_CHARS} characters, comma-separated in env) accepted for "

@@ -87,6 +87,17 @@ class ServerFull(RequestError):
         super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
+class Draining(RequestError):
+    """The server is draining (a SIGTERM with ``server.drain_timeout_s``): its live sessions
+    finish, new ones go to another host; ``Retry-After`` as for :class:`ServerFull`."""
+
+    status = 503
+    code = "draining"
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__("server is draining: no new sessions", {"Retry-After": str(retry_after_s)})
+
+
 class Unauthorized(RequestError):
     """No or a wrong bearer token; the response names the scheme (``WWW-Authenticate``)."""
 

@@ -235,7 +235,8 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        grace = self.config.server.shutdown_timeout_s + KILL_GRACE_S
+        server = self.config.server  # a worker with a drain time drains on SIGTERM first
+        grace = server.drain_timeout_s + server.shutdown_timeout_s + KILL_GRACE_S
         results = await asyncio.gather(*(self._stop_worker(w, grace) for w in self.workers))
         for worker in self.workers:
             worker.sock.close()

@@ -53,11 +53,14 @@ def web_root(config: Config) -> Path:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """Liveness: 200 with a small JSON body once the server accepts requests."""
+    """Liveness: 200 with a small JSON body once the server accepts requests; 503 with status
+    "draining" while it drains (its live sessions finish; a proxy sends new ones elsewhere)."""
     started = request.app[STARTED_KEY]
+    draining = request.app[REGISTRY_KEY].draining
     return web.json_response(
         {
-            "status": "ok",
+            "status": "draining" if draining else "ok",
+            "draining": draining,
             "version": __version__,
             "uptime_s": round(time.monotonic() - started, 3),
             "sessions": len(request.app[REGISTRY_KEY]),
@@ -66,7 +69,8 @@ async def healthz(request: web.Request) -> web.Response:
             "open_fds": open_fds(),
             "max_sessions": request.app[CONFIG_KEY].transport.max_sessions,
             "calibration": request.app[CALIBRATION_KEY],
-        }
+        },
+        status=503 if draining else 200,
     )
 
 

@@ -28,6 +28,7 @@ from server.conversation.conversation import Conversation
 from server.conversation.resume import split_token
 from server.errors import (
     BadRequest,
+    Draining,
     NotFound,
     ResumeExpired,
     ResumeRefused,
@@ -96,6 +97,7 @@ class SessionRegistry:
         self._admitted: dict[str, Admission] = {}  # by session id, as long as it is in sessions
         self._closing: set[asyncio.Task[None]] = set()
         self._accepting = True
+        self.draining = False  # new sessions refused while the live ones finish
         self.finished: deque[tuple[str, dict[str, Any]]] = deque(maxlen=256)  # (owner, describe())
         self._reaper: asyncio.Task[None] | None = None
         self._peer_objects: weakref.WeakSet[PeerSession] = weakref.WeakSet()
@@ -126,6 +128,9 @@ class SessionRegistry:
         counted; ``prepare`` sets the conversation up before its peer exists (a validated
         session configuration). Raises ServerFull, TooManySessions or BadRequest, leaving
         nothing."""
+        if self.draining:
+            self._metrics.sessions_rejected.inc()
+            raise Draining(self.config.transport.retry_after_s)
         if self._accepting:
             self._check_client(client, owner)  # its own share first: waiting will not help it
         if not self._accepting or len(self) >= self.config.transport.max_sessions:
@@ -297,6 +302,12 @@ class SessionRegistry:
     async def _close_quietly(self, session_id: str) -> None:
         with contextlib.suppress(NotFound):
             await self.close(session_id)
+
+    def drain(self) -> None:
+        """Refuse new sessions from now on; the live ones (and those kept for a resume) go on."""
+        if not self.draining:
+            self.draining = True
+            log.info("draining: no new sessions; %d live", len(self))
 
     async def close_all(self) -> None:
         """Graceful shutdown: refuse new sessions, close every peer, await every close task."""
