@@ -12,9 +12,10 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
 fi
 
 # system packages: espeak-ng speaks the test audio; iproute2 gives tests a loopback-only namespace;
-# chromium is the browser of the web-page test; coturn the TURN server of the relay test;
+# chromium is the browser of the web-page test; coturn the TURN server of the relay test; haproxy
+# the proxy in front of several hosts (tests/deploy/test_haproxy.py);
 # GStreamer's webrtcbin (with python3-gi) the second WebRTC stack of the WHIP interop test
-APT_PACKAGES="espeak-ng iproute2 chromium coturn gstreamer1.0-tools gstreamer1.0-plugins-base
+APT_PACKAGES="espeak-ng iproute2 chromium coturn haproxy gstreamer1.0-tools gstreamer1.0-plugins-base
  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-nice python3-gi
  gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0"
 missing=""

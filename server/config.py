@@ -57,6 +57,14 @@ class ServerConfig:
         min=0.0,
         max=86_400.0,
     )
+    agent_port: int = _setting(
+        0,
+        "TCP port of the load-balancer agent (HAProxy's agent-check, on server.host): each "
+        "connection reads one line, the share of sessions free as a weight ('up 75%') or "
+        "'drain' while draining. 0: no agent.",
+        min=0,
+        max=65535,
+    )
     auth_tokens: tuple[str, ...] = _setting(
         (),
         f"Bearer tokens (>= {MIN_TOKEN_CHARS} characters, comma-separated in env) accepted for "

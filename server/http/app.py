@@ -20,6 +20,7 @@ from server.avatar.seam import AvatarRenderer
 from server.clock import MonotonicClock
 from server.config import Config
 from server.errors import NotFound
+from server.http.agent import serve_agent
 from server.http.guards import request_guards
 from server.http.middleware import cors_headers, json_errors
 from server.http.realtime_calls import add_call_routes
@@ -202,7 +203,18 @@ def create_app(
             warming = asyncio.get_running_loop().run_in_executor(
                 warm_pool, warm_avatar, renderer, stop_warming
             )
+        agent = None
+        if config.server.agent_port:
+            registry = app[REGISTRY_KEY]
+            agent = await serve_agent(
+                config.server.host,
+                config.server.agent_port,
+                lambda: (len(registry), config.transport.max_sessions, registry.draining),
+            )
         yield
+        if agent is not None:
+            agent.close()
+            await agent.wait_closed()
         lag_task.cancel()
         await asyncio.gather(lag_task, return_exceptions=True)
         stop_warming.set()
