@@ -105,6 +105,13 @@ class ServerConfig:
         secret=True,
     )
 
+    def __post_init__(self) -> None:
+        if self.agent_port and self.workers > 1:
+            raise ConfigError(
+                "server.agent_port: the load-balancer agent is for single-process hosts "
+                "(server.workers 1); the supervisor of several workers routes them itself"
+            )
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:

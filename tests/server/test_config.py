@@ -38,6 +38,8 @@ def test_precedence_toml_then_env_then_overrides(tmp_path: Path) -> None:
         ({"AVATAR_SERVER_LOG_LEVEL": "LOUD"}, "server.log_level"),
         ({"AVATAR_RUNTIME_PERSONA": "   "}, "runtime.persona"),
         ({"AVATAR_RUNTIME_NOPE": "1"}, "AVATAR_RUNTIME_NOPE"),
+        # every worker would bind the agent's port
+        ({"AVATAR_SERVER_AGENT_PORT": "9000", "AVATAR_SERVER_WORKERS": "2"}, "server.agent_port"),
     ],
 )
 def test_invalid_values_name_the_setting(env: dict[str, str], needle: str) -> None:
