@@ -64,7 +64,9 @@ class Fleet:
                 "server.drain_timeout_s": "120",
                 "transport.max_sessions": "16",
                 "transport.max_sessions_per_client": "64",
-                "transport.connect_timeout_s": "300",  # the trickle offers never connect
+                # the trickle offers never connect: their sessions live for the whole test
+                "transport.connect_timeout_s": "300",
+                "transport.ice_connect_timeout_s": "300",
                 "transport.video": "false",
             }
             self.hosts[name] = ServerProcess(settings, env=tone_env(500, sentences=1)).start(
