@@ -69,7 +69,7 @@ class EchoGain:
         if self._count % 10 or not self.trusted:
             return
         self.any_db = float(np.quantile(self._all, ANY_GAIN_QUANTILE))
-        if len(self._alone) >= GAIN_TRUSTED:
+        if self.known:
             self.db = float(np.quantile(self._alone, GAIN_QUANTILE))
 
     @property
@@ -172,7 +172,8 @@ class ResidualEchoGate:
         recent = list(self._far)[::-1]  # lag 0 first
         wide = max(recent, default=0.0)
         talking = max(recent[:NOW_FRAMES], default=0.0) >= FAR_ACTIVE
-        alone = db(heard_power) - db(power) >= ECHO_ONLY_DB
+        taken_db = db(heard_power) - db(power)  # what the canceller took from the frame
+        alone = taken_db >= ECHO_ONLY_DB
         if talking:
             self.delay.heard(db(heard_power))
             self._wide.learn(db(heard_power) - db(wide), alone)
@@ -181,7 +182,7 @@ class ResidualEchoGate:
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
             return heard, heard
         loud = db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB
-        if loud and not (self._wide.known and db(heard_power) - db(power) >= CANCELLED_DB):
+        if loud and not (self._wide.known and taken_db >= CANCELLED_DB):
             return heard, heard
         self.silenced += 1
         self.since_silenced = 0
