@@ -17,7 +17,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
-from server.config import load_config
+from server.config import Config, load_config
 from tests.support.server_process import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
@@ -62,6 +62,11 @@ def environment(c: dict[str, Any], pod: str) -> dict[str, str]:
     return env
 
 
+def server_config(env: dict[str, str]) -> Config:
+    """The server's configuration from its container's environment (its AVATAR_ settings)."""
+    return load_config(env={k: v for k, v in env.items() if k.startswith("AVATAR_")})
+
+
 def described(path: Path, doc: dict[str, Any]) -> Any:
     return pytest.param(path, doc, id=f"{path.name}:{doc['kind']}/{doc['metadata']['name']}")
 
@@ -88,7 +93,7 @@ def test_the_manifests_hold_the_server_vllm_and_coturn() -> None:
 def test_the_server_environment_is_a_valid_configuration_that_drains() -> None:
     server = find("StatefulSet", "avatar-server")
     env = environment(container(server, "server"), "avatar-server-3")
-    config = load_config(env={k: v for k, v in env.items() if k.startswith("AVATAR_")})
+    config = server_config(env)
     # each pod's session ids start with its own name: the proxy's routing key
     assert config.server.session_id_prefix == "avatar-server-3."
     assert server["spec"]["serviceName"] == "avatar-server-pods"
@@ -130,7 +135,7 @@ def test_services_budget_and_autoscaler_select_the_server_pods() -> None:
     (metric,) = hpa["spec"]["metrics"]
     assert metric["pods"]["metric"]["name"] == "avatar_sessions_active"  # server/metrics.py
     env = environment(container(server, "server"), "avatar-server-0")
-    config = load_config(env={k: v for k, v in env.items() if k.startswith("AVATAR_")})
+    config = server_config(env)
     target = float(metric["pods"]["target"]["averageValue"])
     assert 0 < target < config.transport.max_sessions  # scales out before pods are full
 
@@ -138,7 +143,7 @@ def test_services_budget_and_autoscaler_select_the_server_pods() -> None:
 def test_the_server_reaches_vllm_and_shares_coturns_secret() -> None:
     server = find("StatefulSet", "avatar-server")
     env = environment(container(server, "server"), "avatar-server-0")
-    config = load_config(env={k: v for k, v in env.items() if k.startswith("AVATAR_")})
+    config = server_config(env)
     vllm = find("Deployment", "vllm")
     args = container(vllm, "vllm")["args"]
     flags = dict(a.removeprefix("--").split("=", 1) for a in args if "=" in a)
