@@ -33,7 +33,11 @@ def stun_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 class Coturn:
     """``turnserver`` on ``host`` with user ``username``/``password`` and realm ``realm``, or
-    (``auth_secret``) accepting any credential issued with that shared secret."""
+    (``auth_secret``) accepting any credential issued with that shared secret.
+
+    ``also_listening``: more addresses it listens on; ``relay_ip``: the address its relayed
+    candidates get (``host`` if None); ``wrapper``: a command to run it under (``nsenter`` into
+    a network namespace); ``port``: its listening port (a free one on loopback if None)."""
 
     def __init__(
         self,
@@ -43,9 +47,16 @@ class Coturn:
         realm: str = "test",
         relay_ports: tuple[int, int] = (49160, 49200),
         auth_secret: str | None = None,
+        also_listening: tuple[str, ...] = (),
+        relay_ip: str | None = None,
+        wrapper: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> None:
         self.host = host
-        self.port = free_port()
+        self.also_listening = also_listening
+        self.relay_ip = relay_ip or host
+        self.wrapper = wrapper
+        self.port = port or free_port()
         self.username = username
         self.password = password
         self.realm = realm
@@ -63,11 +74,13 @@ class Coturn:
         if binary is None:
             raise RuntimeError("turnserver not found (apt-get install coturn)")
         low, high = self.relay_ports
+        listening = [arg for ip in (self.host, *self.also_listening) for arg in ("-L", ip)]
         return [
+            *self.wrapper,
             binary,
             "-n",  # no configuration file
-            "--listening-ip", self.host,
-            "--relay-ip", self.host,
+            *listening,
+            "--relay-ip", self.relay_ip,
             "--listening-port", str(self.port),
             "--min-port", str(low),
             "--max-port", str(high),

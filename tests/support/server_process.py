@@ -53,33 +53,39 @@ def terminate(proc: subprocess.Popen[Any], timeout: float) -> int:
 
 class ServerProcess:
     """``python -m server`` with ``settings`` (dotted names) and extra environment;
-    ``wrapper``: a command to run it under (e.g. ``scripts/slow.sh``)."""
+    ``wrapper``: a command to run it under (e.g. ``scripts/slow.sh``, or ``nsenter`` into a
+    network namespace); ``host``/``port``: where it listens (and its ICE host address)."""
 
     def __init__(
         self,
         settings: dict[str, str] | None = None,
         env: dict[str, str] | None = None,
         wrapper: list[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
     ):
         self.wrapper = wrapper or []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.host = host
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
         # max_sessions set: the calibration would make it this machine's capacity (1 on a slow
         # one), and tests open the sessions they need whatever the machine
         self.settings = {
-            "transport.ice_host_addresses": "127.0.0.1",
+            "transport.ice_host_addresses": host,
             "transport.max_sessions": "4",
             **(settings or {}),
         }
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"avatar-server-{self.port}.log"
+        if host != "127.0.0.1":  # hosts in namespaces may share a port
+            self.log_path = self.log_path.with_name(f"avatar-server-{host}-{self.port}.log")
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
         """Start and wait until /healthz answers (``timeout`` s on the reference machine,
         stretched by the measured pace)."""
         args = [*self.wrapper, sys.executable, "-m", "server"]
-        args += ["--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--host", self.host, "--port", str(self.port)]
         for key, value in self.settings.items():
             args += ["--set", f"{key}={value}"]
         self._log = self.log_path.open("w")
