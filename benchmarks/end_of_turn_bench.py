@@ -20,6 +20,8 @@ The LLM alternative (``--llm``): the default LLM's probability that the user's m
 after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
 prompt is what the incremental prefill computes anyway), on the same sentences as text: the
 exact words, so it is the text path's best case, before any recognition error or latency.
+Then the same words with the final punctuation moved (complete ones without their mark,
+fragments with one): the verdict follows the mark, which in a call is the recogniser's guess.
 
 Run: ``.venv/bin/python -m benchmarks.end_of_turn_bench`` (``--quick``: 8 + 8 utterances).
 """
@@ -136,6 +138,7 @@ UNFINISHED = [
     ("Tell me what you know about", "volcanoes."),
 ]
 FILLERS = ("um", "uh")
+QUESTION_WORDS = {"Can", "What", "How", "Could", "Do", "Is", "Why", "When", "Where", "Who"}
 DEV = 8  # the first 8 of each kind chose vad.complete_probability (0.9); the rest are held out
 
 
@@ -290,12 +293,25 @@ async def llm_verdicts(quick: bool) -> dict[str, Any]:
         unfinished = [first for first, _ in (UNFINISHED[:8] if quick else UNFINISHED)]
         scores: dict[str, list[float]] = {"complete": [], "unfinished": []}
         took: list[float] = []
+        # the same words with the final punctuation moved: what decides is the mark
+        marks: dict[str, list[float]] = {"complete_unpunctuated": [], "unfinished_with_a_mark": []}
+        moved = [
+            ("complete_unpunctuated", [t.rstrip(".?!") for t in complete]),
+            ("unfinished_with_a_mark", [f + ("?" if f.split()[0] in QUESTION_WORDS else ".")
+                                        for f in unfinished]),
+        ]  # fmt: skip
+
+        async def probability(text: str) -> float:
+            chat = [{"role": "system", "content": persona}, {"role": "user", "content": text}]
+            return await engine.end_of_turn_probability(chat, cache_salt="e")
+
         for kind, texts in (("complete", complete), ("unfinished", unfinished)):
             for text in texts:
                 started = time.perf_counter()
-                chat = [{"role": "system", "content": persona}, {"role": "user", "content": text}]
-                scores[kind].append(await engine.end_of_turn_probability(chat, cache_salt="e"))
+                scores[kind].append(await probability(text))
                 took.append((time.perf_counter() - started) * 1000)
+        for kind, texts in moved:
+            marks[kind] = [await probability(text) for text in texts]
     finally:
         await engine.close()
     correct = sum(p >= 0.5 for p in scores["complete"]) + sum(p < 0.5 for p in scores["unfinished"])
@@ -308,6 +324,9 @@ async def llm_verdicts(quick: bool) -> dict[str, Any]:
         "ms_per_verdict_p50": round(statistics.median(took), 1),
         "model": DEFAULT_GGUF,
         "probabilities": {k: [round(p, 3) for p in v] for k, v in scores.items()},
+        "complete_unpunctuated_judged_complete": sum(p >= 0.5 for p in marks[moved[0][0]]),
+        "unfinished_with_a_mark_judged_complete": sum(p >= 0.5 for p in marks[moved[1][0]]),
+        "moved_mark_probabilities": {k: [round(p, 3) for p in v] for k, v in marks.items()},
     }
 
 

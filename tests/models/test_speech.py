@@ -171,10 +171,13 @@ def assert_timings(speech: Speech, words: int) -> None:
     assert spoken >= 0.6 * n, (spoken, n)
     assert speech.words[0].start < 0.3 * RATE_HZ
     assert speech.words[-1].end > n - 0.5 * RATE_HZ
-    # the audio before the first word is (nearly) silent next to the words' audio
+    # the audio before the first word is (nearly) silent next to the words' audio; the last
+    # two duration steps before it (23 ms) may hold the word's onset (the voice samples noise,
+    # and a boundary falls on a whole step), so they are not counted
     level = np.abs(speech.pcm.astype(np.int32))
     voiced = level[speech.words[0].start : speech.words[-1].end].mean()
-    assert level[: speech.words[0].start].mean() < voiced / 4
+    lead_in = level[: max(0, speech.words[0].start - round(2 * HOP_48K))]
+    assert len(lead_in) == 0 or lead_in.mean() < voiced / 4, (lead_in.mean(), voiced)
 
 
 @pytest.mark.parametrize(
