@@ -53,6 +53,10 @@ FIRST_CHUNK_MS = 120.0  # the LLM's time for the first chunk's words
 MIN_FIRST_CHUNK_WORDS = 3  # fewer breaks the first sentence's prosody
 # a turn: the user speaks UTTERANCE_S, the avatar answers REPLY_TOKENS; a session also waits
 IDLE_S = 5.0
+# a session's media path besides its video frames (Opus, RTP/SRTP, events, its share of the
+# event loop) on the reference machine: avatar_sync measured 11.6 % of a core for a session
+# with audio and events only; it scales with the machine like the avatar frame does
+MEDIA_CORES = 0.12
 
 
 @dataclass(frozen=True)
@@ -151,15 +155,17 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
     speech = words * SPEECH_S_PER_WORD * 1000 * rtf
     predicted = asr_left + ttft + first_chunk + speech + FRAME_MS
 
-    # CPU (cores) one session needs on average: its video all the time, plus a turn's work
-    # spread over the turn (the user speaking, the reply, a pause)
+    # CPU (cores) one session needs on average: its media path and video all the time, plus
+    # a turn's work spread over the turn (the user speaking, the reply, a pause)
     fps = config.transport.video_fps if config.transport.video else 0
     video = frame_ms * fps / 1000
     reply_s = REPLY_TOKENS * SPEECH_S_PER_WORD / TOKENS_PER_WORD
     partials = UTTERANCE_S * 1000 / pc.partial_interval_ms * asr_call if pc.incremental else 0
     turn_cpu_ms = partials + asr_call + REPLY_TOKENS / tps * 1000 + reply_s * 1000 * rtf
     turn_s = UTTERANCE_S + predicted / 1000 + reply_s + IDLE_S
-    per_session = video + turn_cpu_ms / 1000 / turn_s
+    slowness = frame_ms / REFERENCE["frame_ms"] if costs.frame_ms else 1.0
+    media = MEDIA_CORES * slowness
+    per_session = media + video + turn_cpu_ms / 1000 / turn_s
     capacity = max(1, math.floor(cpus * UTILISATION / per_session))
     return Calibration(
         cpus=cpus,

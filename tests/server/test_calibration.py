@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from server.config import Config, load_config
-from server.pipeline.calibration import REFERENCE, StageCosts, adapt, calibrate, with_settings
+from server.pipeline.calibration import (
+    MEDIA_CORES,
+    REFERENCE,
+    UTILISATION,
+    StageCosts,
+    adapt,
+    calibrate,
+    with_settings,
+)
 
 FAST = StageCosts(
     asr_ms=90,
@@ -48,6 +57,25 @@ def test_a_slower_machine_predicts_slower_replies_and_fewer_sessions() -> None:
     assert slow.capacity <= fast.capacity
     assert calibrate(FAST, Config(), 16).capacity > fast.capacity
     assert not fast.fallbacks
+
+
+def test_every_session_carries_its_media_path_whatever_the_models_cost() -> None:
+    # models that cost next to nothing: audio-only sessions are bounded by their media path
+    # (Opus, RTP/SRTP, events), which scales with the machine like the avatar frame
+    free = StageCosts(
+        asr_ms=1,
+        asr_audio_ms=2300,
+        llm_first_token_ms=1,
+        llm_tokens_per_s=100_000,
+        tts_ms=1,
+        tts_audio_ms=100_000,
+        frame_ms=REFERENCE["frame_ms"],
+    )
+    audio_only = load_config(overrides={"transport.video": False})
+    bound = math.floor(2 * UTILISATION / MEDIA_CORES)
+    assert bound - 1 <= calibrate(free, audio_only, 2).capacity <= bound
+    slower = dataclasses.replace(free, frame_ms=2 * REFERENCE["frame_ms"])
+    assert calibrate(slower, audio_only, 2).capacity <= math.floor(bound / 2) + 1
 
 
 def test_partials_hide_the_transcript_in_the_end_of_turn_wait() -> None:
