@@ -39,6 +39,11 @@ class Pool(Protocol):
     @property
     def workers(self) -> Sequence[Upstream]: ...
 
+    @property
+    def draining(self) -> bool:
+        """Whether the machine drains: its workers finish their sessions, take no new ones."""
+        ...
+
     async def poll(self) -> None:
         """Refresh every worker's load and liveness now. Concurrent calls share one poll, and
         a caller that is cancelled (timed out) leaves it running for the others."""

@@ -10,6 +10,9 @@ Requests go where sessions live.
 - ``/whip/<id>`` and ``/v1/realtime/calls/<id>`` (DELETE, PATCH, ``hangup``, OPTIONS, ...) go to
   the worker named by the id's ``wk-``
   prefix; an id that names no running worker is 404 (a worker that died took its sessions along).
+- While the supervisor drains (its first SIGTERM with ``server.drain_timeout_s``), new sessions
+  get 503 "draining" (``Retry-After``) and ``/healthz`` says ``draining`` with 503; requests
+  for live sessions still reach their workers until the last one has ended.
 - ``GET /healthz`` and ``GET /metrics`` cover every worker (metrics labelled ``worker="k"``, plus
   ``avatar_worker_up`` and ``avatar_worker_restarts_total``); ``GET /debug/sessions`` joins the
   workers' lists.
@@ -42,7 +45,7 @@ from yarl import URL
 
 from server import __version__
 from server.config import Config
-from server.errors import NotFound, RequestError, ServerFull
+from server.errors import Draining, NotFound, RequestError, ServerFull
 from server.fleet.merge import join_objects, merge_expositions, pool_metrics
 from server.fleet.pool import Pool, Upstream
 from server.http.guards import WORKER_KEY_HEADER, request_guards
@@ -220,6 +223,8 @@ class Router:
     async def place(self, request: web.Request) -> web.Response:
         """A new session (``POST /offer``, ``/whip``, ``/v1/realtime/calls``) on the
         least-loaded worker with room."""
+        if self.pool.draining:
+            raise Draining(self.config.transport.retry_after_s)
         limit_session_rate(request)
         body = await self._body(request)
         candidates = self._by_load()
@@ -261,22 +266,25 @@ class Router:
         return (await self._forward(request, candidates[0], await self._body(request))).response()
 
     async def healthz(self, request: web.Request) -> web.Response:
-        """200 while at least one worker takes sessions (status ``ok`` or ``degraded``)."""
+        """200 while at least one worker takes sessions (status ``ok`` or ``degraded``) and
+        the machine does not drain."""
         await self._fresh()
         workers = list(self.pool.workers)
         ready = sum(w.accepting for w in workers)
         described = [w.describe() for w in workers]
         status = "ok" if ready == len(workers) else "degraded" if ready else "unavailable"
+        draining = self.pool.draining
         return web.json_response(
             {
-                "status": status,
+                "status": "draining" if draining else status,
+                "draining": draining,
                 "version": __version__,
                 "uptime_s": round(time.monotonic() - self.started, 3),
                 "sessions": sum(w.sessions for w in workers),
                 "tasks": sum(int(d.get("tasks", 0)) for d in described),
                 "workers": described,
             },
-            status=200 if ready else 503,
+            status=200 if ready and not draining else 503,
         )
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -13,6 +13,10 @@ A worker that exits is reported (log, ``/healthz``, ``/metrics``) and restarted 
 (0.5 s doubling to 30 s); one that stops answering ``/healthz`` is marked unhealthy and gets no
 new sessions until it answers again. SIGTERM/SIGINT shut down in order: the router stops
 accepting, the workers get SIGTERM and are awaited (SIGKILL after a grace period), then exit.
+With ``server.drain_timeout_s`` the first SIGTERM drains first: the router refuses new sessions
+(503 "draining") but keeps serving the live ones, every worker gets SIGTERM and drains (its
+sessions finish, then it exits; none is restarted), and once all have exited the supervisor
+shuts down. SIGINT, or a second SIGTERM, shuts down at once.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Supervisor:
         self._polling: asyncio.Task[None] | None = None  # the poll under way, shared by callers
         self._http: aiohttp.ClientSession | None = None
         self._stopping = False
+        self.draining = False  # the workers finish their sessions; none is restarted
         # what every request to a worker carries (server/http/guards.py); new for every supervisor
         self.worker_key = secrets.token_urlsafe(32)
 
@@ -129,7 +134,7 @@ class Supervisor:
     async def _lifecycle(self, worker: Worker, first: asyncio.Future[bool]) -> None:
         """Run one worker for the supervisor's life: start, await its exit, restart."""
         backoff = BACKOFF_FIRST_S
-        while not self._stopping:
+        while not self._stopping and not self.draining:
             proc = await self._spawn(worker)
             ready = await self._wait_ready(worker, proc)
             if not first.done():
@@ -144,7 +149,7 @@ class Supervisor:
                 proc.kill()
             code = await proc.wait()
             worker.last_exit = code
-            if self._stopping:
+            if self._stopping or self.draining:
                 return
             worker.restarts += 1
             if worker.up_ms() >= STABLE_AFTER_MS:
@@ -169,10 +174,12 @@ class Supervisor:
             headers = {WORKER_KEY_HEADER: self.worker_key}
             url = f"{worker.url}/healthz"
             async with self._http.get(url, headers=headers, timeout=timeout) as resp:
-                if resp.status != 200:
+                if resp.status not in (200, 503):
                     return None
                 data = await resp.json()
-                return data if isinstance(data, dict) else None
+                # a draining worker answers 503: alive, serving its own sessions
+                fine = resp.status == 200 or (isinstance(data, dict) and data.get("draining"))
+                return data if fine and isinstance(data, dict) else None
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
@@ -225,6 +232,18 @@ class Supervisor:
             await asyncio.sleep(POLL_INTERVAL_S)
             await self.poll()
 
+    async def drain(self) -> None:
+        """SIGTERM every worker, which drains (its sessions finish, then it exits), and wait
+        until all have exited; none is restarted. The router refuses new sessions meanwhile."""
+        self.draining = True
+        live = [w.proc for w in self.workers if w.proc is not None and w.proc.returncode is None]
+        log.info("supervisor: draining %d workers", len(live))
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        await asyncio.gather(*(proc.wait() for proc in live))
+        log.info("supervisor: every worker has drained")
+
     async def stop(self) -> bool:
         """SIGTERM every worker and await it (SIGKILL after a grace period).
 
@@ -267,9 +286,17 @@ class Supervisor:
 async def supervise(config: Config, argv: Sequence[str], stop: asyncio.Event | None = None) -> int:
     """Run the workers and the router until SIGINT/SIGTERM (or ``stop``); the exit code."""
     stop = stop or asyncio.Event()
+    drain = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def terminate() -> None:  # the first SIGTERM drains when a drain time is set
+        if config.server.drain_timeout_s > 0 and not drain.is_set():
+            drain.set()
+        else:
+            stop.set()
+
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, terminate)
     supervisor = Supervisor(config, argv)
     runner: web.AppRunner | None = None
     failed = False
@@ -290,7 +317,8 @@ async def supervise(config: Config, argv: Sequence[str], stop: asyncio.Event | N
                     addr[1],
                     len(supervisor.workers),
                 )
-            await stop.wait()
+            if await _until_stopped(drain.wait(), stop):
+                await _until_stopped(supervisor.drain(), stop)
         log.info("shutting down: router first, then the workers")
     except WorkerStartError as exc:
         log.error("%s", exc)
@@ -305,7 +333,7 @@ async def supervise(config: Config, argv: Sequence[str], stop: asyncio.Event | N
     return 0 if clean and not failed else 1
 
 
-async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+async def _until_stopped(work: Coroutine[Any, Any, object], stop: asyncio.Event) -> bool:
     """Run ``work`` unless ``stop`` is set first (then cancel it); whether it finished."""
     task = asyncio.ensure_future(work)
     stopper = asyncio.ensure_future(stop.wait())

@@ -1,7 +1,8 @@
 """Draining a host: a SIGTERM (with ``server.drain_timeout_s``) refuses new sessions, answers
 /healthz with 503 "draining" so a proxy takes the host out of rotation, lets the live sessions
-finish their replies, and exits when the last one has ended or at the deadline. Real server
-processes, real aiortc peers, the tone pipeline."""
+finish their replies, and exits when the last one has ended or at the deadline; with
+``--workers``, through the supervisor's router. Real server processes, real aiortc peers, the
+tone pipeline."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import aiohttp
 import pytest
 
+from tests.support.offers import trickle_offer
 from tests.support.pace import within
 from tests.support.peers import Peer
 from tests.support.server_process import TONE_PIPELINE, ServerProcess, tone_env
@@ -110,3 +113,55 @@ async def test_the_drain_ends_at_its_deadline_and_a_second_sigterm_ends_it_at_on
             assert "drain cut short" in log and waited < 60  # not the 600 s deadline
         else:
             assert "drain deadline: 1 sessions still live" in log and waited >= 3
+
+
+async def test_a_supervisor_drains_its_workers_and_keeps_routing_to_their_sessions() -> None:
+    """``--workers``: the first SIGTERM drains through the router, which refuses new sessions
+    but still sends each live session's requests to its worker; the workers exit when their
+    sessions have ended, and then the supervisor."""
+    settings = {
+        "pipeline.factory": TONE_PIPELINE,
+        "server.workers": "2",
+        "server.drain_timeout_s": "120",
+        "transport.video": "false",
+        # the trickle offers never connect: their sessions live until deleted
+        "transport.connect_timeout_s": "300",
+        "transport.ice_connect_timeout_s": "300",
+    }
+    server = ServerProcess(settings, env=tone_env(500, sentences=1)).start(timeout=120)
+    sdp = {"Content-Type": "application/sdp"}
+    stale = {"Content-Type": "application/trickle-ice-sdpfrag", "If-Match": '"stale"'}
+    try:
+        offer = await trickle_offer()
+        async with aiohttp.ClientSession() as http:
+            ids = []
+            for _ in range(2):  # one on each worker (the least loaded takes the next)
+                async with http.post(server.url + "/whip", data=offer, headers=sdp) as resp:
+                    assert resp.status == 201, await resp.text()
+                    ids.append(resp.headers["Location"].removeprefix("/whip/"))
+                await server.wait_sessions(len(ids), timeout=10)
+            assert sorted(i.split("-")[0] for i in ids) == ["w1", "w2"]
+            assert server.proc is not None
+            server.proc.send_signal(signal.SIGTERM)
+            body = await until_draining(server)
+            assert body["sessions"] == 2
+            async with http.post(server.url + "/whip", data=offer, headers=sdp) as resp:
+                assert resp.status == 503 and (await resp.json())["code"] == "draining"
+                assert "Retry-After" in resp.headers
+            for session_id in ids:  # still routed to their workers, which still hold them
+                url = f"{server.url}/whip/{session_id}"
+                async with http.patch(url, data="a=x\r\n", headers=stale) as resp:
+                    assert resp.status == 412, await resp.text()
+                async with http.delete(url) as resp:
+                    assert resp.status == 200
+        code = await asyncio.to_thread(server.proc.wait, within(60))
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGINT)
+        server.stop()
+    log = server.log()
+    assert code == 0, log[-3000:]
+    assert "supervisor: draining 2 workers" in log
+    assert log.count("drained: no session left") == 2
+    assert "supervisor: every worker has drained" in log
+    assert "restarting" not in log  # a drained worker is not restarted

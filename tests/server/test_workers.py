@@ -334,6 +334,7 @@ class Upstream:
 @dataclass
 class StaticPool:
     workers: Sequence[Upstream]
+    draining: bool = False
 
     async def poll(self) -> None:
         return None
