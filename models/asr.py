@@ -34,6 +34,7 @@ MIN_WINDOW_S = 3.0  # shorter windows make tiny.en guess
 FULL_WINDOW_S = 30.0  # what Whisper was trained on, and the longest input it takes
 TOKENS_PER_S = 8  # generation stops at this many tokens a second of audio (+ MIN_TOKENS)
 MIN_TOKENS = 12
+MAX_CONTEXT_TOKENS = 64  # of a previous-text prompt (Whisper reads up to 224)
 NO_SPEECH_PROB = 0.6  # as faster-whisper: no speech when above this ...
 LOW_LOGPROB = -1.0  # ... and the text's average log probability is below this
 LOOP_WORDS = 3  # a sentence starting with the first three words again is a loop
@@ -155,6 +156,15 @@ class WhisperAsr:
         starts with them. Text Whisper judges to be no speech (``no_speech_prob`` > 0.6 with a
         low average log probability), or without any letter or digit, counts as nothing said.
         """
+        return self._transcribe(pcm, prefix, "")
+
+    def transcribe_after(self, pcm: Pcm16k, context: str) -> str:
+        """Like ``transcribe``, with ``context`` read as text said before the audio (Whisper's
+        previous-text prompt): it steers the spelling. Primed with backchannels, a short "mm-hm"
+        comes out as "Mm-hm" where the plain call invents words ("And then they can...")."""
+        return self._transcribe(pcm, "", context)
+
+    def _transcribe(self, pcm: Pcm16k, prefix: str, context: str) -> str:
         if pcm.ndim != 1:
             raise ValueError(f"expected mono audio (one dimension), got shape {pcm.shape}")
         if pcm.size == 0:
@@ -166,9 +176,13 @@ class WhisperAsr:
         forced = self._tokenizer.encode(" " + prefix.strip(), add_special_tokens=False).ids
         forced = forced if prefix.strip() else []
         max_tokens = len(forced) + MIN_TOKENS + int(TOKENS_PER_S * clip.size / RATE_HZ)
+        before = []
+        if context.strip():
+            said = self._tokenizer.encode(" " + context.strip(), add_special_tokens=False).ids
+            before = [self._token("<|startofprev|>"), *said[-MAX_CONTEXT_TOKENS:]]
         with self._lock:
             try:
-                result = self._decode(audio, frames, forced, max_tokens)
+                result = self._decode(audio, frames, before, forced, len(before) + max_tokens)
             except (RuntimeError, ValueError) as exc:
                 raise AsrError(f"Whisper failed on {pcm.size} samples: {exc}") from exc
         no_speech = result.no_speech_prob > NO_SPEECH_PROB and result.scores[0] < LOW_LOGPROB
@@ -180,16 +194,22 @@ class WhisperAsr:
         return text if any(ch.isalnum() for ch in text) else ""
 
     def _decode(
-        self, audio: npt.NDArray[np.float32], frames: int, forced: list[int], n: int
+        self,
+        audio: npt.NDArray[np.float32],
+        frames: int,
+        before: list[int],
+        forced: list[int],
+        n: int,
     ) -> Any:
-        """Greedy decoding after the prompt and ``forced`` tokens, at most ``n`` tokens."""
+        """Greedy decoding after the previous text (``before``), the prompt and ``forced``
+        tokens, at most ``n`` tokens."""
         import ctranslate2
 
         mel = self._features(audio, padding=0)[:, :frames]
         features = ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None]))
         (result,) = self._model.generate(
             features,
-            [self._prompt + forced],
+            [before + self._prompt + forced],
             beam_size=1,
             max_length=min(448, n),
             return_scores=True,

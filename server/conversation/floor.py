@@ -27,6 +27,7 @@ import numpy.typing as npt
 from server.clock import Clock
 from server.config import Config
 from server.conversation.interjection import (
+    INTERJECTION_CONTEXT,
     AskWords,
     Decision,
     InterjectionJudge,
@@ -40,7 +41,7 @@ from server.conversation.realtime_session import TurnSettings
 from server.conversation.reply import Replies
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
-from server.pipeline.seams import TurnPipeline, TurnTrace
+from server.pipeline.seams import PrimedTranscripts, TurnPipeline, TurnTrace
 from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind, VadState
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
@@ -174,9 +175,13 @@ class Floor:
         """Transcribe the interjection (from just before its onset) and let the judge decide."""
         back_ms = self._detector.position_ms - ask.from_ms + PREROLL_MS
         audio = self._utterance.recent(back_ms)
-        assert self._pipeline is not None  # a reply plays, so there is a pipeline
+        pipeline = self._pipeline
+        assert pipeline is not None  # a reply plays, so there is a pipeline
         try:
-            text = await self._pipeline.transcribe(audio, self._tag())
+            if isinstance(pipeline, PrimedTranscripts):
+                text = await pipeline.transcribe_primed(audio, self._tag(), INTERJECTION_CONTEXT)
+            else:
+                text = await pipeline.transcribe(audio, self._tag())
         except StaleWork:
             return  # the pause was decided some other way (typed text, cancel, its deadline)
         except Exception as exc:  # the recogniser failed: the pause's deadline decides

@@ -35,7 +35,11 @@ from server.config import VadConfig
 log = logging.getLogger(__name__)
 
 LAPSE_MS = 200.0  # the gate quiet this long with no confirmed speech: no voice after all
-MAX_BACKCHANNEL_WORDS = 6
+MAX_BACKCHANNEL_WORDS = 6  # hums and fillers aside: "Mm-hm. Mm-hm. Mm-hm." is no word
+# what the recogniser reads as said before an interjection (Whisper's previous-text prompt):
+# primed so, it spells a short "mm-hm" as one instead of inventing words ("And then they
+# can..."), while "Stop." and longer requests come out as before (benchmarks/interjection_bench)
+INTERJECTION_CONTEXT = "Mm-hm. Uh-huh. Yeah. Okay. Stop."
 FILLERS = frozenset(
     {"mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "umm", "ah", "oh", "aha", "ooh", "wow"}
 )
@@ -60,15 +64,21 @@ def words_of(text: str) -> list[str]:
     return re.sub(r"[^a-z' ]", " ", plain).replace("'", "").split()
 
 
+def _is_hum(word: str) -> bool:
+    """A filler or a hum ("uh", "mhm", "hmmm"), not a word."""
+    return word in FILLERS or _HUM.match(word) is not None
+
+
 def is_backchannel(text: str) -> bool:
     """True when ``text`` holds no words, or only fillers and backchannel phrases (at most
-    ``MAX_BACKCHANNEL_WORDS`` words): a listener's signal, not a bid for the floor."""
+    ``MAX_BACKCHANNEL_WORDS`` words besides hums and fillers, which the recogniser may
+    repeat): a listener's signal, not a bid for the floor."""
     words = words_of(text)
-    if len(words) > MAX_BACKCHANNEL_WORDS:
+    if sum(not _is_hum(w) for w in words) > MAX_BACKCHANNEL_WORDS:
         return False
     i = 0
     while i < len(words):
-        if words[i] in FILLERS or _HUM.match(words[i]):
+        if _is_hum(words[i]):
             i += 1
         elif tuple(words[i : i + 2]) in BACKCHANNELS:
             i += 2

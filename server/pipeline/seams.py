@@ -170,6 +170,16 @@ class SessionScoped(Protocol):
 
 
 @runtime_checkable
+class PrimedTranscripts(Protocol):
+    """A pipeline whose recogniser can be told what was likely said: ``context`` is read as
+    text said before the audio (Whisper's previous-text prompt), which steers its spelling."""
+
+    async def transcribe_primed(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, context: str
+    ) -> str: ...
+
+
+@runtime_checkable
 class WarmsUp(Protocol):
     """A pipeline whose engines are slow on their first calls (allocations, kernel choices,
     caches): ``warm_up`` runs each once on a short input before the server says ready, and

@@ -58,6 +58,13 @@ class Asr(Protocol):
     def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str: ...
 
 
+@runtime_checkable
+class PrimedAsr(Protocol):
+    """A recogniser that reads ``context`` as said before the audio (models.asr.WhisperAsr)."""
+
+    def transcribe_after(self, pcm: npt.NDArray[np.int16], context: str) -> str: ...
+
+
 class Llm(Protocol):
     """models.llm.LlmEngine as this module uses it (``cache_salt``: the prefix-cache scope)."""
 
@@ -224,13 +231,29 @@ class VoicePipeline:
         """Optional work: raises ShedWork when dropped for required work."""
         return await self._recognise(utterance, tag, prefix, optional=True)
 
+    async def transcribe_primed(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, context: str
+    ) -> str:
+        """A transcript with ``context`` read as said before it (a recogniser that cannot be
+        primed transcribes plainly)."""
+        return await self._recognise(utterance, tag, "", optional=False, context=context)
+
     async def _recognise(
-        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str, optional: bool
+        self,
+        utterance: npt.NDArray[np.int16],
+        tag: JobTag,
+        prefix: str,
+        optional: bool,
+        context: str = "",
     ) -> str:
         """One ASR call through the shared queue; "" for < 100 ms of audio (not a word)."""
         if len(utterance) < 1600:
             return ""
-        job = functools.partial(self._asr.transcribe, utterance, prefix)
+        job: Callable[[], str]
+        if context and isinstance(self._asr, PrimedAsr):
+            job = functools.partial(self._asr.transcribe_after, utterance, context)
+        else:
+            job = functools.partial(self._asr.transcribe, utterance, prefix)
         cost_ms = self.asr_cost_ms(len(utterance))
         return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job, optional=optional)
 

@@ -27,7 +27,9 @@ from models.tts import (
     joe_voice_paths,
     split_sentences,
 )
+from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
 from server.runtime.media import resample
+from tests.support.speech import speak
 from tests.support.text import edit_distance
 
 SENTENCES = (
@@ -117,6 +119,23 @@ def test_asr_continues_after_a_prefix(tts: OnnxVoiceTts, asr: WhisperAsr) -> Non
     heard = asr.transcribe(pcm, prefix="Please open the")
     assert heard.startswith("Please open the ")
     assert edit_distance(words_of(sentence), words_of(heard)) <= 1, heard
+
+
+@pytest.mark.parametrize(
+    ("said", "backchannel"),
+    [("Mm-hm.", True), ("Uh-huh.", True), ("Stop.", False), ("Hold on a second.", False)],
+)
+def test_asr_primed_with_backchannels_spells_them_and_keeps_words(
+    asr: WhisperAsr, said: str, backchannel: bool
+) -> None:
+    # espeak-ng's short sounds, as an interjection reaches the recogniser (a little silence
+    # around them); plainly Whisper tiny invents words for them ("And then they can...")
+    gap = np.zeros(1600, np.int16)  # 100 ms at 16 kHz
+    pcm = np.concatenate([gap, resample(speak(said), RATE_HZ, 16_000), gap, gap])
+    heard = asr.transcribe_after(pcm, INTERJECTION_CONTEXT)
+    assert is_backchannel(heard) is backchannel, heard
+    if not backchannel:  # the words come through (Whisper tiny may mishear one)
+        assert set(words_of(said)) & set(words_of(heard)), heard
 
 
 def test_asr_hears_nothing_in_silence_and_noise(asr: WhisperAsr) -> None:

@@ -22,6 +22,7 @@ from server.clock import FakeClock
 from server.config import load_config
 from server.conversation.conversation import Conversation
 from server.conversation.interjection import (
+    INTERJECTION_CONTEXT,
     AskWords,
     Decision,
     InterjectionJudge,
@@ -50,7 +51,9 @@ RULES = JudgeRules(interruption_ms=600.0, quiet_ms=160.0)
     ["", "Mm-hm.", "mhm", "Yeah.", "Okay.", "OK", "Uh-huh.", "Right, right.", "I see.",
      "Oh, okay.", "(coughs)", "[MUSIC]", " you", "Yeah, got it.", "Thank you.",
      # what Whisper tiny wrote for espeak-ng's "Mm-hm." and "Mhm."
-     "== Animation ==", "Mmmmmmmmm", "M-M-M-M-M", "Mm-hmm.", "Uhhh, okay."],
+     "== Animation ==", "Mmmmmmmmm", "M-M-M-M-M", "Mm-hmm.", "Uhhh, okay.",
+     # what it wrote for them primed with INTERJECTION_CONTEXT: repeats of the sound
+     "Mm-m-m-m-m-m-m.", "Mm-hm. Mm-hm. Mm-hm. Mm-h", "Uh-huh. Uh-huh. Uh-huh. Uh-h"],
 )  # fmt: skip
 def test_backchannels_and_noises_are_no_bid_for_the_floor(text: str) -> None:
     assert is_backchannel(text)
@@ -488,3 +491,34 @@ def test_the_command_line_client_shows_a_pause_and_a_resume(
     assert "reply paused at 1240 ms of its audio: hearing you" in caplog.text
     assert "reply resumed after a 620 ms pause (backchannel)" in caplog.text
     assert len(capsys.readouterr().out.splitlines()) == 2  # every event is still a JSON line
+
+
+class PrimedPipeline(ScriptedPipeline):
+    """A pipeline whose recogniser can be primed; records what it was primed with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: list[str] = []
+
+    async def transcribe_primed(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, context: str
+    ) -> str:
+        self.contexts.append(context)
+        return self.words
+
+
+async def test_an_interjection_is_transcribed_primed_with_backchannels() -> None:
+    pipeline = PrimedPipeline()
+    rig = Rig(lambda clock: pipeline)
+    rig.pipeline = pipeline  # what interject() makes it hear
+    try:
+        await rig.ask()
+        await rig.tick(10)
+        await interject(rig, 15, "Mm-hm. Mm-hm. Mm-hm.")
+        assert rig.conversation.session.state is TurnState.PAUSED
+        await until_state(rig, TurnState.LISTENING, frames=200)
+        assert pipeline.contexts == [INTERJECTION_CONTEXT]  # the judge's words, primed
+        assert pipeline.transcribed == 0
+        assert rig.conversation.floor.resumed == 1 and rig.conversation.floor.interrupted == 0
+    finally:
+        await rig.conversation.close()
