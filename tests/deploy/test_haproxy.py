@@ -333,8 +333,9 @@ async def test_sessions_spread_and_their_requests_reach_their_host(
         async with http.delete(f"{fleet.hosts['h1'].url}/whip/{session_id}") as resp:
             assert resp.status == 200
     print(
-        f"\nan offer to its answer (p50): {statistics.median(proxied):.1f} ms through the proxy"
-        f" (30), {statistics.median(direct):.1f} ms straight to a host (10)"
+        f"\n30 sessions spread {'/'.join(str(spread[h]) for h in HOSTS)}; an offer to its answer"
+        f" (p50): {statistics.median(proxied):.1f} ms through the proxy (30),"
+        f" {statistics.median(direct):.1f} ms straight to a host (10)"
     )
     # an unknown session is not found, whether its prefix names a host or not
     for unknown in ("h1.nothing", "h9.nothing", "nothing"):
