@@ -11,6 +11,11 @@ then calls it an interruption, and the epoch bumps through the conversation's on
 path, or not (a cough, a click, "mm-hm"), and the reply resumes from the exact sample where it
 paused. With ``vad.pause_first`` off (or ``interrupt_response`` off) confirmed speech stops the
 reply at once, as before.
+
+A sound that keeps pausing the reply and is never voice (a beeping phone, typing) is the room,
+not the user: after ``NOISY_LAPSES`` such pauses within ``NOISY_WINDOW_MS`` the gate alone no
+longer pauses the reply while gate onsets keep coming (``NOISY_HOLD_MS`` apart at most); the
+reply then pauses when the confirming model hears speech, and is judged as before.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
 PROBE_MS = 60.0  # quiet (ms) after which the end-of-turn model hears the utterance
+NOISY_LAPSES = 3  # pauses that proved no voice ...
+NOISY_WINDOW_MS = 5000.0  # ... within this long: the room is noisy
+NOISY_HOLD_MS = 5000.0  # it stays noisy while gate onsets come at most this far apart
 
 
 class Floor:
@@ -104,13 +112,15 @@ class Floor:
         self.interrupted = 0  # pauses that were
         self.heard_words: deque[str] = deque(maxlen=8)  # recent interjections' transcripts
         self._resumed_in_speech = False  # resumed while the speech over it had only paused
+        self._lapses: deque[float] = deque(maxlen=NOISY_LAPSES)  # when pauses proved no voice
+        self._noisy_until = float("-inf")  # the gate alone pauses no reply until then (ms)
 
     # --- the detector's events ----------------------------------------------------------------
     async def on_vad(self, event: VadEvent) -> None:
         state = self._session.state
         replying = state in (TurnState.THINKING, TurnState.AGENT_SPEAKING)
         if event.kind is VadEventKind.ONSET:
-            if replying and self._pauses():
+            if replying and self._pauses() and not self._noisy():
                 self._pause(event)
         elif event.kind is VadEventKind.START:
             self._metrics.speech_starts.inc()
@@ -119,6 +129,8 @@ class Floor:
                 pass  # the judge sees the speech on the next step
             elif replying and not self._settings().interrupt_response:
                 return  # speech over a reply is not heard (interrupt_response off)
+            elif replying and self._pauses() and self._in_noise() and self._pause(event):
+                pass  # a noisy room: paused at confirmed speech, judged from here
             else:
                 await self._speech_started(event.at_ms, event)
         elif state is TurnState.USER_SPEAKING:
@@ -165,11 +177,40 @@ class Floor:
     def _pauses(self) -> bool:
         return self._config.vad.pause_first and self._settings().interrupt_response
 
-    def _pause(self, event: VadEvent) -> None:
-        if self._session.pause_reply():
-            self.judge.heard(event.at_ms)
-            self._playout.barged_in(event.onset_arrival_ms, event.onset_arrival_ms)
-            self._flush()
+    def _pause(self, event: VadEvent) -> bool:
+        """Pause the reply for the voice of ``event``; whether a reply was paused."""
+        if not self._session.pause_reply():
+            return False
+        self.judge.heard(event.at_ms)
+        self._playout.barged_in(event.onset_arrival_ms, event.onset_arrival_ms)
+        self._flush()
+        return True
+
+    def _in_noise(self) -> bool:
+        """Whether the room is taken for noisy now."""
+        return self._clock.now_ms() < self._noisy_until
+
+    def _noisy(self) -> bool:
+        """Whether the room is noisy (a gate onset now): it stays so while onsets go on."""
+        if not self._in_noise():
+            return False
+        self._noisy_until = self._clock.now_ms() + NOISY_HOLD_MS
+        return True
+
+    def _lapsed(self) -> None:
+        """A pause proved no voice; the last NOISY_LAPSES within NOISY_WINDOW_MS: a noisy room."""
+        now = self._clock.now_ms()
+        self._lapses.append(now)
+        full = len(self._lapses) == NOISY_LAPSES
+        if full and now - self._lapses[0] <= NOISY_WINDOW_MS and now >= self._noisy_until:
+            self._noisy_until = now + NOISY_HOLD_MS
+            self._lapses.clear()
+            log.info(
+                "session %s: %d sounds over the reply were no voice: only confirmed speech"
+                " pauses it while such sounds go on",
+                self._sid,
+                NOISY_LAPSES,
+            )
 
     async def _judge_words(self, ask: AskWords) -> None:
         """Transcribe the interjection (from just before its onset) and let the judge decide."""
@@ -201,6 +242,8 @@ class Floor:
             self.resumed += 1
             # voice never confirmed (a click, a beep) is not speech that could go on
             confirmed = decision.reason != "no voice"
+            if not confirmed:
+                self._lapsed()
             self._resumed_in_speech = confirmed and self._detector.state is VadState.SPEECH
             self._session.resume_reply(decision.reason)
             self._flush()

@@ -1,7 +1,8 @@
 """The voice pipeline: speech recognition, a language model and speech synthesis as one
 :class:`~server.pipeline.seams.TurnPipeline`.
 
-The engines are seams (structural Protocols below): this module knows no particular model.
+The engines are seams (structural Protocols in server/pipeline/engines.py): this module knows
+no particular model.
 CPU-heavy calls (ASR, TTS) run in worker threads, never on the event loop; the LLM streams.
 """
 
@@ -11,7 +12,7 @@ import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,7 @@ import numpy.typing as npt
 from server.clock import Clock, MonotonicClock
 from server.config import PipelineConfig, SchedulerConfig
 from server.errors import RuntimeErrorBase
+from server.pipeline.engines import Asr, Llm, Message, PrefillsOpenTurn, PrimedAsr, Tts
 from server.pipeline.repetition import loop_end
 from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
 from server.runtime.chunk import PhonemeTiming, WordTiming
@@ -32,7 +34,6 @@ from server.scheduling.scheduler import make_scheduler
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
 # a Whisper tiny.en call on 2 cores of a fast machine, encoding the utterance and 1 s of silence
 ASR_COST_FIXED_MS = 40.0
 ASR_COST_MS_PER_S = 30.0  # per second of audio
@@ -52,77 +53,6 @@ class LlmWarmUpEmpty(RuntimeErrorBase):
     """The LLM's warm-up request ended without any text."""
 
     code = "llm_warm_up_empty"
-
-
-class Asr(Protocol):
-    def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str: ...
-
-
-@runtime_checkable
-class PrimedAsr(Protocol):
-    """A recogniser that reads ``context`` as said before the audio (models.asr.WhisperAsr)."""
-
-    def transcribe_after(self, pcm: npt.NDArray[np.int16], context: str) -> str: ...
-
-
-class Llm(Protocol):
-    """models.llm.LlmEngine as this module uses it (``cache_salt``: the prefix-cache scope)."""
-
-    def stream(
-        self,
-        messages: Sequence[Message],
-        request_id: str,
-        max_tokens: int,
-        *,
-        cache_salt: str | None = None,
-    ) -> AsyncIterator[str]: ...
-
-    async def prefill(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
-    ) -> Any: ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    def last_stats(self, request_id: str) -> Any: ...
-
-    async def close(self) -> None: ...
-
-
-@runtime_checkable
-class PrefillsOpenTurn(Protocol):
-    """An LLM that warms the prefix cache with a chat whose last message is still being
-    said: the prompt stops inside it, a token prefix of the reply's prompt once it is said
-    (models.llm.VllmEngine.prefill_open)."""
-
-    async def prefill_open(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
-    ) -> Any: ...
-
-
-class WordLike(Protocol):
-    @property
-    def word(self) -> str: ...
-
-    @property
-    def start(self) -> int: ...
-
-    @property
-    def end(self) -> int: ...
-
-
-class SpeechLike(Protocol):
-    @property
-    def pcm(self) -> npt.NDArray[np.int16]: ...
-
-    @property
-    def words(self) -> Sequence[WordLike]: ...
-
-    @property
-    def phonemes(self) -> Sequence[tuple[str, int, int]]: ...
-
-
-class Tts(Protocol):
-    def synthesize(self, text: str) -> SpeechLike: ...
 
 
 def to_messages(context: Sequence[ContextEntry]) -> list[Message]:

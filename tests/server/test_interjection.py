@@ -21,6 +21,7 @@ from models.tts import split_sentences
 from server.clock import FakeClock
 from server.config import load_config
 from server.conversation.conversation import Conversation
+from server.conversation.floor import NOISY_HOLD_MS, NOISY_LAPSES
 from server.conversation.interjection import (
     INTERJECTION_CONTEXT,
     AskWords,
@@ -522,3 +523,41 @@ async def test_an_interjection_is_transcribed_primed_with_backchannels() -> None
         assert rig.conversation.floor.resumed == 1 and rig.conversation.floor.interrupted == 0
     finally:
         await rig.conversation.close()
+
+
+async def test_a_room_whose_sounds_are_no_voice_stops_pausing_the_reply(rig: Rig) -> None:
+    """Three clicks in a row pause the reply and prove no voice: the fourth does not pause it
+    (a beeping phone would chop it), while confirmed speech still pauses it and is judged."""
+    await rig.ask()
+    await rig.tick(5)
+    for _ in range(NOISY_LAPSES):
+        await interject(rig, 3, confirmed=False)
+        assert rig.conversation.session.state is TurnState.PAUSED
+        await until_state(rig, TurnState.AGENT_SPEAKING, frames=50)
+        await rig.tick(2)
+    assert rig.conversation.floor.resumed == NOISY_LAPSES
+    await interject(rig, 3, confirmed=False)  # the room again: the reply plays on
+    assert rig.conversation.session.state is TurnState.AGENT_SPEAKING
+    assert rig.heard[-1].any()
+    await rig.tick(15)
+    await interject(rig, 15, "Stop.")  # the user: paused once the model confirms the voice
+    assert rig.conversation.session.state in (TurnState.PAUSED, TurnState.USER_SPEAKING)
+    for _ in range(50):  # its words are judged once it falls quiet: an interruption
+        if rig.conversation.floor.interrupted:
+            break
+        await rig.tick()
+    assert rig.conversation.floor.interrupted == 1
+    assert rig.conversation.floor.resumed == NOISY_LAPSES
+
+
+async def test_the_gate_pauses_again_once_the_room_is_quiet(rig: Rig) -> None:
+    await rig.ask()
+    await rig.tick(5)
+    for _ in range(NOISY_LAPSES):
+        await interject(rig, 3, confirmed=False)
+        await until_state(rig, TurnState.AGENT_SPEAKING, frames=50)
+    await until_state(rig, TurnState.LISTENING, frames=400)  # the reply ends; the room quiets
+    await rig.tick(round(NOISY_HOLD_MS / 20))
+    await rig.ask()
+    await interject(rig, 3, confirmed=False)
+    assert rig.conversation.session.state is TurnState.PAUSED

@@ -18,8 +18,9 @@ from server.conversation.partials import partial_due, stable_words
 from server.http.auth import token_digest
 from server.metrics import Metrics
 from server.owner import NO_OWNER
+from server.pipeline.engines import PrefillsOpenTurn
 from server.pipeline.seams import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
-from server.pipeline.voice import FirstChunkCutter, PrefillsOpenTurn, VoicePipeline, to_messages
+from server.pipeline.voice import FirstChunkCutter, VoicePipeline, to_messages
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry, Role
 from server.runtime.session_view import SessionView

@@ -1,0 +1,83 @@
+"""What the voice pipeline (server/pipeline/voice.py) needs of its engines: structural
+Protocols that models/ satisfies without knowing them (models.asr, models.llm, models.tts)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Message = dict[str, str]
+
+
+class Asr(Protocol):
+    def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str: ...
+
+
+@runtime_checkable
+class PrimedAsr(Protocol):
+    """A recogniser that reads ``context`` as said before the audio (models.asr.WhisperAsr)."""
+
+    def transcribe_after(self, pcm: npt.NDArray[np.int16], context: str) -> str: ...
+
+
+class Llm(Protocol):
+    """models.llm.LlmEngine as this module uses it (``cache_salt``: the prefix-cache scope)."""
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[str]: ...
+
+    async def prefill(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def last_stats(self, request_id: str) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PrefillsOpenTurn(Protocol):
+    """An LLM that warms the prefix cache with a chat whose last message is still being
+    said: the prompt stops inside it, a token prefix of the reply's prompt once it is said
+    (models.llm.VllmEngine.prefill_open)."""
+
+    async def prefill_open(
+        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+    ) -> Any: ...
+
+
+class WordLike(Protocol):
+    @property
+    def word(self) -> str: ...
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+
+class SpeechLike(Protocol):
+    @property
+    def pcm(self) -> npt.NDArray[np.int16]: ...
+
+    @property
+    def words(self) -> Sequence[WordLike]: ...
+
+    @property
+    def phonemes(self) -> Sequence[tuple[str, int, int]]: ...
+
+
+class Tts(Protocol):
+    def synthesize(self, text: str) -> SpeechLike: ...
