@@ -1,6 +1,7 @@
 """Benchmarks: ``python -m benchmarks`` runs the suite (see benchmarks/__main__.py)."""
 
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 from server.machine import this_machine
@@ -11,6 +12,16 @@ def pct(values: list[float], q: float) -> float:
     """Nearest-rank quantile; NaN when there are no values."""
     found = quantile(values, q)
     return float("nan") if found is None else found
+
+
+def largest_passing(steps: list[dict[str, Any]], passes: Callable[[dict[str, Any]], bool]) -> int:
+    """The ``sessions`` of the largest step that, with every smaller step before it, passes."""
+    best = 0
+    for step in steps:
+        if not passes(step):
+            break
+        best = int(step["sessions"])
+    return best
 
 
 def git(*args: str) -> str:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import source_commit
+from benchmarks import largest_passing, source_commit
 from benchmarks.netns import isolate
 from benchmarks.realtime_bench import SLOW, conversing
 from benchmarks.voice_bench import QUESTIONS, synthesize_questions
@@ -91,13 +91,8 @@ async def run(profile: str, most: int, per_session: int) -> dict[str, Any]:
                 break
     finally:
         server.stop()
-    capacity = 0
-    for step in steps:
-        if not step["passed"]:
-            break
-        capacity = step["sessions"]
     results["steps"] = steps
-    results["capacity_sessions"] = capacity
+    results["capacity_sessions"] = largest_passing(steps, lambda step: bool(step["passed"]))
     results["capacity_is_a_floor"] = bool(steps and steps[-1]["passed"])  # --max reached
     return results
 

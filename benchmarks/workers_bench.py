@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import stamped
+from benchmarks import largest_passing, stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import cpu_seconds, server_pids, settled, talking_session
 from server.fleet.router import worker_of
@@ -91,12 +91,7 @@ def passes(result: dict[str, Any], limit_ms: float) -> bool:
 
 def capacity(steps: list[dict[str, Any]], limit_ms: float) -> int:
     """The largest step that, with every smaller step, passed ``limit_ms``."""
-    best = 0
-    for result in steps:
-        if not passes(result, limit_ms):
-            break
-        best = result["sessions"]
-    return best
+    return largest_passing(steps, lambda result: passes(result, limit_ms))
 
 
 async def measure(workers: int, steps: tuple[int, ...], seconds: float) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from tests.support.server_process import (
     metric_value,
     tone_env,
 )
-from tests.support.speech import rms
+from tests.support.speech import loud_frames
 
 CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 LAN = "10.90.0"  # the hosts' private network, a bridge
@@ -270,8 +270,7 @@ class Caller:
 def longest_quiet_ms(pcm: np.ndarray[Any, Any], threshold: float = 300.0) -> tuple[float, float]:
     """(length of the loud span, the longest quiet run inside it), both in ms, over 10 ms
     frames of 48 kHz audio: a reply tone that ran dry shows a quiet run."""
-    frame = 480
-    loud = [rms(pcm[i : i + frame]) > threshold for i in range(0, len(pcm) - frame + 1, frame)]
+    loud = loud_frames(pcm, threshold, 480)
     if not any(loud):
         return 0.0, 0.0
     first, last = loud.index(True), len(loud) - 1 - loud[::-1].index(True)

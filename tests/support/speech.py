@@ -41,8 +41,12 @@ def rms(pcm: npt.NDArray[np.int16]) -> float:
     return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
 
 
+def loud_frames(pcm: npt.NDArray[np.int16], threshold: float, frame: int) -> list[bool]:
+    """For each whole ``frame``-sample frame of ``pcm``: whether its RMS is above ``threshold``."""
+    return [rms(pcm[i : i + frame]) > threshold for i in range(0, len(pcm) - frame + 1, frame)]
+
+
 def loud_seconds(pcm: npt.NDArray[np.int16], threshold: float = 1000.0, frame: int = 960) -> float:
     """Seconds of ``pcm`` (48 kHz) in whole ``frame``-sample frames (20 ms) with an RMS above
     ``threshold``: clearly audible audio, such as a reply tone."""
-    starts = range(0, len(pcm) - frame + 1, frame)
-    return sum(rms(pcm[i : i + frame]) > threshold for i in starts) * frame / 48_000
+    return sum(loud_frames(pcm, threshold, frame)) * frame / 48_000
