@@ -145,5 +145,6 @@ class EchoPath:
             "echo_gain_db": None if gain is None else round(gain, 1),
             "echo_heard": self.gate.echo_heard,
             "echo_delay_ms": None if lag is None else lag * 10,
+            "echo_follows_sent": self.gate.delay.echo,  # the level envelopes correlate
             "frames_silenced": self.gate.silenced,
         }

@@ -12,10 +12,14 @@ lag at which the level envelopes of what was sent and what was heard correlate b
 session's diagnostics: bounding the window by it let users through less often in the
 benchmark (a delay estimate a few frames off lets the echo's bound fall too soon or too late).
 
-Where nothing of the avatar comes back (the gain below ``NO_ECHO_DB``: a client that cancels
-its own echo, headphones), the audio passes untouched: WebRTC's canceller, never finding an
-echo path, keeps damping the near end while the far end plays (a steady tone over a silent
-microphone is wiped out whole), and the user's words would be lost to it.
+Where nothing of the avatar comes back, the audio passes untouched: the gain is below
+``NO_ECHO_DB`` (a client that cancels its own echo, headphones, a quiet room), or what is
+heard does not follow what was sent (no delay found in ``UNCORRELATED`` estimates and never
+``FOUND`` times: a client that cancels its own echo in a room with a steady sound, such as
+Chromium's beeping fake microphone, on which the canceller and the gain learn an echo that is
+not there and the gate would hide the user). Untouched, because WebRTC's canceller, never
+finding an echo path, keeps damping the near end while the far end plays (a steady tone over
+a silent microphone is wiped out whole), and the user's words would be lost to it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ FLOOR_QUANTILE = 0.1
 DELAY_FRAMES = 300  # the delay is estimated over the last 3 s heard while the avatar talked
 DELAY_EVERY = 50  # frames between estimates
 DELAY_CORRELATION = 0.5  # the envelopes' correlation at the lag that makes it the delay
+FOUND = 2  # estimates that found a delay: the echo comes back (for the rest of the session)
+UNCORRELATED = 2  # estimates that found none, before any was found: nothing comes back
 Pcm16k = npt.NDArray[np.int16]
 
 
@@ -85,7 +91,9 @@ class EchoGain:
 class EchoDelay:
     """The echo path's delay in 10 ms frames: the lag (0 to ``MAX_LAG_FRAMES``) at which the
     far end's level envelope best predicts what was heard while the avatar talked (a Pearson
-    correlation of the dB levels of at least ``DELAY_CORRELATION``); None until found."""
+    correlation of the dB levels of at least ``DELAY_CORRELATION``); None until found. It
+    counts the estimates that found a delay (``found``) and those that could have and did
+    not (``missed``: both envelopes moved, and no lag correlated)."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
@@ -93,6 +101,8 @@ class EchoDelay:
         self._heard: deque[tuple[int, float]] = deque(maxlen=DELAY_FRAMES)  # (sent by then, dB)
         self._since = 0
         self.lag: int | None = None
+        self.found = 0  # estimates
+        self.missed = 0
 
     def sent(self, level_db: float) -> None:
         self._far.append(level_db)
@@ -106,12 +116,20 @@ class EchoDelay:
             self._since = 0
             self.lag = self._estimate()
 
+    @property
+    def echo(self) -> bool | None:
+        """Whether what is heard follows what was sent (True once ``FOUND`` estimates found a
+        delay, False once ``UNCORRELATED`` found none before that), None until either."""
+        if self.found >= FOUND:
+            return True
+        return False if self.missed >= UNCORRELATED else None
+
     def _estimate(self) -> int | None:
         far = np.array(self._far)
         first = self._sent - len(far)  # the index of far[0] among every frame sent
         at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
         heard = np.array([level for _, level in self._heard])
-        best, best_r = None, DELAY_CORRELATION
+        best, best_r, tried = None, DELAY_CORRELATION, False
         for lag in range(MAX_LAG_FRAMES + 1):
             ok = at - lag >= 0
             if ok.sum() < DELAY_FRAMES // 2:
@@ -119,22 +137,28 @@ class EchoDelay:
             x, y = far[at[ok] - lag], heard[ok]
             if x.std() < 1e-6 or y.std() < 1e-6:
                 continue
+            tried = True
             r = float(np.corrcoef(x, y)[0, 1])
             if r > best_r:
                 best, best_r = lag, r
+        if best is not None:
+            self.found += 1
+        elif tried:
+            self.missed += 1
         return best
 
 
 class ResidualEchoGate:
     """Silences, for the voice detector, what the canceller left of the echo while the avatar
     talks: a frame whose level as heard is below the echo's bound becomes white noise at the
-    noise floor. The bound is the loudest frame sent in the last 750 ms (every delay up to
-    ``MAX_LAG_FRAMES`` and its reverberation) plus the gain (nearly the loudest the echo alone
-    came back) plus ``GATE_MARGIN_DB``. The level is judged as heard, not after cancelling: a
-    canceller relearning the path adds energy, and one not sure of it damps a user talking over
-    the far end (WebRTC's wipes one out whole over a steady tone while it is still learning).
-    Once the canceller has found the path, a loud frame it took ``CANCELLED_DB`` or more from
-    is the echo's own peak, not the user (whom it damps far less)."""
+    noise floor (at the frame's own level where that is lower). The bound is the loudest
+    frame sent in the last 750 ms (every delay up to ``MAX_LAG_FRAMES`` and its reverberation)
+    plus the gain (nearly the loudest the echo alone came back) plus ``GATE_MARGIN_DB``. The
+    level is judged as heard, not after cancelling: a canceller relearning the path adds
+    energy, and one not sure of it damps a user talking over the far end (WebRTC's wipes one
+    out whole over a steady tone while it is still learning). Once the canceller has found
+    the path, a loud frame it took ``CANCELLED_DB`` or more from is the echo's own peak, not
+    the user (whom it damps far less)."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + REVERB_FRAMES)
@@ -177,7 +201,7 @@ class ResidualEchoGate:
         if talking:
             self.delay.heard(db(heard_power))
             self._wide.learn(db(heard_power) - db(wide), alone)
-        if self._wide.trusted and self._wide.any_db < NO_ECHO_DB:
+        if self.echo_heard is False:
             return heard, heard
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
             return heard, heard
@@ -186,7 +210,11 @@ class ResidualEchoGate:
             return heard, heard
         self.silenced += 1
         self.since_silenced = 0
-        noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(self._floor)
+        # never louder than the frame itself: right after the user spoke the floor's window
+        # still holds their words, and noise at that level over a silent microphone (a client
+        # that sends digital silence) is an onset to the voice gate
+        level = min(self._floor, heard_power)
+        noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(level)
         comfort: Pcm16k = np.clip(noise, -32768, 32767).astype(np.int16)
         return cleaned, comfort
 
@@ -198,8 +226,14 @@ class ResidualEchoGate:
 
     @property
     def echo_heard(self) -> bool | None:
-        """Whether any of the avatar's voice comes back (None before the gain is trusted)."""
-        return None if not self._wide.trusted else self._wide.any_db >= NO_ECHO_DB
+        """Whether any of the avatar's voice comes back: False where nothing is heard while it
+        talks (the gain not yet trusted: unknown) or where what is heard does not follow it,
+        None before either is known."""
+        if self._wide.trusted and self._wide.any_db < NO_ECHO_DB:
+            return False
+        if self.delay.echo is False:
+            return False
+        return True if self._wide.trusted else None
 
 
 def mean_square(pcm: Pcm16k) -> float:
