@@ -3,18 +3,26 @@
 The set: 40 complete utterances and 40 with a mid-sentence pause of 400-900 ms ("I'd like to
 go to ... Paris next summer", half of them with a filler before the pause), spoken by the joe
 voice (the server's own TTS; a different voice from the one of the replies is not needed:
-nothing here is a reply). Each is fed, 20 ms frame by 20 ms frame in real time, to two
-conversations at once, built as the server builds them (webrtcvad + Silero, the real turn
-detector and floor):
+nothing here is a reply). Each is fed, 20 ms frame by 20 ms frame in real time, to
+conversations built as the server builds them (webrtcvad + Silero, the real turn detector and
+floor), in three passes:
 
-- **semantic**: the end-of-turn model (Smart Turn v3.2) judges the utterance at a pause: it
-  ends after ``vad.complete_silence_ms`` when it sounds complete, else after
-  ``vad.incomplete_silence_ms``;
-- **fixed**: the baseline, ``vad.end_of_turn_ms`` (600 ms) for every turn.
+1. side by side, without a recogniser:
+   - **semantic**: the end-of-turn model (Smart Turn v3.2) judges the utterance at a pause: it
+     ends after ``vad.complete_silence_ms`` when it sounds complete, else after
+     ``vad.incomplete_silence_ms``;
+   - **fixed**: the baseline, ``vad.end_of_turn_ms`` (600 ms) for every turn;
+2. **recognised**: semantic, in a conversation with the embedded voice pipeline's partial
+   transcripts and LLM warm-ups running as in a call (no replies: ``create_response`` off),
+   ``vad.unfinished_words`` off;
+3. **words**: the same with ``vad.unfinished_words`` on: a turn that sounds complete waits for
+   the partial transcript of its pause, and words that stop mid-sentence keep it open.
 
 Reported for each: the silence from the end of speech to the turn's end on complete utterances
 (p50, p90; goal <= 250 ms) and the share of incomplete ones cut off at their pause (goal <= 5 %),
-over all 80 and over the 64 held out from the 8 + 8 that chose ``vad.complete_probability``.
+over all 80 and over the 64 held out from the 8 + 8 that chose ``vad.complete_probability``;
+with a recogniser also the silence from the end of speech to the final transcript (what the
+reply waits for).
 
 The LLM alternative (``--llm``): the default LLM's probability that the user's message ends
 after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
@@ -35,7 +43,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,7 @@ import numpy.typing as npt
 from benchmarks import pct, stamped
 from server.config import Config, load_config
 from server.conversation.conversation import Conversation
+from server.conversation.realtime_session import SessionPatch
 from server.metrics import Metrics
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.runtime.media import FRAME_SAMPLES
@@ -139,6 +148,7 @@ UNFINISHED = [
 ]
 FILLERS = ("um", "uh")
 QUESTION_WORDS = {"Can", "What", "How", "Could", "Do", "Is", "Why", "When", "Where", "Who"}
+FINAL = "conversation.item.input_audio_transcription.completed"
 DEV = 8  # the first 8 of each kind chose vad.complete_probability (0.9); the rest are held out
 
 
@@ -173,7 +183,7 @@ def build_set(quick: bool, rng: random.Random) -> list[Utterance]:
     def silence(ms: float) -> PCM:
         return np.zeros(int(ms * RATE / 1000), np.int16)
 
-    lead, tail = silence(300), silence(1600)
+    lead, tail = silence(300), silence(2400)  # the tail: the final transcript after 1200 ms
     out: list[Utterance] = []
     complete = COMPLETE[:8] if quick else COMPLETE
     unfinished = UNFINISHED[:8] if quick else UNFINISHED
@@ -192,19 +202,47 @@ def build_set(quick: bool, rng: random.Random) -> list[Utterance]:
     return out
 
 
-def conversation(config: Config, completeness: TurnCompleteness | None, name: str) -> Any:
+def conversation(
+    config: Config, completeness: TurnCompleteness | None, name: str, pipeline: Any = None
+) -> Any:
     from models.vad import SileroModel, WebRtcGate
 
     vad = config.vad
     detector = TurnDetector(WebRtcGate(vad.aggressiveness), SileroModel().stream(), vad)
     detector.completeness = completeness
-    return Conversation(name * 16, config, detector, None, Metrics())
+    conv = Conversation(name * 16, config, detector, pipeline, Metrics())
+    if pipeline is not None:  # partial transcripts and warm-ups as in a call; no replies
+        conv.configure(SessionPatch(turn={"create_response": False}))
+        conv.start()
+    return conv
 
 
-async def feed(conversations: list[Any], utterance: Utterance) -> list[float | None]:
-    """Frames in real time to every conversation; where in the utterance (ms) each ended the
-    user's turn (None: never)."""
+@dataclass(frozen=True)
+class Mode:
+    """One way of ending turns: ``model`` (Smart Turn, or None: the fixed silence), the
+    voice ``pipeline`` whose partials run (None: none), and settings."""
+
+    name: str
+    model: TurnCompleteness | None
+    pipeline: Any = None
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Heard:
+    """Where in the utterance (ms) a conversation ended the user's turn, and where its final
+    transcript came out (None: never), with the transcript."""
+
+    ended_ms: float | None
+    transcript_ms: float | None = None
+    transcript: str | None = None
+
+
+async def feed(conversations: list[Any], utterance: Utterance) -> list[Heard]:
+    """Frames in real time to every conversation; where each ended the user's turn and gave
+    its final transcript."""
     ended: list[float | None] = [None] * len(conversations)
+    finals: list[tuple[float, str] | None] = [None] * len(conversations)
     bases = [conv.detector.position_ms for conv in conversations]  # where this one starts
     samples = utterance.audio
     started = time.monotonic()
@@ -218,9 +256,16 @@ async def feed(conversations: list[Any], utterance: Utterance) -> list[float | N
             now = conv.session.state
             if ended[i] is None and was is TurnState.USER_SPEAKING is not now:
                 ended[i] = conv.detector.position_ms - bases[i]
+            while conv.outlet.pending:  # no client: the events are read here
+                event = conv.outlet.pending.popleft()
+                if event.get("type") == FINAL and finals[i] is None:
+                    finals[i] = (conv.detector.position_ms - bases[i], event["transcript"])
         delay = started + (n + 1) * 0.02 - time.monotonic()
         await asyncio.sleep(max(0.0, delay))
-    return ended
+    return [
+        Heard(end, None, None) if final is None else Heard(end, *final)
+        for end, final in zip(ended, finals, strict=True)
+    ]
 
 
 def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
@@ -228,7 +273,7 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     silences = [c["silence_ms"] for c in complete if c["silence_ms"] is not None]
     unfinished = [r[mode] for r in rows if r["kind"] == "unfinished"]
     cut = sum(bool(u["cut_off"]) for u in unfinished)
-    return {
+    summary = {
         "complete": len(complete),
         "complete_never_ended": sum(c["silence_ms"] is None for c in complete),
         "silence_p50_ms": round(statistics.median(silences), 1) if silences else None,
@@ -237,45 +282,81 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         "cut_off_at_the_pause": cut,
         "cut_off_share": round(cut / len(unfinished), 3) if unfinished else None,
     }
+    finals = [c["transcript_ms"] for c in complete if c.get("transcript_ms") is not None]
+    if finals:  # speech end -> final transcript: what the reply waits for
+        summary["final_transcript_p50_ms"] = round(statistics.median(finals), 1)
+        summary["final_transcript_p90_ms"] = round(pct(finals, 0.9), 1)
+        summary["final_transcript_missing"] = len(complete) - len(finals)
+    return summary
+
+
+def result(u: Utterance, heard: Heard) -> dict[str, Any]:
+    out: dict[str, Any] = {"ended_at_ms": heard.ended_ms}
+    end = heard.ended_ms
+    if u.pause_ms is None:
+        out["silence_ms"] = None if end is None else round(end - u.speech_end_ms, 1)
+        if heard.transcript_ms is not None:
+            out["transcript_ms"] = round(heard.transcript_ms - u.speech_end_ms, 1)
+    else:
+        pause_start, pause = u.pause_ms
+        out["cut_off"] = end is not None and end < pause_start + pause
+    if heard.transcript is not None:
+        out["transcript"] = heard.transcript
+    return out
 
 
 async def run(quick: bool, llm: bool) -> dict[str, Any]:
     from models.turn import SmartTurn
+    from server.pipeline.wiring import voice_pipeline
 
     rng = random.Random(11)
     utterances = build_set(quick, rng)
     base = {"pipeline.factory": "", "server.log_level": "WARNING"}
-    semantic = conversation(load_config(overrides=base), SmartTurn(), "s")
-    fixed = conversation(load_config(overrides={**base, "vad.semantic": "false"}), None, "f")
-    rows: list[dict[str, Any]] = []
-    for u in utterances:
-        ended = await feed([semantic, fixed], u)
-        row: dict[str, Any] = {"text": u.text, "kind": "complete" if u.pause_ms is None else
-                               "unfinished", "dev": u.dev}  # fmt: skip
-        if u.pause_ms is not None:
-            row["pause_ms"] = round(u.pause_ms[1])
-        for mode, end in zip(("semantic", "fixed"), ended, strict=True):
-            result: dict[str, Any] = {"ended_at_ms": end}
-            if u.pause_ms is None:
-                result["silence_ms"] = None if end is None else round(end - u.speech_end_ms, 1)
-            else:
-                pause_start, pause = u.pause_ms
-                result["cut_off"] = end is not None and end < pause_start + pause
-            row[mode] = result
-        row["model_probabilities"] = list(semantic.floor.turn_probabilities)
-        semantic.floor.turn_probabilities.clear()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    await semantic.close()
-    await fixed.close()
+    model = SmartTurn()
+    rows: list[dict[str, Any]] = [
+        {"text": u.text, "kind": "complete" if u.pause_ms is None else "unfinished", "dev": u.dev}
+        | ({} if u.pause_ms is None else {"pause_ms": round(u.pause_ms[1])})
+        for u in utterances
+    ]
+    # pass 1: Smart Turn on the audio alone, and the fixed silence, side by side (no models
+    # but the VAD's and Smart Turn run); then, one at a time, a conversation with the real
+    # recogniser's partials and warm-ups (the embedded pipeline): Smart Turn alone, and Smart
+    # Turn with the words at the pause
+    pipeline = await voice_pipeline(load_config(overrides=base))
+    no_words = {"vad.unfinished_words": "false"}
+    passes = [
+        [Mode("semantic", model), Mode("fixed", None, settings={"vad.semantic": "false"})],
+        [Mode("recognised", model, pipeline, no_words)],
+        [Mode("words", model, pipeline, {"vad.unfinished_words": "true"})],
+    ]
+    try:
+        for stage in passes:
+            convs = [
+                conversation(
+                    load_config(overrides={**base, **m.settings}), m.model, m.name[0], m.pipeline
+                )
+                for m in stage
+            ]
+            for row, u in zip(rows, utterances, strict=True):
+                heard = await feed(convs, u)
+                for m, h in zip(stage, heard, strict=True):
+                    row[m.name] = result(u, h)
+                if stage[0].model is not None:
+                    turns = convs[0].floor.turn_probabilities
+                    row[f"{stage[0].name}_probabilities"] = list(turns)
+                    turns.clear()
+                print(json.dumps({k: row[k] for k in ("text", *(m.name for m in stage))}))
+            for conv in convs:
+                await conv.close()
+    finally:
+        await pipeline.close()
     held_out = [r for r in rows if not r["dev"]]
+    modes = ("semantic", "fixed", "recognised", "words")
     results: dict[str, Any] = {
-        "semantic": summarize(rows, "semantic"),
-        "fixed_600ms": summarize(rows, "fixed"),
-        "held_out": {"semantic": summarize(held_out, "semantic"),
-                     "fixed_600ms": summarize(held_out, "fixed")} if held_out else None,
+        **{mode: summarize(rows, mode) for mode in modes},
+        "held_out": {mode: summarize(held_out, mode) for mode in modes} if held_out else None,
         "utterances": rows,
-    }  # fmt: skip
+    }
     if llm:
         results["llm"] = await llm_verdicts(quick)
     return results

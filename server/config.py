@@ -336,6 +336,12 @@ class VadConfig:
         min=100,
         max=10_000,
     )
+    unfinished_words: bool = _setting(
+        True,
+        "With a semantic end of turn and partial transcripts, a turn that sounds complete also "
+        "waits for the partial transcript of the pause; English words that stop mid-sentence "
+        "('... go to', '... and') keep it open for incomplete_silence_ms.",
+    )
     onset_ms: int = _setting(
         40,
         "Audio (ms) the gate alone calls voice that pauses a reply at once, before the "

@@ -3,7 +3,11 @@
 The user's turn ends after ``end_of_turn_ms`` of silence (the turn detector's stop). With a
 semantic end of turn (``semantic_vad``), the end-of-turn model hears the utterance as soon as
 the user pauses (``PROBE_MS``): when it sounds complete the turn ends after the shorter
-``complete_wait_ms``, else the detector's longer wait holds (a pause mid-sentence).
+``complete_wait_ms``, else the detector's longer wait holds (a pause mid-sentence). Where
+partial transcripts run, the turn that sounds complete also waits (up to ``WORDS_WAIT_MS`` of
+quiet) for the partial loop's decode of the pause, the final transcript in waiting: words that
+stop mid-sentence ("... go to") keep it open for the longer wait
+(server/conversation/unfinished.py).
 
 Voice over a reply pauses it at once (the gate's onset): a short fade, the playback cursor
 held, every unplayed chunk kept. The interjection judge (server/conversation/interjection.py)
@@ -40,10 +44,11 @@ from server.conversation.interjection import (
     Listening,
     Verdict,
 )
-from server.conversation.partials import Partials
+from server.conversation.partials import MIN_PARTIAL_SAMPLES, Partials
 from server.conversation.playout import Playout
 from server.conversation.realtime_session import TurnSettings
 from server.conversation.reply import Replies
+from server.conversation.unfinished import Words, words_at_pause
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.seams import PrimedTranscripts, TurnPipeline, TurnTrace
@@ -58,6 +63,7 @@ log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
 PROBE_MS = 60.0  # quiet (ms) after which the end-of-turn model hears the utterance
+WORDS_WAIT_MS = 600.0  # quiet (ms) up to which a complete-sounding turn waits for its words
 NOISY_LAPSES = 3  # pauses that proved no voice ...
 NOISY_WINDOW_MS = 5000.0  # ... within this long: the room is noisy
 NOISY_HOLD_MS = 5000.0  # it stays noisy while gate onsets come at most this far apart
@@ -274,10 +280,29 @@ class Floor:
             self._probing = True
             self._spawn(self._probe(self._probe_gen, audio), "end-of-turn")
         if self._complete and quiet >= wait:
+            words = self._words(quiet)
+            if words is Words.WAIT:
+                return
+            if words is Words.UNFINISHED:  # the detector's longer wait holds
+                self._complete = False
+                log.debug("session %s: the words at the pause sound unfinished", self._sid)
+                return
             event = self._detector.end_turn()
             assert event is not None
             await self.end_user_turn(event.at_ms)
             self._flush()
+
+    def _words(self, quiet_ms: float) -> Words:
+        """What the partial loop's transcript of this pause says (server/conversation/
+        unfinished.py); nothing against ending the turn where no partials run."""
+        if self._partials_task is None or not self._config.vad.unfinished_words:
+            return Words.END
+        partial, samples = self._partials.partial, self._utterance.samples
+        pause_start = samples - int(quiet_ms * 16)
+        coming = samples >= MIN_PARTIAL_SAMPLES
+        return words_at_pause(
+            partial.covered, partial.text, pause_start, quiet_ms, coming, WORDS_WAIT_MS
+        )
 
     async def _probe(self, gen: int, audio: npt.NDArray[np.int16]) -> None:
         """The end-of-turn model hears the utterance (in a worker thread)."""

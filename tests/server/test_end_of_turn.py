@@ -13,8 +13,13 @@ import asyncio
 import numpy as np
 import numpy.typing as npt
 
+import pytest
+
+from server.conversation import partials
+from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
 from server.runtime.turn import TurnState
-from tests.server.test_interjection import Rig
+from server.scheduling.engine_queue import JobTag, ShedWork
+from tests.server.test_interjection import Rig, ScriptedPipeline
 
 
 class Verdicts:
@@ -98,3 +103,103 @@ async def test_without_the_model_a_turn_ends_after_the_fixed_silence() -> None:
         assert 600.0 <= silence <= 700.0
     finally:
         await rig.conversation.close()
+
+
+class Partials(ScriptedPipeline):
+    """A recogniser whose partial transcripts say ``partial`` (or are shed, ``None``)."""
+
+    def __init__(self, partial: str | None) -> None:
+        super().__init__()
+        self.partial = partial
+        self.decodes = 0
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        self.decodes += 1
+        if self.partial is None:
+            raise ShedWork("the engine is busy")
+        return self.partial
+
+
+def rig_with(monkeypatch: pytest.MonkeyPatch, partial: str | None) -> tuple[Rig, Partials]:
+    """A complete-sounding utterance (the model says 0.9) whose partial transcripts say
+    ``partial``; the partial loop looks every event-loop turn (the rig's clock is fake)."""
+    monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
+    recogniser = Partials(partial)
+    rig = Rig(
+        pipeline=lambda _: recogniser,
+        settings={"pipeline.incremental": "true"},
+        completeness=Verdicts(0.9),
+    )
+    return rig, recogniser
+
+
+async def test_words_that_stop_mid_sentence_keep_a_complete_sounding_turn_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rig, recogniser = rig_with(monkeypatch, "I would like to go to")
+    try:
+        await speak(rig, 40)
+        silence = await quiet_until_the_turn_ends(rig, limit=100)
+        assert 1200.0 <= silence <= 1300.0  # vad.incomplete_silence_ms
+        assert recogniser.decodes >= 2  # while speaking, and the pause's
+    finally:
+        await rig.conversation.close()
+
+
+async def test_a_finished_sentence_ends_after_the_short_silence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rig, _ = rig_with(monkeypatch, "I would like to go to Paris next summer.")
+    try:
+        await speak(rig, 40)
+        assert 160.0 <= await quiet_until_the_turn_ends(rig) <= 260.0
+    finally:
+        await rig.conversation.close()
+
+
+async def test_without_the_pauses_words_the_turn_waits_for_them_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rig, recogniser = rig_with(monkeypatch, None)  # every partial shed: the engine is busy
+    try:
+        await speak(rig, 40)
+        silence = await quiet_until_the_turn_ends(rig, limit=100)
+        assert 600.0 <= silence <= 700.0  # WORDS_WAIT_MS, not the long silence
+        assert recogniser.decodes > 0
+    finally:
+        await rig.conversation.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "unfinished"),
+    [
+        ("I would like to go to", True),  # no final mark: the voice trailed off
+        ("How many people live in?", False),  # a particle may end a sentence: the model judges
+        ("What is the fastest way to get to?", True),
+        ("I need to buy a present for my.", True),
+        ("Tell me a story about a", True),
+        ("What I really want to know is...", True),
+        ("Yesterday I went to the market and,", True),
+        ("How much water should I?", True),
+        ("Um.", True),
+        ("What is the capital of France?", False),
+        ("Yes, I can.", False),
+        ("Hold on.", False),
+        ("Can you do that?", False),
+        ("", False),
+    ],
+)
+def test_which_words_sound_unfinished(text: str, unfinished: bool) -> None:
+    assert sounds_unfinished(text) is unfinished
+
+
+def test_the_words_at_a_pause() -> None:
+    at = 16_000  # the pause began one second into the utterance
+    assert words_at_pause(at, "Go to", at, 200.0, True, 600.0) is Words.UNFINISHED
+    assert words_at_pause(at + 1600, "Go home.", at, 200.0, True, 600.0) is Words.END
+    # the latest partial did not hear all the speech: wait for the pause's decode, a while
+    assert words_at_pause(at - 1, "Go", at, 200.0, True, 600.0) is Words.WAIT
+    assert words_at_pause(at - 1, "Go", at, 600.0, True, 600.0) is Words.END
+    assert words_at_pause(at - 1, "Go", at, 200.0, False, 600.0) is Words.END  # none coming
