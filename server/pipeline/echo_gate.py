@@ -227,8 +227,8 @@ class ResidualEchoGate:
     @property
     def echo_heard(self) -> bool | None:
         """Whether any of the avatar's voice comes back: False where nothing is heard while it
-        talks (the gain not yet trusted: unknown) or where what is heard does not follow it,
-        None before either is known."""
+        talks (once the gain is trusted) or where what is heard does not follow it (once the
+        delay estimates say so), None until one of them is known."""
         if self._wide.trusted and self._wide.any_db < NO_ECHO_DB:
             return False
         if self.delay.echo is False:

@@ -12,7 +12,6 @@ import asyncio
 
 import numpy as np
 import numpy.typing as npt
-
 import pytest
 
 from server.conversation import partials
