@@ -43,7 +43,7 @@ def cer(reference: str, hypothesis: str) -> float:
 server = server_process(
     {
         "server.debug_endpoints": "true",
-        "vad.echo_cancellation": "true",  # on for every test here: they pass with it
+        "vad.echo_cancellation": "true",  # the default, stated: these tests rely on it
         "transport.connect_timeout_s": "60",
         # the barge-in test speaks over the reply's second chunk: a first chunk of 6 words
         # (not the calibration's 3 on a slow LLM) leaves a long one behind it
@@ -187,7 +187,7 @@ async def test_a_reply_over_its_own_echo_plays_out_and_the_user_still_stops_it(
         await asyncio.sleep(0.8)
         spoke = len(peer.events)
         # a user not heard says it again, as people do: a single phrase over a loud echo is
-        # missed now and then (BENCHMARKS.md, "The avatar's own echo": 8-10 of 10 at once)
+        # missed now and then (BENCHMARKS.md, "The avatar's own echo": 7-10 of 10 at once)
         for attempt in range(3):
             peer.mic.play(stop)
             try:
