@@ -8,7 +8,6 @@ The far end is the joe voice as the server sends it (48 kHz, 20 ms pulls, throug
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -22,10 +21,10 @@ from server.config import VadConfig
 from server.pipeline.echo import EchoPath
 from server.pipeline.turn_detector import TurnDetector, VadEventKind
 from server.runtime.media import resample
+from tests.server.test_turn_detector import chromium_fake_microphone
 from tests.support.echo import room_response
 
 PCM = npt.NDArray[np.int16]
-DATA = Path(__file__).resolve().parents[1] / "data"
 PULL = 960  # the audio track's 20 ms at 48 kHz
 HEARD = 320  # the same 20 ms at 16 kHz
 
@@ -165,18 +164,18 @@ def test_a_beeping_room_with_no_echo_is_not_taken_for_one(
     # 500 ms): the canceller takes 10 dB and more from the beeps, and the gain learnt from
     # them (+8 dB) would hide the user; the beeps do not follow what was sent, so once the
     # delay estimates find nothing the audio passes untouched
-    beeps = np.load(DATA / "chromium_fake_mic.npz")["pcm"].astype(np.int16)
-    mic = resample(beeps, 16_000, 48_000)[: len(reply)].astype(np.int32)
+    mic = resample(chromium_fake_microphone(), 16_000, 48_000)[: len(reply)].astype(np.int32)
     user = voice_model.synthesize("Wait, stop, tell me about Rome instead.").pcm
     at = len(reply) // 2  # four seconds into the reply
     quieter = (user * 10 ** (-6 / 20)).astype(np.int32)  # 6 dB under the avatar as sent
     mic[at : at + len(user)] += quieter[: len(mic) - at]
     path = EchoPath(WebRtcEchoCanceller())
-    words, voice = through(path, reply, np.clip(mic, -32768, 32767).astype(np.int16))
+    mic16 = np.clip(mic, -32768, 32767).astype(np.int16)
+    words, voice = through(path, reply, mic16)
     figures = path.describe()
     assert figures["echo_heard"] is False and figures["echo_follows_sent"] is False, figures
     assert figures["frames_silenced"] <= 300, figures  # the first 2-3 s of the avatar talking
-    heard = resample(np.clip(mic, -32768, 32767).astype(np.int16), 48_000, 16_000)
+    heard = resample(mic16, 48_000, 16_000)
     span = slice(at // 3, (at + len(user)) // 3)
     assert np.array_equal(voice[span], heard[span]) and np.array_equal(words[span], heard[span])
     starts = [
