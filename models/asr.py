@@ -38,6 +38,7 @@ MAX_CONTEXT_TOKENS = 64  # of a previous-text prompt (Whisper reads up to 224)
 NO_SPEECH_PROB = 0.6  # as faster-whisper: no speech when above this ...
 LOW_LOGPROB = -1.0  # ... and the text's average log probability is below this
 LOOP_WORDS = 3  # a sentence starting with the first three words again is a loop
+SENTENCE_MARKS = ".?!,;:…"  # punctuation that may end a word
 
 
 class AsrError(RuntimeError):
@@ -101,6 +102,29 @@ def cut_loop(text: str) -> str:
     return text
 
 
+def undecided_end(prefix: str) -> str:
+    """The words of ``prefix`` without the punctuation after its last word: where the stable
+    words of two partials stop, their last mark is not decided ("How much water should I?"
+    while the user pauses before "drink every day"), and forced on the decoder it makes
+    Whisper start a new sentence and loop ("... should I? Drink every day? Drink every")."""
+    return prefix.strip().rstrip(SENTENCE_MARKS).rstrip()
+
+
+def continue_after(prefix: str, continuation: str) -> str:
+    """The text of a decode forced to start with ``prefix``: the ``continuation`` (as the
+    tokenizer decoded it, a leading space included) cut where it loops, and dropped in favour of
+    itself alone where it reads the audio again from its start (it begins with the prefix's
+    first words: "Good morning" + "Good morning, how are you today?")."""
+    cut = cut_loop(continuation.strip())
+    head = [_plain(w) for w in prefix.split()][:LOOP_WORDS]
+    if head and [_plain(w) for w in cut.split()][: len(head)] == head:
+        return cut
+    if not cut:
+        return prefix
+    gap = " " if continuation[:1].isspace() or cut[:1].isalnum() else ""
+    return prefix + gap + cut
+
+
 class WhisperAsr:
     """Whisper tiny.en on CPU (int8), greedy decoding in English, one call at a time.
 
@@ -152,9 +176,11 @@ class WhisperAsr:
         """Text of a 16 kHz mono int16 utterance, stripped; "" when nothing was said.
 
         ``prefix``: words already decided for the start of this audio (the stable words of
-        earlier partial transcripts); the decoder continues after them, and the text returned
-        starts with them. Text Whisper judges to be no speech (``no_speech_prob`` > 0.6 with a
-        low average log probability), or without any letter or digit, counts as nothing said.
+        earlier partial transcripts); the decoder continues after them (their last mark left
+        open: ``undecided_end``), and the text returned starts with them, unless the decoder
+        read the audio again from its start (``continue_after``). Text Whisper judges to be
+        no speech (``no_speech_prob`` > 0.6 with a low average log probability), or without
+        any letter or digit, counts as nothing said.
         """
         return self._transcribe(pcm, prefix, "")
 
@@ -173,8 +199,9 @@ class WhisperAsr:
         audio = np.zeros(frames * HOP, np.float32)
         clip = pcm[: audio.size].astype(np.float32) / 32768.0
         audio[: clip.size] = clip
-        forced = self._tokenizer.encode(" " + prefix.strip(), add_special_tokens=False).ids
-        forced = forced if prefix.strip() else []
+        prefix = undecided_end(prefix)
+        forced = self._tokenizer.encode(" " + prefix, add_special_tokens=False).ids
+        forced = forced if prefix else []
         max_tokens = len(forced) + MIN_TOKENS + int(TOKENS_PER_S * clip.size / RATE_HZ)
         before = []
         if context.strip():
@@ -190,7 +217,10 @@ class WhisperAsr:
             return ""
         # the result holds the forced prefix too
         tokens = [t for t in result.sequences_ids[0] if t < self._prompt[0]]
-        text = cut_loop(self._tokenizer.decode(tokens).strip())
+        n = len(forced) if tokens[: len(forced)] == forced else 0
+        decode = self._tokenizer.decode
+        text = continue_after(decode(tokens[:n]), decode(tokens[n:])) if n else decode(tokens)
+        text = cut_loop(text.strip())
         return text if any(ch.isalnum() for ch in text) else ""
 
     def _decode(

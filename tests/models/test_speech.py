@@ -16,7 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.asr import FULL_WINDOW_S, WhisperAsr, Window, cut_loop
+from models.asr import (
+    FULL_WINDOW_S,
+    WhisperAsr,
+    Window,
+    continue_after,
+    cut_loop,
+    undecided_end,
+)
 from models.phonemes import Phonemizer, assign_words, espeak_symbols, verbalise
 from models.tts import (
     RATE_HZ,
@@ -111,6 +118,58 @@ def test_asr_window_follows_the_audio() -> None:
 )
 def test_cut_loop(text: str, kept: str | None) -> None:
     assert cut_loop(text) == (kept or text)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "continuation", "text"),
+    [
+        # the decoder read on after the pause, then looped over the words it had just read
+        (
+            "How much water should I",
+            " drink every day? Drink every",
+            "How much water should I drink every day?",
+        ),
+        (
+            "How many people live in",
+            " New York City? New York City?",
+            "How many people live in New York City?",
+        ),
+        # it read the audio again from its start: the continuation alone is the text
+        ("Good morning", " Good morning. How are you today?", "Good morning. How are you today?"),
+        ("Thanks", " Thanks, that was really helpful.", "Thanks, that was really helpful."),
+        # a plain continuation, one that starts with a mark, and none at all
+        ("Please open the", " window in the kitchen.", "Please open the window in the kitchen."),
+        ("Thanks", ", that was really helpful.", "Thanks, that was really helpful."),
+        ("What is the capital of France", "", "What is the capital of France"),
+    ],
+)
+def test_a_continuation_after_the_stable_words_is_cut_where_it_loops(
+    prefix: str, continuation: str, text: str
+) -> None:
+    assert continue_after(prefix, continuation) == text
+
+
+def test_the_stable_words_end_undecided() -> None:
+    # the mark after the last stable word is not decided: the next words may follow it
+    assert undecided_end(" How much water should I? ") == "How much water should I"
+    assert undecided_end("Good morning.") == "Good morning"
+    assert undecided_end("Well, so") == "Well, so"
+    assert undecided_end("") == ""
+
+
+def test_asr_continues_after_a_pause_without_reading_it_twice(
+    tts: OnnxVoiceTts, asr: WhisperAsr
+) -> None:
+    # the stable words of the partials at a mid-sentence pause end in a mark ("should I?");
+    # forced on the decoder as they were, Whisper read "Drink every day? Drink every"
+    pause = np.zeros(9600, np.int16)  # 600 ms at 16 kHz
+    said = ("How much water should I", "drink every day?")
+    parts = [resample(tts.synthesize(t).pcm, RATE_HZ, 16_000) for t in said]
+    pcm = np.concatenate([parts[0], pause, parts[1]])
+    heard = asr.transcribe(pcm, prefix="How much water should I?")
+    assert heard.startswith("How much water should I "), heard
+    assert words_of(heard).count("drink") == 1, heard
+    assert words_of(heard)[-3:] == ["drink", "every", "day"], heard
 
 
 def test_asr_continues_after_a_prefix(tts: OnnxVoiceTts, asr: WhisperAsr) -> None:
