@@ -152,6 +152,7 @@ class ClientPeer:
         self.session_id: str | None = None
         # from the last session description: ``x-avatar.session`` (GA), ``session.created``
         self.resume_token: str | None = None
+        self.last_event_id: str | None = None  # of the last event received (said on a resume)
         self.response_id: str | None = None  # the GA response in progress, if any
         self.posted_at = 0.0  # time.monotonic() when the last offer was posted
         self.resumes: list[float] = []  # seconds from each resume POST to its first audio frame
@@ -188,6 +189,8 @@ class ClientPeer:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = self.pc.localDescription.sdp
         resume = {} if resume_token is None else {"Avatar-Resume-Token": resume_token}
+        if resume_token is not None and self.last_event_id is not None:
+            resume["Avatar-Last-Event-Id"] = self.last_event_id  # what we got: the rest again
         async with aiohttp.ClientSession() as http:
             self.posted_at = time.monotonic()
             if self.whip:
@@ -200,8 +203,10 @@ class ClientPeer:
                     answer = await resp.text()
             else:
                 body = {"sdp": offer, "type": "offer"}
-                if resume_token is not None:
+                if resume_token is not None:  # the same in the body's fields
                     body["resume_token"] = resume_token
+                    if self.last_event_id is not None:
+                        body["last_event_id"] = self.last_event_id
                 async with http.post(f"{self.base_url}/offer", json=body) as resp:
                     if resp.status != 200:
                         raise RuntimeError(f"offer {resp.status}: {await resp.text()}")
@@ -291,6 +296,8 @@ class ClientPeer:
                 self.response_id = response_id
             elif response_id == self.response_id:
                 self.response_id = None
+        if isinstance(event.get("event_id"), str):
+            self.last_event_id = event["event_id"]
         self.events.append((time.monotonic(), event))
         self._event_signal.set()
         if self._on_event is not None:

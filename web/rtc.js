@@ -141,15 +141,17 @@ async function fetchIceServers(baseUrl) {
 }
 
 /**
- * POST the offer (with `resumeToken`: resume that conversation on this new connection). The
- * server's answer, or a ConnectError; a refusal's `detail` has the HTTP `status` and the
- * body's `code`.
+ * POST the offer (with `resumeToken`: resume that conversation on this new connection, and
+ * `lastEventId`: the last event received, so that the server sends again what the lost
+ * connection took after it). The server's answer, or a ConnectError; a refusal's `detail` has
+ * the HTTP `status` and the body's `code`.
  */
-async function postOffer(baseUrl, offer, resumeToken = null) {
+async function postOffer(baseUrl, offer, resumeToken = null, lastEventId = null) {
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), OFFER_TIMEOUT_MS);
   const request = { sdp: offer.sdp, type: offer.type };
   if (resumeToken) request.resume_token = resumeToken;
+  if (resumeToken && lastEventId) request.last_event_id = lastEventId;
   let response;
   try {
     response = await fetch(`${baseUrl}/offer`, {
@@ -207,6 +209,7 @@ export class AvatarConnection extends EventTarget {
     this.sessionId = null;
     this.remoteStream = new MediaStream();
     this.resumeToken = null; // the newest one the server gave; each works once
+    this.lastEventId = null; // of the last event received: a resume gets the rest again
     this.resumeWindowS = null;
     this.reconnecting = false;
     this.resumes = 0; // connections replaced so far
@@ -252,7 +255,7 @@ export class AvatarConnection extends EventTarget {
     await pc.setLocalDescription(await pc.createOffer());
     await waitForGathering(pc, GATHER_TIMEOUT_MS);
     if (this._stopped) return false;
-    const answer = await postOffer(this.baseUrl, pc.localDescription, resumeToken);
+    const answer = await postOffer(this.baseUrl, pc.localDescription, resumeToken, this.lastEventId);
     if (this._stopped) {
       if (!resumeToken) this._deleteSession(answer.session_id); // stop() already deleted a resumed one
       return false;
@@ -417,6 +420,7 @@ export class AvatarConnection extends EventTarget {
       return;
     }
     if (!event || typeof event.type !== 'string' || this._stopped) return;
+    if (typeof event.event_id === 'string') this.lastEventId = event.event_id;
     // the server's own description of the session (after GA's `session.created`) has the token
     if (event.type === 'x-avatar.session' && event.session && typeof event.session.resume_token === 'string') {
       this.resumeToken = event.session.resume_token;

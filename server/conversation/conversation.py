@@ -4,8 +4,8 @@ Data flow: 16 kHz frames -> turn detector -> Session (epoch, turn state) -> pipe
 (transcript, reply sentences, speech) -> playback buffer -> pulled by the link's tracks. The
 conversation outlives a lost connection for ``session.resume_window_s``: while no link is
 attached nothing pulls, so playback pauses at the playback cursor, generation stops at the
-lookahead budget, turn deadlines wait and events queue (bounded) for the next link.
-The Conversation owns every task it starts and awaits them all in :meth:`close`.
+lookahead budget, turn deadlines wait and events queue (bounded) for the next link. The
+Conversation owns every task it starts and awaits them all in :meth:`close`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from server.conversation.realtime_client import RealtimeEvent, parse_realtime_ev
 from server.conversation.realtime_session import SessionPatch, TurnSettings, session_object
 from server.conversation.realtime_wire import RealtimeWire
 from server.conversation.reply import Replies
-from server.conversation.resume import ResumeTicket
+from server.conversation.resume import Resumed, ResumeTicket
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.owner import NO_OWNER
@@ -235,17 +235,18 @@ class Conversation:
             self.detached_since_ms = self.clock.now_ms()
             log.info("session %s: connection lost, waiting for a resume", self.session_id[:8])
 
-    def link_open(self, audio: bool, video: bool, resumed: bool, dialect: str = "native") -> None:
-        """The link's events channel opened, speaking ``dialect`` (``native``, or
-        ``realtime``: OpenAI Realtime GA): ``session.created`` (with a new resume token), then
-        the events kept for it, in order."""
+    def link_open(self, audio: bool, video: bool, resumed: Resumed, dialect: str) -> None:
+        """The link's events channel opened, speaking ``dialect`` (``native``, or ``realtime``:
+        OpenAI Realtime GA): ``session.created`` (a new resume token), on a resume the events
+        a lost link took after the client's last one, then those kept for it, in order."""
         realtime = dialect == REALTIME_DIALECT
         self.inbox.parse = parse_realtime_event if realtime else parse_client_event
         resume_s = self.config.session.resume_window_s
         token = self.ticket.issue() if resume_s > 0 else None
         created = SessionCreated.of(self.session, self.appearances, (audio, video), token, resume_s)
-        created = replace(created, resumed=resumed)
-        self.outlet.open(created.to_dict(), self.wire.translate if realtime else None)
+        created = replace(created, resumed=resumed is not None)
+        after = None if resumed is None else resumed.after
+        self.outlet.open(created.to_dict(), self.wire.translate if realtime else None, after)
 
     def emit(self, event: dict[str, Any]) -> None:
         """Send ``event`` to the client now, or as soon as a link can take it."""
@@ -390,11 +391,9 @@ class Conversation:
     # --- diagnostics ----------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
-        turns = list(self.replies.traces)
-        floor = self.floor
+        turns, floor = list(self.replies.traces), self.floor
         words = list(floor.heard_words)
         judged = {"resumed": floor.resumed, "interrupted": floor.interrupted, "words": words}
-        session, playout = self.session, self.playout
-        starts = floor.speech_starts
+        session, playout, starts = self.session, self.playout, floor.speech_starts
         figures = describe(session, playout, turns, self.avatar, self.animator, starts, judged)
         return {**figures, "attached": self.attached, "echo": self.echo.describe()}

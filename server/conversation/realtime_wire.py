@@ -81,7 +81,6 @@ class RealtimeWire:
 
     session_view: Callable[[], Event]
     voice: Callable[[], str]
-    _next_event: int = 0
     _user: dict[str, _UserItem] = field(default_factory=dict)
     _current_user: str | None = None
     _replies: dict[str, _Reply] = field(default_factory=dict)
@@ -89,7 +88,7 @@ class RealtimeWire:
     _last_item: str | None = None
 
     def translate(self, event: Event) -> list[Event]:
-        """The GA events for one native event, each with a new ``event_id``."""
+        """The GA events for one native event (the outlet gives each its ``event_id``)."""
         kind = str(event.get("type"))
         handler = HANDLERS.get(kind)
         if kind in SAME_NAME:
@@ -99,9 +98,6 @@ class RealtimeWire:
         else:
             body = _body(event)
             out = [{"type": EXTENSIONS.get(kind, EXTENSION_PREFIX + kind), **body}]
-        for item in out:
-            self._next_event += 1
-            item["event_id"] = f"event_{self._next_event:05d}"
         return out
 
     # --- session --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 
 from server.errors import BadRequest
 
@@ -57,3 +58,14 @@ class ResumeTicket:
             self._digest = None
             return True
         return False
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """A connection that resumes a conversation; ``after``: the number of the last event its
+    client received (``last_event_id``), None when it did not say (nothing is sent again)."""
+
+    after: int | None = None
+
+
+Resumed = Resumption | None  # None: a new conversation's first connection

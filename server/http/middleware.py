@@ -12,7 +12,9 @@ from server.http.auth import CorsPolicy
 
 CORS_KEY = web.AppKey("cors", CorsPolicy)
 CORS_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
-CORS_REQUEST_HEADERS = "Authorization, Content-Type, If-Match, Avatar-Resume-Token"
+CORS_REQUEST_HEADERS = (
+    "Authorization, Content-Type, If-Match, Avatar-Resume-Token, Avatar-Last-Event-Id"
+)
 CORS_EXPOSED = "Location, ETag, Link, Retry-After, Accept-Patch, Accept-Post, WWW-Authenticate"
 CORS_MAX_AGE_S = 600
 

@@ -25,7 +25,7 @@ from server.avatar.seam import AvatarRenderer
 from server.clock import Clock
 from server.config import Config
 from server.conversation.conversation import Conversation
-from server.conversation.resume import split_token
+from server.conversation.resume import Resumed, Resumption, split_token
 from server.errors import (
     BadRequest,
     Draining,
@@ -155,7 +155,7 @@ class SessionRegistry:
         self.conversations[session_id] = conversation  # counts while we negotiate
         self._admitted[session_id] = Admission(client, candidates)
         try:
-            answer = await self._connect(conversation, offer_sdp, resumed=False)
+            answer = await self._connect(conversation, offer_sdp, resumed=None)
         except BadRequest:
             self.conversations.pop(session_id, None)
             self._admitted.pop(session_id, None)
@@ -168,7 +168,7 @@ class SessionRegistry:
         return session_id, answer
 
     async def _connect(
-        self, conversation: Conversation, offer_sdp: str, resumed: bool
+        self, conversation: Conversation, offer_sdp: str, resumed: Resumed
     ) -> RTCSessionDescription:
         """A new peer for ``conversation``, attached to it; BadRequest (nothing attached) if
         the offer cannot be used."""
@@ -194,12 +194,14 @@ class SessionRegistry:
         offer_sdp: str,
         owner: str = NO_OWNER,
         candidates: CandidateBudget | None = None,
+        last_event: int | None = None,
     ) -> tuple[str, RTCSessionDescription]:
         """A new peer for the conversation ``token`` names (its resume token, used up here;
         the new connection's ``session.created`` carries the next). A peer still attached is
-        replaced. BadRequest (malformed token or offer), ResumeExpired (the conversation has
-        ended), NotFound, Forbidden (another bearer token's), ResumeRefused (not its current
-        token); none of them changes anything."""
+        replaced. ``last_event``: the number of the last event the client received (what the
+        lost connection took after it is sent again). BadRequest (malformed token or offer),
+        ResumeExpired (the conversation has ended), NotFound, Forbidden (another bearer
+        token's), ResumeRefused (not its current token); none of them changes anything."""
         session_id, secret = split_token(token)
         conversation = self.conversations.get(session_id)
         if conversation is None:
@@ -213,7 +215,7 @@ class SessionRegistry:
         if old is not None:
             await old.close()
         try:
-            answer = await self._connect(conversation, offer_sdp, resumed=True)
+            answer = await self._connect(conversation, offer_sdp, Resumption(last_event))
         except BadRequest:
             conversation.ticket.reinstate(secret)
             raise

@@ -29,6 +29,7 @@ from multidict import CIMultiDict
 from server.clock import MonotonicClock
 from server.config import Config, TransportConfig
 from server.conversation.conversation import Conversation
+from server.conversation.outlet import event_number
 from server.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -69,6 +70,7 @@ PROXIES_KEY = web.AppKey("trusted_proxies", frozenset)
 
 MAX_MEDIA_SECTIONS = 16  # m-lines in one offer (each becomes a transceiver)
 RESUME_HEADER = "Avatar-Resume-Token"
+LAST_EVENT_HEADER = "Avatar-Last-Event-Id"  # the last event a resuming client received
 
 
 def authenticate(request: web.Request) -> str:
@@ -166,22 +168,31 @@ async def create_session(
     owner: str,
     resume_token: str | None = None,
     prepare: Callable[[Conversation], None] | None = None,
+    last_event: int | None = None,
 ) -> tuple[str, str]:
     """A session for the offer ``sdp``: its candidates filtered and counted before aiortc sees
     them (422 past the cap), then created within the client's share (``prepare``: sets up its
     conversation first); (session id, answer). With ``resume_token`` the offer resumes the
     conversation the token names instead (the new connection's candidates are counted
-    afresh)."""
+    afresh; ``last_event``: the number of the last event the client received)."""
     sdp, kept = filter_offer(sdp, candidate_filter(request))
     registry = request.app[REGISTRY_KEY]
     budget = CandidateBudget(request.app[TRANSPORT_KEY].max_remote_candidates)
     budget.admit(kept)
     if resume_token is not None:  # a new connection: its candidates counted on their own
-        session_id, answer = await registry.resume(resume_token, sdp, owner, budget)
+        session_id, answer = await registry.resume(resume_token, sdp, owner, budget, last_event)
         return session_id, answer.sdp
     client = client_key(client_address(request))
     session_id, answer = await registry.create(sdp, owner, client, budget, prepare)
     return session_id, answer.sdp
+
+
+def last_event(request: web.Request, field: object = None) -> int | None:
+    """The number of the last event a resuming client received: the ``Avatar-Last-Event-Id``
+    header, or (``/offer``) the body's ``last_event_id`` field; None when it does not say.
+    BadRequest for anything but an ``event_id`` this server sends."""
+    given = request.headers.get(LAST_EVENT_HEADER, field)
+    return None if given is None else event_number(given)
 
 
 def resume_token(request: web.Request, field: object = None) -> str | None:
@@ -207,7 +218,8 @@ async def post_offer(request: web.Request) -> web.Response:
         raise BadRequest('expected a JSON object with "type": "offer"')
     sdp = check_sdp(data.get("sdp"), _max_lines(request))
     token = resume_token(request, data.get("resume_token"))
-    session_id, answer = await create_session(request, sdp, owner, token)
+    after = last_event(request, data.get("last_event_id"))
+    session_id, answer = await create_session(request, sdp, owner, token, last_event=after)
     return web.json_response({"sdp": answer, "type": "answer", "session_id": session_id})
 
 
@@ -236,7 +248,8 @@ async def post_whip(request: web.Request) -> web.Response:
     """WHIP (RFC 9725): SDP offer in, 201 with the SDP answer and the resource's Location."""
     owner = admit_session(request)
     sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
-    session_id, answer = await create_session(request, sdp, owner, resume_token(request))
+    token, after = resume_token(request), last_event(request)
+    session_id, answer = await create_session(request, sdp, owner, token, last_event=after)
     ufrag = ice_ufrag(sdp)
     headers = CIMultiDict(
         [

@@ -30,6 +30,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from server.config import Config
 from server.conversation.conversation import REALTIME_DIALECT, Conversation
 from server.conversation.protocol import quoted
+from server.conversation.resume import Resumed
 from server.rtc.ice import ice_servers
 from server.rtc.settings import (
     add_outbound_track,
@@ -73,7 +74,7 @@ class PeerSession:
         conversation: Conversation,
         config: Config,
         on_gone: Callable[[PeerSession, Gone], None],
-        resumed: bool = False,
+        resumed: Resumed = None,
     ) -> None:
         """``resumed``: this peer resumes a conversation whose connection was lost."""
         self.conversation = conversation

@@ -95,7 +95,7 @@ def open_talk(
     link = Link()
     conversation.attach(link)
     conversation.start()
-    conversation.link_open(audio=True, video=False, resumed=False, dialect=REALTIME_DIALECT)
+    conversation.link_open(audio=True, video=False, resumed=None, dialect=REALTIME_DIALECT)
     return conversation, link
 
 

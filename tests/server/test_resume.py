@@ -142,6 +142,47 @@ async def test_a_dropped_connection_resumes_where_the_reply_was(
         await peer.close()
 
 
+async def test_events_the_dead_path_took_come_again_after_the_resume(
+    story: tuple[str, web.Application],
+) -> None:
+    """The path dies just after the server sent a chunk's words: they never reach the client.
+    The client resumes naming the last event it did receive, and gets the words again, each
+    chunk's once, in order, then the rest of the reply."""
+    url, _app = story
+    peer = Peer(url, video=False)
+    delta = "response.audio_transcript.delta"
+
+    def chunks() -> list[tuple[int, str]]:
+        return [(e["chunk_id"], e["delta"]) for _, e in peer.events if e["type"] == delta]
+
+    try:
+        await peer.connect()
+        await peer.wait_event("session.created")
+        peer.send({"type": "conversation.item.create", "text": "Tell me the fox story."})
+        await until(lambda: len(chunks()) >= 2, "two chunks' words", 60)
+        cut_network(peer.pc)
+        # what the dead path took: the second chunk's words and anything after them
+        lost_at = next(i for i, (_, e) in enumerate(peer.events) if e["type"] == delta) + 1
+        lost_at = next(
+            i for i in range(lost_at, len(peer.events)) if peer.events[i][1]["type"] == delta
+        )
+        lost = [e for _, e in peer.events[lost_at:]]
+        del peer.events[lost_at:]
+        peer.last_event_id = peer.events[-1][1]["event_id"]
+        await peer.resume()
+        await peer.wait_event("response.done", timeout=60)
+        again = [e for _, e in peer.events[lost_at:] if e["type"] == lost[0]["type"]]
+        assert again and again[0]["chunk_id"] == lost[0]["chunk_id"], (lost[0], again[:1])
+        assert again[0]["delta"] == lost[0]["delta"]
+        ids = [chunk for chunk, _ in chunks()]
+        assert ids == list(range(ids[0], ids[0] + len(ids))), ids  # each once, in order
+        assert " ".join(text.strip() for _, text in chunks()) == " ".join(STORY)
+        numbers = [int(e["event_id"].split("_")[1]) for _, e in peer.events]
+        assert numbers == sorted(set(numbers))  # ids grow, none given twice
+    finally:
+        await peer.close()
+
+
 async def test_resume_tokens_work_once_for_their_own_session_only() -> None:
     async with running() as (url, app), aiohttp.ClientSession() as http:
         first, second = Peer(url, video=False), Peer(url, video=False)
@@ -154,7 +195,7 @@ async def test_resume_tokens_work_once_for_their_own_session_only() -> None:
             other = second.resume_token
             assert token is not None and other is not None
 
-            async def offer(resume_token: str) -> tuple[int, dict[str, Any]]:
+            async def offer(resume_token: str, **more: object) -> tuple[int, dict[str, Any]]:
                 pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
                 spare.append(pc)
                 pc.addTransceiver("audio", direction="sendrecv")
@@ -162,7 +203,7 @@ async def test_resume_tokens_work_once_for_their_own_session_only() -> None:
                 await pc.setLocalDescription(await pc.createOffer())
                 body = {"type": "offer", "sdp": pc.localDescription.sdp}
                 async with http.post(
-                    url + "/offer", json={**body, "resume_token": resume_token}
+                    url + "/offer", json={**body, "resume_token": resume_token, **more}
                 ) as resp:
                     return resp.status, await resp.json()
 
@@ -172,6 +213,9 @@ async def test_resume_tokens_work_once_for_their_own_session_only() -> None:
             assert (await offer(f"{first_id}.{other_secret}"))[0] == 403
             assert (await offer(f"nope.{other_secret}"))[0] == 404
             assert (await offer("garbage"))[0] == 400
+            # a last event id that is none the server sends: 400, and the token still works
+            status, bad = await offer(token, last_event_id="yesterday")
+            assert status == 400 and "last_event_id" in bad["error"], bad
             assert len(app[REGISTRY_KEY]) == 2  # nothing was started
             status, answer = await offer(token)
             assert status == 200 and answer["session_id"] == first_id

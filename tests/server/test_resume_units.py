@@ -10,8 +10,8 @@ import pytest
 from server.clock import FakeClock
 from server.config import load_config
 from server.conversation.conversation import Conversation
-from server.conversation.outlet import MAX_PENDING, Outlet
-from server.conversation.resume import ResumeTicket, split_token
+from server.conversation.outlet import MAX_PENDING, Outlet, event_number
+from server.conversation.resume import ResumeTicket, Resumption, split_token
 from server.errors import BadRequest, NotFound, ResumeExpired, ResumeRefused
 from server.http.registry import SessionRegistry
 from server.metrics import Metrics
@@ -82,7 +82,7 @@ async def test_a_detached_conversation_waits_and_its_deadlines_wait_too() -> Non
     conversation = Conversation("s" * 32, config, detector, None, Metrics(), clock=clock)
     link = Link()
     conversation.attach(link)
-    conversation.link_open(audio=True, video=False, resumed=False)
+    conversation.link_open(audio=True, video=False, resumed=None, dialect="native")
     created = link.sent[0]
     assert created["type"] == "session.created" and created["resumed"] is False
     assert created["session"]["resume_token"].startswith("s" * 32 + ".")
@@ -97,7 +97,7 @@ async def test_a_detached_conversation_waits_and_its_deadlines_wait_too() -> Non
     again = Link()
     conversation.attach(again)
     assert conversation.session.overdue() is None  # the time away did not count
-    conversation.link_open(audio=True, video=False, resumed=True)
+    conversation.link_open(audio=True, video=False, resumed=Resumption(), dialect="native")
     assert [e["type"] for e in again.sent] == ["session.created", "kept"]
     assert again.sent[0]["resumed"] is True
     assert again.sent[0]["session"]["resume_token"] != created["session"]["resume_token"]
@@ -115,7 +115,7 @@ async def test_the_registry_ends_a_conversation_its_client_did_not_resume() -> N
     registry.conversations[conversation.session_id] = conversation
     link = Link()
     conversation.attach(link)
-    conversation.link_open(audio=True, video=False, resumed=False)
+    conversation.link_open(audio=True, video=False, resumed=None, dialect="native")
     token = link.sent[0]["session"]["resume_token"]
     conversation.detach(link)
     clock.advance(29_999)
@@ -137,7 +137,7 @@ async def test_a_wrong_token_changes_nothing() -> None:
     registry.conversations[conversation.session_id] = conversation
     link = Link()
     conversation.attach(link)
-    conversation.link_open(audio=True, video=False, resumed=False)
+    conversation.link_open(audio=True, video=False, resumed=None, dialect="native")
     token = link.sent[0]["session"]["resume_token"]
     with pytest.raises(ResumeRefused):
         await registry.resume(conversation.session_id + ".not-the-secret", "v=0")
@@ -163,3 +163,61 @@ def test_a_new_link_gets_session_created_before_what_the_old_one_left_untaken() 
         ("e", 1),
     ]
     assert all(e["ga"] for e in new.sent)
+
+
+def ids(events: list[dict[str, Any]]) -> list[int]:
+    return [event_number(e["event_id"]) for e in events]
+
+
+def test_a_resumed_client_gets_again_what_the_lost_link_took_after_its_last_event() -> None:
+    outlet = Outlet()
+    old = Link()
+    outlet.attach(old)
+    outlet.open({"type": "session.created", "n": 1}, None)
+    for i in range(5):
+        outlet.send({"type": "e", "i": i})
+    assert ids(old.sent) == [1, 2, 3, 4, 5, 6]  # every event numbered in the order sent
+    # the client got up to i=1 (event 3); the path died and took i=2..4 with it unseen
+    outlet.attach(None)
+    outlet.send({"type": "e", "i": 5})
+    new = Link()
+    outlet.attach(new)
+    assert outlet.open({"type": "session.created", "n": 2}, None, after=3) == 3
+    shown = [(e["type"], e.get("n", e.get("i"))) for e in new.sent]
+    assert shown == [("session.created", 2), ("e", 2), ("e", 3), ("e", 4), ("e", 5)]
+    assert ids(new.sent) == [7, 8, 9, 10, 11]  # new ids, after the old link's
+    # that link died at once too: the client's last is still event 3, and it gets each
+    # event once, never the used-up session.created
+    third = Link()
+    outlet.attach(third)
+    assert outlet.open({"type": "session.created", "n": 3}, None, after=3) == 4
+    assert [e.get("n", e.get("i")) for e in third.sent] == [3, 2, 3, 4, 5]
+    # a client that got everything, or does not say, gets nothing again
+    for after in (ids(third.sent)[-1], None):
+        fourth = Link()
+        outlet.attach(fourth)
+        assert outlet.open({"type": "session.created"}, None, after=after) == 0
+        assert [e["type"] for e in fourth.sent] == ["session.created"]
+
+
+def test_events_a_link_of_the_other_dialect_took_are_not_sent_again() -> None:
+    outlet = Outlet()
+    old = Link()
+    outlet.attach(old)
+    outlet.open({"type": "session.created"}, lambda e: [{**e, "ga": True}])
+    outlet.send({"type": "e", "i": 0})
+    new = Link()
+    outlet.attach(new)
+    assert outlet.open({"type": "session.created"}, None, after=1) == 0
+    assert [e["type"] for e in new.sent] == ["session.created"]
+
+
+@pytest.mark.parametrize("given", ["event_00042", "event_7"])
+def test_a_last_event_id_is_one_the_server_sends(given: str) -> None:
+    assert event_number(given) == int(given.split("_")[1])
+
+
+@pytest.mark.parametrize("bad", ["", "42", "event_", "event_-1", "evt_00001", 42, None, "event_1 "])
+def test_a_malformed_last_event_id_is_refused(bad: object) -> None:
+    with pytest.raises(BadRequest, match="last_event_id"):
+        event_number(bad)
