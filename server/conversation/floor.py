@@ -246,8 +246,9 @@ class Floor:
         self._metrics.interjections.labels(verdict).inc()
         if decision.verdict is Verdict.RESUME:
             self.resumed += 1
-            # voice never confirmed (a click, a beep) is not speech that could go on
-            confirmed = decision.reason != "no voice"
+            # voice never confirmed (a click, a beep; also one the echo gate partly hid, whose
+            # words were then asked for) is not speech that could go on: the room's sound
+            confirmed = self.judge.confirmed
             if not confirmed:
                 self._lapsed()
             self._resumed_in_speech = confirmed and self._detector.state is VadState.SPEECH

@@ -155,6 +155,11 @@ class InterjectionJudge:
         self._probed = False  # the words of long speech were asked for
         self._confirmed = False  # the confirming model called the voice speech
 
+    @property
+    def confirmed(self) -> bool:
+        """Whether the confirming model called the voice of the last pause speech."""
+        return self._confirmed
+
     def heard(self, onset_ms: float) -> None:
         """The reply paused for voice that began at ``onset_ms``."""
         self.onset_ms = onset_ms

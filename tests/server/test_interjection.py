@@ -34,6 +34,7 @@ from server.conversation.interjection import (
     is_backchannel,
 )
 from server.metrics import Metrics
+from server.pipeline.echo import EchoPath
 from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnTrace
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
@@ -547,6 +548,30 @@ async def test_a_room_whose_sounds_are_no_voice_stops_pausing_the_reply(rig: Rig
             break
         await rig.tick()
     assert rig.conversation.floor.interrupted == 1
+    assert rig.conversation.floor.resumed == NOISY_LAPSES
+
+
+async def test_sounds_the_echo_gate_partly_hid_and_no_model_confirmed_make_the_room_noisy(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beeps over the reply's echo: the echo gate hides frames up to 40 ms after each, so the
+    judge asks for their words (none) instead of calling them no voice at once. Never
+    confirmed as speech, they are the room's sounds all the same: after three, the gate alone
+    no longer pauses the reply (in the slow profile each such pause waited 1.8 s for Whisper,
+    and a beeping microphone held the reply for minutes)."""
+    detector = rig.conversation.detector
+    hidden = property(lambda _echo: max(0.0, detector.gate_quiet_ms - 40.0))
+    monkeypatch.setattr(EchoPath, "masked_ms", hidden)
+    await rig.ask()
+    await rig.tick(5)
+    for _ in range(NOISY_LAPSES):
+        await interject(rig, 3, confirmed=False)
+        assert rig.conversation.session.state is TurnState.PAUSED
+        await until_state(rig, TurnState.AGENT_SPEAKING, frames=50)
+        await rig.tick(2)
+    assert rig.events("output_audio_buffer.resumed")[-1]["reason"] == "no words"
+    await interject(rig, 3, confirmed=False)  # the room again: the reply plays on
+    assert rig.conversation.session.state is TurnState.AGENT_SPEAKING
     assert rig.conversation.floor.resumed == NOISY_LAPSES
 
 
