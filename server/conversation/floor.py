@@ -158,7 +158,9 @@ class Floor:
             return
         speech = detector.state is VadState.SPEECH
         quiet, gate_quiet = detector.quiet_ms, detector.gate_quiet_ms
-        now = Listening(detector.position_ms, speech, quiet, gate_quiet, masked_ms)
+        now = Listening(
+            detector.position_ms, speech, quiet, gate_quiet, masked_ms, detector.gate_tonal
+        )
         step = self.judge.step(now)
         if isinstance(step, AskWords):
             await cancel(self._words_task)

@@ -123,13 +123,15 @@ class AskWords:
 class Listening:
     """What the judge reads of the turn detector after a frame (ms on the input timeline):
     its position, whether it is in speech, and how long the speaker (``quiet_ms``) and the
-    gate (``gate_quiet_ms``) have been quiet, and since the echo gate hid a frame."""
+    gate (``gate_quiet_ms``) have been quiet, since the echo gate hid a frame, and whether
+    the gate's latest voiced run was a tone."""
 
     position_ms: float
     speech: bool
     quiet_ms: float
     gate_quiet_ms: float
     masked_ms: float = float("inf")  # since the echo gate last hid a frame from the detector
+    tonal: bool = False  # every frame of the gate's latest voiced run was tonal (a beep)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,8 @@ class InterjectionJudge:
                     return None
                 if now.masked_ms >= now.gate_quiet_ms:
                     return self._decide(Verdict.RESUME, "no voice")
+                if now.tonal:  # a beep the echo gate partly hid: no words to ask for
+                    return self._decide(Verdict.RESUME, "a tone")
                 self.attempt += 1
                 self._to(Phase.WORDS, "the voice lapsed under the echo")
                 return AskWords(self.attempt, self.onset_ms)

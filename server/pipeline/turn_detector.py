@@ -147,6 +147,8 @@ class TurnDetector:
         self._prob = 0.0
         self._run = 0
         self._run_tonal = True  # every voiced frame of the current run was tonal
+        self._gate_frames = 0  # frames of the gate's latest voiced run ...
+        self._gate_tones = 0  # ... and how many of them were tonal
         self._run_arrival = 0.0
         self._gate_arrival = 0.0
         self._confirmed_arrival = 0.0
@@ -170,6 +172,12 @@ class TurnDetector:
         """How long the speaker has been quiet (ms), while the turn is not yet over (0 when
         not speaking, or speaking now)."""
         return self._quiet * FRAME * 1000 / RATE_HZ if self._state is VadState.SPEECH else 0.0
+
+    @property
+    def gate_tonal(self) -> bool:
+        """Whether the gate's latest voiced run was a tone (a beep, a ring): at least half of
+        its frames tonal (a beep's attack is not; speech has a few such frames at most)."""
+        return self._gate_frames > 0 and 2 * self._gate_tones >= self._gate_frames
 
     @property
     def gate_quiet_ms(self) -> float:
@@ -211,6 +219,10 @@ class TurnDetector:
         gate = self._gate.is_speech(frame)
         if gate and self._since_gate > 0:
             self._gate_arrival = arrival_ms  # the gate's current voiced run began here
+            self._gate_frames = self._gate_tones = 0
+        if gate:
+            self._gate_frames += 1
+            self._gate_tones += line_share(heard) >= TONAL_SHARE
         self._since_gate = 0 if gate else self._since_gate + 1
         self._gate_run = self._gate_run + 1 if gate else 0
         self._feed_model(frame)

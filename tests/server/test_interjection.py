@@ -83,6 +83,16 @@ def test_voice_the_model_never_confirms_resumes_once_the_gate_lapses() -> None:
     assert out[10] == Decision(Verdict.RESUME, "no voice") and judge.phase is Phase.IDLE
 
 
+def test_a_tone_that_lapses_while_the_echo_gate_hides_frames_resumes_at_once() -> None:
+    # a beep over the reply's echo: nothing to transcribe (Whisper would make words of it)
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    script = [Listening(1000.0 + 20 * i, False, 0.0, 20.0 * i, max(0.0, 20.0 * (i - 2)), True)
+              for i in range(20)]  # fmt: skip
+    out = [o for o in steps(judge, script) if o is not None]
+    assert out == [Decision(Verdict.RESUME, "a tone")] and not judge.confirmed
+
+
 def test_voice_that_lapses_while_the_echo_gate_hides_frames_is_transcribed() -> None:
     # the user says "stop" over the reply's echo: the gate let its first syllables through
     # (the pause), then the echo gate hid the rest from the detector for 500 ms after

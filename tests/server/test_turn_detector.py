@@ -256,6 +256,22 @@ def test_a_tone_is_judged_as_heard_not_as_the_echo_gate_left_it() -> None:
     assert starts == {"gated": 1, "heard": 0}
 
 
+def test_the_gate_says_whether_its_latest_voiced_run_was_a_tone(speech: np.ndarray) -> None:
+    # what the interjection judge reads when voice over a reply lapses: Chromium's fake
+    # microphone's beeps are tones, the user's words are not
+    beeps = chromium_fake_microphone()[: RATE * 3]
+    runs = 0
+    det = detector()
+    for i in range(0, len(beeps) - 320 + 1, 320):
+        det.push(beeps[i : i + 320], 0.0)
+        if det.gate_quiet_ms == 20.0:  # a voiced run just ended: a beep with its tail
+            runs += 1
+            assert det.gate_tonal, i
+    assert runs >= 5
+    det.push(speech[: RATE // 2], 0.0)
+    assert det.gate_quiet_ms < 100.0 and not det.gate_tonal
+
+
 def test_line_share_tells_tones_from_speech(speech: np.ndarray) -> None:
     frames = [speech[i : i + 320] for i in range(0, len(speech) - 320, 320)]
     voiced = [f for f in frames if np.sqrt(np.mean(f.astype(np.float64) ** 2)) > 300]
