@@ -350,7 +350,7 @@ class VadConfig:
         max=1000,
     )
     echo_cancellation: bool = _setting(
-        False,
+        True,
         "Take the avatar's own voice out of the microphone audio before voice detection and "
         "recognition (WebRTC AEC3 fed with the audio sent to the client, and a residual echo "
         "gate), for clients without echo cancellation: speakers with a game engine, GStreamer, "

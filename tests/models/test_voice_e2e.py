@@ -43,7 +43,7 @@ def cer(reference: str, hypothesis: str) -> float:
 server = server_process(
     {
         "server.debug_endpoints": "true",
-        "vad.echo_cancellation": "true",  # on for every test here: they pass with it
+        "vad.echo_cancellation": "true",  # the default, stated: these tests rely on it
         "transport.connect_timeout_s": "60",
         # the barge-in test speaks over the reply's second chunk: a first chunk of 6 words
         # (not the calibration's 3 on a slow LLM) leaves a long one behind it

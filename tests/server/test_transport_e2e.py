@@ -67,7 +67,9 @@ async def test_spoken_question_gets_events_and_a_paced_reply(
     delta = await peer.wait_event("response.audio_transcript.delta")
     assert delta["epoch"] == 0 and delta["delta"].startswith("Tone number 1")
     done = await peer.wait_event("response.done", timeout=15)
+    assert done["event_id"] > delta["event_id"] > created_resp["event_id"]  # in order sent
     assert done == {
+        "event_id": done["event_id"],
         "type": "response.done",
         "epoch": 0,
         "status": "completed",
