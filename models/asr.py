@@ -83,7 +83,9 @@ def cut_loop(text: str) -> str:
     reads the utterance again after its end ("What is the capital of France? What is the
     capital of") or repeats a phrase ("the land of the land of the land of"). Cut: a sentence
     that starts with the text's first three words again; an ending that repeats the text's
-    beginning; a phrase said three times in a row at the end (kept once)."""
+    beginning; a phrase said three times in a row at the end (kept once), or one of two words
+    or more twice ("adopting a dog, adopting a dog,"); an unfinished tail after the last
+    sentence that is part of that sentence again ("New York City? New York")."""
     words = text.split()
     plain = [_plain(w) for w in words]
     for k in range(LOOP_WORDS, len(words)):
@@ -99,7 +101,25 @@ def cut_loop(text: str) -> str:
             while end >= n and plain[end - n : end] == plain[-n:]:
                 end -= n
             return " ".join(words[: end + n])
-    return text
+    for n in range(2, 7):  # a phrase of two words or more, twice at the end
+        if len(plain) >= 2 * n and plain[-n:] == plain[-2 * n : -n]:
+            return " ".join(words[:-n])
+    return _without_reread_tail(words, plain)
+
+
+def _without_reread_tail(words: list[str], plain: list[str]) -> str:
+    """``words`` without an unfinished tail after the last sentence that reads part of that
+    sentence again ("... live in New York City? New York")."""
+    ends = [i for i, word in enumerate(words[:-1]) if word[-1] in ".?!"]
+    if not ends or words[-1][-1] in ".?!":
+        return " ".join(words)
+    last = ends[-1]
+    start = ends[-2] + 1 if len(ends) > 1 else 0
+    sentence, tail = plain[start : last + 1], plain[last + 1 :]
+    n = len(tail)
+    if any(sentence[i : i + n] == tail for i in range(len(sentence) - n + 1)):
+        return " ".join(words[: last + 1])
+    return " ".join(words)
 
 
 def undecided_end(prefix: str) -> str:

@@ -109,7 +109,25 @@ def test_asr_window_follows_the_audio() -> None:
         ("How far away is the moon? How far away the", "How far away is the moon?"),
         ("Tell me a joke about cats Tell me a joke about", "Tell me a joke about cats"),
         ("the land of the land of the land of the", "the land of"),
+        (
+            "my sister and I were thinking about adopting a dog, adopting a dog,",
+            "my sister and I were thinking about adopting a dog,",
+        ),
+        (
+            "the meeting tomorrow is at nine in the morning nine in the morning",
+            "the meeting tomorrow is at nine in the morning",
+        ),
+        (
+            "How many people live in New York City? New York",
+            "How many people live in New York City?",
+        ),
+        (
+            "My favorite kind of music is jazz from the 60s. Jazz from the 60s.",
+            "My favorite kind of music is jazz from the 60s.",
+        ),
         # legitimate repetitions stay
+        ("Bye bye.", None),
+        ("Is it big? Or small", None),
         ("What is it? What is that?", "What is it? What is that?"),
         ("What is the capital and what is the population?", None),
         ("What is the capital of France and what is the capital of Spain?", None),
