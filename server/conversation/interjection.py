@@ -131,7 +131,7 @@ class Listening:
     quiet_ms: float
     gate_quiet_ms: float
     masked_ms: float = float("inf")  # since the echo gate last hid a frame from the detector
-    tonal: bool = False  # every frame of the gate's latest voiced run was tonal (a beep)
+    tonal: bool = False  # the gate's latest voiced run was a tone (a beep; TurnDetector.gate_tonal)
 
 
 @dataclass(frozen=True)
