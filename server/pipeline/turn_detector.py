@@ -217,12 +217,13 @@ class TurnDetector:
         self.frames += 1
         self._samples += FRAME
         gate = self._gate.is_speech(frame)
+        tonal = gate and line_share(heard) >= TONAL_SHARE  # judged once, for both runs
         if gate and self._since_gate > 0:
             self._gate_arrival = arrival_ms  # the gate's current voiced run began here
             self._gate_frames = self._gate_tones = 0
         if gate:
             self._gate_frames += 1
-            self._gate_tones += line_share(heard) >= TONAL_SHARE
+            self._gate_tones += tonal
         self._since_gate = 0 if gate else self._since_gate + 1
         self._gate_run = self._gate_run + 1 if gate else 0
         self._feed_model(frame)
@@ -236,7 +237,7 @@ class TurnDetector:
                     self._run_arrival = min(arrival_ms, self._gate_arrival)
                     self._run_tonal = True
                 self._run += 1
-                if self._run_tonal and line_share(heard) < TONAL_SHARE:
+                if self._run_tonal and not tonal:
                     self._run_tonal = False
             else:
                 self._run = 0

@@ -536,16 +536,21 @@ async def test_an_interjection_is_transcribed_primed_with_backchannels() -> None
         await rig.conversation.close()
 
 
-async def test_a_room_whose_sounds_are_no_voice_stops_pausing_the_reply(rig: Rig) -> None:
-    """Three clicks in a row pause the reply and prove no voice: the fourth does not pause it
-    (a beeping phone would chop it), while confirmed speech still pauses it and is judged."""
-    await rig.ask()
-    await rig.tick(5)
+async def clicks_that_prove_no_voice(rig: Rig) -> None:
+    """NOISY_LAPSES clicks over the playing reply: each pauses it, and it resumes."""
     for _ in range(NOISY_LAPSES):
         await interject(rig, 3, confirmed=False)
         assert rig.conversation.session.state is TurnState.PAUSED
         await until_state(rig, TurnState.AGENT_SPEAKING, frames=50)
         await rig.tick(2)
+
+
+async def test_a_room_whose_sounds_are_no_voice_stops_pausing_the_reply(rig: Rig) -> None:
+    """Three clicks in a row pause the reply and prove no voice: the fourth does not pause it
+    (a beeping phone would chop it), while confirmed speech still pauses it and is judged."""
+    await rig.ask()
+    await rig.tick(5)
+    await clicks_that_prove_no_voice(rig)
     assert rig.conversation.floor.resumed == NOISY_LAPSES
     await interject(rig, 3, confirmed=False)  # the room again: the reply plays on
     assert rig.conversation.session.state is TurnState.AGENT_SPEAKING
@@ -574,11 +579,7 @@ async def test_sounds_the_echo_gate_partly_hid_and_no_model_confirmed_make_the_r
     monkeypatch.setattr(EchoPath, "masked_ms", hidden)
     await rig.ask()
     await rig.tick(5)
-    for _ in range(NOISY_LAPSES):
-        await interject(rig, 3, confirmed=False)
-        assert rig.conversation.session.state is TurnState.PAUSED
-        await until_state(rig, TurnState.AGENT_SPEAKING, frames=50)
-        await rig.tick(2)
+    await clicks_that_prove_no_voice(rig)
     assert rig.events("output_audio_buffer.resumed")[-1]["reason"] == "no words"
     await interject(rig, 3, confirmed=False)  # the room again: the reply plays on
     assert rig.conversation.session.state is TurnState.AGENT_SPEAKING

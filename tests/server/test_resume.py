@@ -18,6 +18,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from models.asr import WhisperAsr
 from server.conversation.conversation import Conversation
+from server.conversation.outlet import event_number
 from server.http.signaling import REGISTRY_KEY
 from server.runtime.history import Role
 from server.runtime.media import MEDIA_RATE_HZ, resample
@@ -162,10 +163,7 @@ async def test_events_the_dead_path_took_come_again_after_the_resume(
         await until(lambda: len(chunks()) >= 2, "two chunks' words", 60)
         cut_network(peer.pc)
         # what the dead path took: the second chunk's words and anything after them
-        lost_at = next(i for i, (_, e) in enumerate(peer.events) if e["type"] == delta) + 1
-        lost_at = next(
-            i for i in range(lost_at, len(peer.events)) if peer.events[i][1]["type"] == delta
-        )
+        lost_at = [i for i, (_, e) in enumerate(peer.events) if e["type"] == delta][1]
         lost = [e for _, e in peer.events[lost_at:]]
         del peer.events[lost_at:]
         peer.last_event_id = peer.events[-1][1]["event_id"]
@@ -177,7 +175,7 @@ async def test_events_the_dead_path_took_come_again_after_the_resume(
         ids = [chunk for chunk, _ in chunks()]
         assert ids == list(range(ids[0], ids[0] + len(ids))), ids  # each once, in order
         assert " ".join(text.strip() for _, text in chunks()) == " ".join(STORY)
-        numbers = [int(e["event_id"].split("_")[1]) for _, e in peer.events]
+        numbers = [event_number(e["event_id"]) for _, e in peer.events]
         assert numbers == sorted(set(numbers))  # ids grow, none given twice
     finally:
         await peer.close()
