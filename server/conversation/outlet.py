@@ -41,7 +41,7 @@ def event_number(event_id: object) -> int:
     return int(match.group(1))
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Piece:
     """One event as the link's dialect has it; ``again``: a link's own ``session.created``
     is never sent again (its resume token is used up)."""
