@@ -14,10 +14,12 @@ benchmark (a delay estimate a few frames off lets the echo's bound fall too soon
 
 Where nothing of the avatar comes back, the audio passes untouched: the gain is below
 ``NO_ECHO_DB`` (a client that cancels its own echo, headphones, a quiet room), or what is
-heard does not follow what was sent (no delay found in ``UNCORRELATED`` estimates and never
-``FOUND`` times: a client that cancels its own echo in a room with a steady sound, such as
-Chromium's beeping fake microphone, on which the canceller and the gain learn an echo that is
-not there and the gate would hide the user). Untouched, because WebRTC's canceller, never
+heard does not follow what was sent (of the last ``VERDICTS`` delay estimates, ``UNCORRELATED``
+or more found no delay, and fewer than ``FOUND`` or fewer than half found one: a client that
+cancels its own echo in a room with a steady sound, such as Chromium's beeping fake
+microphone, on which the canceller and the gain learn an echo that is not there and the gate
+would hide the user; a periodic beep now and then correlates with speech at some lag by
+chance, a real echo path at nearly every estimate). Untouched, because WebRTC's canceller, never
 finding an echo path, keeps damping the near end while the far end plays (a steady tone over
 a silent microphone is wiped out whole), and the user's words would be lost to it.
 """
@@ -47,8 +49,9 @@ FLOOR_QUANTILE = 0.1
 DELAY_FRAMES = 300  # the delay is estimated over the last 3 s heard while the avatar talked
 DELAY_EVERY = 50  # frames between estimates
 DELAY_CORRELATION = 0.5  # the envelopes' correlation at the lag that makes it the delay
-FOUND = 2  # estimates that found a delay: the echo comes back (for the rest of the session)
-UNCORRELATED = 2  # estimates that found none, before any was found: nothing comes back
+VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide whether echo comes back
+FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
+UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
 Pcm16k = npt.NDArray[np.int16]
 
 
@@ -92,8 +95,8 @@ class EchoDelay:
     """The echo path's delay in 10 ms frames: the lag (0 to ``MAX_LAG_FRAMES``) at which the
     far end's level envelope best predicts what was heard while the avatar talked (a Pearson
     correlation of the dB levels of at least ``DELAY_CORRELATION``); None until found. It
-    counts the estimates that found a delay (``found``) and those that could have and did
-    not (``missed``: both envelopes moved, and no lag correlated)."""
+    keeps, of its last ``VERDICTS`` estimates that could find one (both envelopes moved),
+    whether each did."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
@@ -101,8 +104,7 @@ class EchoDelay:
         self._heard: deque[tuple[int, float]] = deque(maxlen=DELAY_FRAMES)  # (sent by then, dB)
         self._since = 0
         self.lag: int | None = None
-        self.found = 0  # estimates
-        self.missed = 0
+        self._verdicts: deque[bool] = deque(maxlen=VERDICTS)  # the last estimates: found one
 
     def sent(self, level_db: float) -> None:
         self._far.append(level_db)
@@ -118,11 +120,14 @@ class EchoDelay:
 
     @property
     def echo(self) -> bool | None:
-        """Whether what is heard follows what was sent (True once ``FOUND`` estimates found a
-        delay, False once ``UNCORRELATED`` found none before that), None until either."""
-        if self.found >= FOUND:
+        """Whether what is heard follows what was sent, by the last ``VERDICTS`` estimates:
+        True where ``FOUND`` or more of them found a delay and at least half did, False where
+        not and ``UNCORRELATED`` or more found none, None until either."""
+        found = sum(self._verdicts)
+        missed = len(self._verdicts) - found
+        if found >= FOUND and found >= missed:
             return True
-        return False if self.missed >= UNCORRELATED else None
+        return False if missed >= UNCORRELATED else None
 
     def _estimate(self) -> int | None:
         far = np.array(self._far)
@@ -141,10 +146,8 @@ class EchoDelay:
             r = float(np.corrcoef(x, y)[0, 1])
             if r > best_r:
                 best, best_r = lag, r
-        if best is not None:
-            self.found += 1
-        elif tried:
-            self.missed += 1
+        if best is not None or tried:
+            self._verdicts.append(best is not None)
         return best
 
 

@@ -203,3 +203,25 @@ def test_a_silent_microphone_stays_silent_right_after_the_user_spoke() -> None:
         _, voice = gate.apply(nothing, nothing)
         assert mean_square(voice) == 0.0
     assert gate.silenced == 20
+
+
+def test_the_verdict_on_echo_follows_the_latest_estimates() -> None:
+    # speakers that send the avatar's voice back 120 ms later, then headphones in a room
+    # that beeps (nothing of the avatar comes back), then the speakers again: the verdict
+    # follows most of the recent delay estimates, not the first two that found a delay (nor
+    # a chance lag or two among many misses, as a beep lined up with the syllables makes)
+    gate = ResidualEchoGate()
+    far = syllables(2100, seed=3)
+    beep, quiet = tone(FRAME, 3000.0, hz=1000), tone(FRAME, 2.0)
+    verdicts = []
+    for n, level in enumerate(far):
+        gate.sent(tone(FRAME, level))
+        if 700 <= n < 1400:
+            heard = beep if n % 50 < 10 else quiet
+        else:
+            heard = tone(FRAME, far[n - 12] / 10, hz=300) + tone(FRAME, 2.0)
+        gate.apply(heard, (heard // 20).astype(np.int16))
+        verdicts.append((gate.delay.echo, gate.echo_heard))
+    assert verdicts[699] == (True, True)
+    assert verdicts[1399] == (False, False)
+    assert verdicts[-1] == (True, True) and gate.delay.lag == 12
