@@ -94,8 +94,13 @@ class Phonemizer:
         self.phonemize("Hello, world.")  # loads the lexicon, the g2p and the POS tagger
 
     def phonemize(self, text: str) -> Phonemized:
-        """The text's sentences as symbols; raises what gruut raises."""
+        """The text's sentences as symbols; raises what gruut raises (RuntimeError once
+        closed)."""
         return self._worker.submit(self._phonemize, text).result()
+
+    def close(self) -> None:
+        """Ends gruut's thread once what it is doing is done."""
+        self._worker.shutdown(wait=True)
 
     def _phonemize(self, text: str) -> Phonemized:
         graph, root = self._processor(verbalise(plain(text)), lang="en_US")

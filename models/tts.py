@@ -185,6 +185,12 @@ class OnnxVoiceTts:
         took_ms = (time.perf_counter() - started) * 1000
         log.info("loaded voice %s (threads=%s) in %.0f ms", model_path, threads, took_ms)
 
+    def shutdown(self) -> None:
+        """Ends the phonemizer's thread (after a synthesis in progress); ``synthesize`` then
+        raises TtsError."""
+        with self._lock:
+            self._phonemizer.close()
+
     def synthesize(self, text: str) -> Speech:
         """Speech for ``text`` (one or several sentences); empty for blank text."""
         if not text.strip():

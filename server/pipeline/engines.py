@@ -81,3 +81,11 @@ class SpeechLike(Protocol):
 
 class Tts(Protocol):
     def synthesize(self, text: str) -> SpeechLike: ...
+
+
+@runtime_checkable
+class Releases(Protocol):
+    """An engine that holds a thread of its own (models.tts.OnnxVoiceTts: gruut's):
+    ``shutdown`` ends it, blocking until a call in progress is done."""
+
+    def shutdown(self) -> None: ...

@@ -8,6 +8,7 @@ CPU-heavy calls (ASR, TTS) run in worker threads, never on the event loop; the L
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
@@ -20,7 +21,15 @@ import numpy.typing as npt
 from server.clock import Clock, MonotonicClock
 from server.config import PipelineConfig, SchedulerConfig
 from server.errors import RuntimeErrorBase
-from server.pipeline.engines import Asr, Llm, Message, PrefillsOpenTurn, PrimedAsr, Tts
+from server.pipeline.engines import (
+    Asr,
+    Llm,
+    Message,
+    PrefillsOpenTurn,
+    PrimedAsr,
+    Releases,
+    Tts,
+)
 from server.pipeline.repetition import loop_end
 from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
 from server.runtime.chunk import PhonemeTiming, WordTiming
@@ -335,3 +344,6 @@ class VoicePipeline:
         await self._llm.close()
         await self.asr_queue.close()
         await self.tts_queue.close()
+        for engine in (self._asr, self._tts):
+            if isinstance(engine, Releases):
+                await asyncio.to_thread(engine.shutdown)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models.tts import OnnxVoiceTts, split_sentences
+from models.tts import OnnxVoiceTts, TtsError, split_sentences
 from server.config import Config
 from server.conversation.conversation import Conversation
 from server.conversation.partials import partial_due, stable_words
@@ -87,10 +88,12 @@ async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
         async def close(self) -> None:
             pass
 
+    threads_before = set(threading.enumerate())
+    voice = OnnxVoiceTts()
     pipeline = VoicePipeline(
         None,  # type: ignore[arg-type]
         NoLlm(),  # type: ignore[arg-type]
-        OnnxVoiceTts(),
+        voice,
         split_sentences,
         max_tokens=10,
         first_chunk_words=6,
@@ -102,6 +105,12 @@ async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
         )
     finally:
         await pipeline.close()
+    # the voice's own thread (gruut's) ends with the pipeline
+    assert not [
+        t for t in set(threading.enumerate()) - threads_before if t.name.startswith("gruut")
+    ]
+    with pytest.raises(TtsError):
+        voice.synthesize("Closed.")
     assert audio.pcm.dtype == np.int16 and len(audio.pcm) > 48_000 * 0.5
     assert [w.word.strip(".") for w in audio.words] == ["The", "weather", "is", "lovely", "today"]
     assert audio.phonemes[0].start == 0 and audio.phonemes[-1].end == len(audio.pcm)
