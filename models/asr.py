@@ -38,6 +38,8 @@ MAX_CONTEXT_TOKENS = 64  # of a previous-text prompt (Whisper reads up to 224)
 NO_SPEECH_PROB = 0.6  # as faster-whisper: no speech when above this ...
 LOW_LOGPROB = -1.0  # ... and the text's average log probability is below this
 LOOP_WORDS = 3  # a sentence starting with the first three words again is a loop
+RESTART_WORDS = 6  # so is the text's first six words again anywhere
+MAX_LOOP_PASSES = 4  # cut_loop's rules, again on what one cut
 SENTENCE_MARKS = ".?!,;:…"  # punctuation that may end a word
 
 
@@ -82,18 +84,33 @@ def cut_loop(text: str) -> str:
     """``text`` up to where it starts looping. Given a window shorter than 30 s, Whisper often
     reads the utterance again after its end ("What is the capital of France? What is the
     capital of") or repeats a phrase ("the land of the land of the land of"). Cut: a sentence
-    that starts with the text's first three words again; an ending that repeats the text's
-    beginning; a phrase said three times in a row at the end (kept once), or one of two words
-    or more twice ("adopting a dog, adopting a dog,"); an unfinished tail after the last
-    sentence that is part of that sentence again ("New York City? New York")."""
+    that starts with the text's first three words again, or any run of its first six words
+    again; an ending that repeats the text's beginning; a phrase said three times in a row at
+    the end (kept once), or one of two words or more twice ("adopting a dog, adopting a
+    dog,"); a sentence said again right after itself ("Thanks. Thanks."); an unfinished tail
+    after the last sentence that is part of that sentence again ("New York City? New York"),
+    or one that starts a new sentence without a mark and reads words before it again ("with
+    chicken and rice Chicken and"). The rules apply again to what one of them cut."""
+    for _ in range(MAX_LOOP_PASSES):
+        cut = _cut_once(text)
+        if cut == text:
+            break
+        text = cut
+    return text
+
+
+def _cut_once(text: str) -> str:
     words = text.split()
     plain = [_plain(w) for w in words]
     for k in range(LOOP_WORDS, len(words)):
         tail = plain[k:]
         after_sentence = words[k - 1][-1] in ".?!,"
         restarts = plain[k : k + LOOP_WORDS] == plain[:LOOP_WORDS]
+        restarts_long = k >= RESTART_WORDS and plain[k : k + RESTART_WORDS] == plain[:RESTART_WORDS]
         repeats_start = len(tail) >= (1 if after_sentence else LOOP_WORDS)
-        if (after_sentence and restarts) or (repeats_start and tail == plain[: len(tail)]):
+        if (after_sentence and restarts) or restarts_long:
+            return " ".join(words[:k])
+        if repeats_start and tail == plain[: len(tail)]:
             return " ".join(words[:k])
     for n in range(1, 7):  # a phrase of n words, three times at the end
         if len(plain) >= 3 * n and plain[-n:] * 3 == plain[-3 * n :]:
@@ -104,22 +121,53 @@ def cut_loop(text: str) -> str:
     for n in range(2, 7):  # a phrase of two words or more, twice at the end
         if len(plain) >= 2 * n and plain[-n:] == plain[-2 * n : -n]:
             return " ".join(words[:-n])
-    return _without_reread_tail(words, plain)
+    return _without_reread_tail(_without_said_again(words))
 
 
-def _without_reread_tail(words: list[str], plain: list[str]) -> str:
-    """``words`` without an unfinished tail after the last sentence that reads part of that
-    sentence again ("... live in New York City? New York")."""
-    ends = [i for i, word in enumerate(words[:-1]) if word[-1] in ".?!"]
-    if not ends or words[-1][-1] in ".?!":
+def _without_said_again(words: list[str]) -> list[str]:
+    """``words`` with a sentence said again right after itself kept once ("Thanks. Thanks.
+    Thanks. That was" -> "Thanks. That was")."""
+    sentences: list[list[str]] = [[]]
+    for word in words:
+        sentences[-1].append(word)
+        if word[-1] in ".?!":
+            sentences.append([])
+    kept: list[list[str]] = []
+    for sentence in sentences:
+        if kept and sentence and [_plain(w) for w in sentence] == [_plain(w) for w in kept[-1]]:
+            continue
+        kept.append(sentence)
+    return [word for sentence in kept for word in sentence]
+
+
+def _without_reread_tail(words: list[str]) -> str:
+    """``words`` without an unfinished tail that reads words before it again: after the last
+    sentence, part of that sentence ("... live in New York City? New York"); without a mark,
+    from a capitalised word that starts a new sentence (one written in lower case before, so
+    not a name), up to four words said just as they were earlier ("... with chicken and rice
+    Chicken and")."""
+    plain = [_plain(w) for w in words]
+    if not words or words[-1][-1] in ".?!":
         return " ".join(words)
-    last = ends[-1]
-    start = ends[-2] + 1 if len(ends) > 1 else 0
-    sentence, tail = plain[start : last + 1], plain[last + 1 :]
-    n = len(tail)
-    if any(sentence[i : i + n] == tail for i in range(len(sentence) - n + 1)):
-        return " ".join(words[: last + 1])
+    ends = [i for i, word in enumerate(words[:-1]) if word[-1] in ".?!"]
+    if ends:
+        last = ends[-1]
+        start = ends[-2] + 1 if len(ends) > 1 else 0
+        if _within(plain[last + 1 :], plain[start : last + 1]):
+            return " ".join(words[: last + 1])
+    for k in range(max(1, len(words) - 4), len(words)):
+        capital = words[k][:1].isupper() and words[k - 1][-1] not in ".?!"
+        # a word written in lower case before: not a name ("... from Paris back to Paris")
+        common = any(words[i][:1].islower() and plain[i] == plain[k] for i in range(k))
+        if capital and common and _within(plain[k:], plain[:k]):
+            return " ".join(words[:k])
     return " ".join(words)
+
+
+def _within(tail: list[str], before: list[str]) -> bool:
+    """Whether ``tail`` (not empty) is a run of ``before``."""
+    n = len(tail)
+    return n > 0 and any(before[i : i + n] == tail for i in range(len(before) - n + 1))
 
 
 def undecided_end(prefix: str) -> str:

@@ -125,7 +125,33 @@ def test_asr_window_follows_the_audio() -> None:
             "My favorite kind of music is jazz from the 60s. Jazz from the 60s.",
             "My favorite kind of music is jazz from the 60s.",
         ),
+        # the end-of-turn benchmark's final transcripts that looped past the rules above
+        (
+            "Thanks. Thanks. Thanks. That was really helpful. Thanks. That was really helpful."
+            " Thanks. That was",
+            "Thanks. That was really helpful.",
+        ),
+        (
+            "I need to buy a present for my father's birthday. Father's birthday. Father's",
+            "I need to buy a present for my father's birthday.",
+        ),
+        (
+            "the meeting tomorrow is it nine in the morning nine in the morning the meeting"
+            " tomorrow is it nine in the morning the",
+            "the meeting tomorrow is it nine in the morning",
+        ),
+        (
+            "I am looking for a recipe with chicken and rice Chicken and",
+            "I am looking for a recipe with chicken and rice",
+        ),
+        (
+            "My friend told me that you know a lot about space You know a",
+            "My friend told me that you know a lot about space",
+        ),
         # legitimate repetitions stay
+        ("I flew from Paris to Lyon and back to Paris", None),
+        ("Tell me about the history of Rome and the fall of Rome", None),
+        ("so on and so on", None),
         ("Bye bye.", None),
         ("Is it big? Or small", None),
         ("What is it? What is that?", "What is it? What is that?"),
