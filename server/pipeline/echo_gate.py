@@ -146,7 +146,7 @@ class EchoDelay:
             r = float(np.corrcoef(x, y)[0, 1])
             if r > best_r:
                 best, best_r = lag, r
-        if best is not None or tried:
+        if tried:  # a lag is only found where one was tried
             self._verdicts.append(best is not None)
         return best
 
