@@ -62,6 +62,11 @@ class LlamaCppOptions:
     ``slots``: sessions whose KV caches are kept at once (and requests decoded together);
     ``context_tokens``: each slot's context, prompt and reply together.
     ``repeat_penalty`` > 1 makes a small model less likely to loop (1.0: off).
+    ``poll``: how long llama.cpp's threads spin waiting for their next piece of work (0-100,
+    llama.cpp's own default 50); 0 puts them to sleep at once. They share the cores with the
+    recogniser, the voice, the video and the event loop, and spinning threads took the CPU
+    those needed (on a 2-core AVX2 machine, one session: voice-to-voice 686-784 ms spinning,
+    362 ms asleep; BENCHMARKS.md, "llama.cpp's threads sleep").
     """
 
     slots: int = 4
@@ -71,10 +76,12 @@ class LlamaCppOptions:
     temperature: float = 0.0  # 0 = greedy
     repeat_penalty: float = 1.0
     seed: int = 0
+    poll: int = 0
 
     def __post_init__(self) -> None:
         assert self.slots >= 1 and self.context_tokens >= 64
         assert self.threads >= 1 and self.batch_threads >= 1
+        assert 0 <= self.poll <= 100
 
 
 @dataclass(frozen=True)
@@ -432,6 +439,15 @@ def _start_server(model_path: Path, options: LlamaCppOptions, folder: Path) -> x
     """llama.cpp's server core, its HTTP listener on a private unix socket."""
     import xllamacpp
 
+    return xllamacpp.Server(server_params(model_path, options, folder))
+
+
+def server_params(
+    model_path: Path, options: LlamaCppOptions, folder: Path
+) -> xllamacpp.CommonParams:
+    """The settings llama.cpp's server core starts with (``folder``: its socket's)."""
+    import xllamacpp
+
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
     params.n_parallel = options.slots
@@ -439,6 +455,8 @@ def _start_server(model_path: Path, options: LlamaCppOptions, folder: Path) -> x
     params.kv_unified = False
     params.cpuparams.n_threads = options.threads
     params.cpuparams_batch.n_threads = options.batch_threads
+    params.cpuparams.poll = options.poll
+    params.cpuparams_batch.poll = options.poll
     params.cache_ram_mib = 0  # no prompt cache shared between slots
     params.hostnames = [str(folder / "llm.sock")]
     params.api_keys = [secrets.token_hex(16)]
@@ -447,4 +465,4 @@ def _start_server(model_path: Path, options: LlamaCppOptions, folder: Path) -> x
     params.ui = False
     params.warmup = True
     params.verbosity = -1
-    return xllamacpp.Server(params)
+    return params
