@@ -64,9 +64,9 @@ class LlamaCppOptions:
     ``repeat_penalty`` > 1 makes a small model less likely to loop (1.0: off).
     ``poll``: how long llama.cpp's threads spin waiting for their next piece of work (0-100,
     llama.cpp's own default 50); 0 puts them to sleep at once. They share the cores with the
-    recogniser, the voice, the video and the event loop, and spinning threads took the CPU
-    those needed (on a 2-core AVX2 machine, one session: voice-to-voice 686-784 ms spinning,
-    362 ms asleep; BENCHMARKS.md, "llama.cpp's threads sleep").
+    recogniser, the voice, the video, the event loop and each other's requests: spinning, two
+    replies at once decoded at 11.7 and 3.3 tokens/s on a 2-core AVX2 machine, asleep at 12.9
+    and 12.0 (BENCHMARKS.md, "llama.cpp's threads sleep").
     """
 
     slots: int = 4
