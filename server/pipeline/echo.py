@@ -136,7 +136,8 @@ class EchoPath:
         before, after = self._far_energy
         gain = self.gate.gain_db
         removed = 10 * np.log10((before + 1.0) / (after + 1.0)) if self.far_frames else None
-        lag = self.gate.delay.lag
+        # the delay last found, while the verdict is that the echo comes back
+        lag = self.gate.delay.lag if self.gate.delay.echo else None
         return {
             "cancelling": self.canceller is not None,
             "frames": self.gate.frames,  # inbound frames cleaned

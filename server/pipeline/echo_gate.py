@@ -94,9 +94,9 @@ class EchoGain:
 class EchoDelay:
     """The echo path's delay in 10 ms frames: the lag (0 to ``MAX_LAG_FRAMES``) at which the
     far end's level envelope best predicts what was heard while the avatar talked (a Pearson
-    correlation of the dB levels of at least ``DELAY_CORRELATION``); None until found. It
-    keeps, of its last ``VERDICTS`` estimates that could find one (both envelopes moved),
-    whether each did."""
+    correlation of the dB levels of at least ``DELAY_CORRELATION``), as last found (an
+    estimate that finds none keeps it); None until found. It keeps, of its last ``VERDICTS``
+    estimates that could find one (both envelopes moved), whether each did."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
@@ -116,7 +116,8 @@ class EchoDelay:
         self._since += 1
         if self._since >= DELAY_EVERY and len(self._heard) >= DELAY_FRAMES // 2:
             self._since = 0
-            self.lag = self._estimate()
+            found = self._estimate()
+            self.lag = self.lag if found is None else found
 
     @property
     def echo(self) -> bool | None:

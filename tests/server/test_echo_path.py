@@ -225,3 +225,28 @@ def test_the_verdict_on_echo_follows_the_latest_estimates() -> None:
     assert verdicts[699] == (True, True)
     assert verdicts[1399] == (False, False)
     assert verdicts[-1] == (True, True) and gate.delay.lag == 12
+
+
+def test_the_echo_delay_is_reported_while_the_echo_is_believed_to_come_back() -> None:
+    # speakers, then headphones in a room that beeps: the estimates after the switch find
+    # no delay, but the verdict holds until most of the recent ones did not; meanwhile the
+    # session still reports the delay last found, and none once the verdict is "no echo"
+    path = EchoPath(None)
+    gate = path.gate
+    far = syllables(1400, seed=4)
+    beep, quiet = tone(FRAME, 3000.0, hz=1000), tone(FRAME, 2.0)
+    states = []
+    for n, level in enumerate(far):
+        gate.sent(tone(FRAME, level))
+        if n < 700:
+            heard = tone(FRAME, far[n - 12] / 10 if n >= 12 else 0.0, hz=300) + tone(FRAME, 2.0)
+        else:
+            heard = beep if n % 50 < 10 else quiet
+        gate.apply(heard, (heard // 20).astype(np.int16))
+        states.append((gate.delay.echo, path.describe()["echo_delay_ms"]))
+    assert states[699] == (True, 120)
+    assert [delay for echo, delay in states[700:] if echo] == [120] * sum(
+        1 for echo, _ in states[700:] if echo
+    )
+    assert any(echo for echo, _ in states[900:])  # the first misses left the verdict alone
+    assert states[-1] == (False, None)
