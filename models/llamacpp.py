@@ -62,11 +62,6 @@ class LlamaCppOptions:
     ``slots``: sessions whose KV caches are kept at once (and requests decoded together);
     ``context_tokens``: each slot's context, prompt and reply together.
     ``repeat_penalty`` > 1 makes a small model less likely to loop (1.0: off).
-    ``poll``: how long llama.cpp's threads spin waiting for their next piece of work (0-100,
-    llama.cpp's own default 50); 0 puts them to sleep at once. They share the cores with the
-    recogniser, the voice, the video, the event loop and each other's requests: spinning, two
-    replies at once decoded at 11.7 and 3.3 tokens/s on a 2-core AVX2 machine, asleep at 12.9
-    and 12.0 (BENCHMARKS.md, "llama.cpp's threads sleep").
     """
 
     slots: int = 4
@@ -76,12 +71,10 @@ class LlamaCppOptions:
     temperature: float = 0.0  # 0 = greedy
     repeat_penalty: float = 1.0
     seed: int = 0
-    poll: int = 0
 
     def __post_init__(self) -> None:
         assert self.slots >= 1 and self.context_tokens >= 64
         assert self.threads >= 1 and self.batch_threads >= 1
-        assert 0 <= self.poll <= 100
 
 
 @dataclass(frozen=True)
@@ -439,15 +432,6 @@ def _start_server(model_path: Path, options: LlamaCppOptions, folder: Path) -> x
     """llama.cpp's server core, its HTTP listener on a private unix socket."""
     import xllamacpp
 
-    return xllamacpp.Server(server_params(model_path, options, folder))
-
-
-def server_params(
-    model_path: Path, options: LlamaCppOptions, folder: Path
-) -> xllamacpp.CommonParams:
-    """The settings llama.cpp's server core starts with (``folder``: its socket's)."""
-    import xllamacpp
-
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
     params.n_parallel = options.slots
@@ -455,8 +439,6 @@ def server_params(
     params.kv_unified = False
     params.cpuparams.n_threads = options.threads
     params.cpuparams_batch.n_threads = options.batch_threads
-    params.cpuparams.poll = options.poll
-    params.cpuparams_batch.poll = options.poll
     params.cache_ram_mib = 0  # no prompt cache shared between slots
     params.hostnames = [str(folder / "llm.sock")]
     params.api_keys = [secrets.token_hex(16)]
@@ -465,4 +447,4 @@ def server_params(
     params.ui = False
     params.warmup = True
     params.verbosity = -1
-    return params
+    return xllamacpp.Server(params)

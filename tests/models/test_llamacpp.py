@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from models.llamacpp import LlamaCppEngine, LlamaCppOptions, SlotBook, server_params
+from models.llamacpp import LlamaCppEngine, LlamaCppOptions, SlotBook
 from models.llm import LlmError, Message
 from models.prompt_text import ChatText
 from tests.support.llm_helpers import collect, stats_of
@@ -43,20 +43,6 @@ async def engine() -> AsyncIterator[LlamaCppEngine]:
     started = await LlamaCppEngine.start(smollm2_gguf(), LlamaCppOptions(slots=2))
     yield started
     await started.close()
-
-
-# --------------------------------------------------------------------------- settings
-
-
-def test_llamacpp_threads_sleep_when_idle_rather_than_spin_on_shared_cores(
-    tmp_path: Path,
-) -> None:
-    # the cores are shared with the recogniser, the voice, the video and the event loop
-    params = server_params(smollm2_gguf(), LlamaCppOptions(threads=1, batch_threads=2), tmp_path)
-    assert (params.cpuparams.n_threads, params.cpuparams_batch.n_threads) == (1, 2)
-    assert params.cpuparams.poll == 0 and params.cpuparams_batch.poll == 0
-    spinning = server_params(smollm2_gguf(), LlamaCppOptions(poll=50), tmp_path)
-    assert spinning.cpuparams.poll == 50 and spinning.cpuparams_batch.poll == 50
 
 
 # --------------------------------------------------------------------------- the slot book
