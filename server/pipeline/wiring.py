@@ -179,6 +179,7 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     default or the configured model, or remote vLLM servers), the joe voice."""
     from models.asr import WhisperAsr
     from models.llm import LlmEngine, RemoteVllm
+    from models.openmp import passive_waits
     from models.tts import OnnxVoiceTts, split_sentences
 
     pc = config.pipeline
@@ -186,7 +187,8 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     plan = this_process_plan(pc.asr_threads, pc.tts_threads)
     log.info("CPU plan: %s", plan.describe())
     log.info("loading speech recogniser (Whisper tiny.en, %s window)", pc.asr_window)
-    asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
+    with passive_waits():  # its OpenMP threads sleep when they wait: the cores are shared
+        asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
     log.info("loading speech synthesiser (joe voice, onnxruntime + gruut)")
     tts = OnnxVoiceTts(threads=plan.tts_threads)
     llm: LlmEngine
@@ -195,7 +197,8 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
         urls = ", ".join(pc.llm_remote_urls)
         log.info("LLM: remote vLLM at %s (model %s)", urls, pc.llm_remote_model)
     elif llm_engine_name(pc.llm_engine, pc.llm_model) == "llamacpp":
-        llm = await _llamacpp(config, plan)
+        with passive_waits():
+            llm = await _llamacpp(config, plan)
     else:
         llm = await _vllm(config, plan)
     log.info("voice pipeline ready in %.1f s", time.monotonic() - started)
