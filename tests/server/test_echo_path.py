@@ -245,8 +245,6 @@ def test_the_echo_delay_is_reported_while_the_echo_is_believed_to_come_back() ->
         gate.apply(heard, (heard // 20).astype(np.int16))
         states.append((gate.delay.echo, path.describe()["echo_delay_ms"]))
     assert states[699] == (True, 120)
-    assert [delay for echo, delay in states[700:] if echo] == [120] * sum(
-        1 for echo, _ in states[700:] if echo
-    )
+    assert all(delay == 120 for echo, delay in states[700:] if echo)
     assert any(echo for echo, _ in states[900:])  # the first misses left the verdict alone
     assert states[-1] == (False, None)
