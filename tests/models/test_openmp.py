@@ -24,9 +24,19 @@ print("after:", os.environ.get("OMP_WAIT_POLICY"))
 """
 
 
-def spin_counts(env: dict[str, str]) -> tuple[list[str], str]:
+def spin_counts(policy: str | None) -> tuple[list[str], str]:
     """The spin count each libgomp loaded in a fresh interpreter reports, and what the
-    interpreter printed."""
+    interpreter printed; ``policy``: the operator's OMP_WAIT_POLICY, if any. The environment
+    is this one without OpenMP's variables and LD_PRELOAD: vLLM's CPU platform, once a test
+    has started it, adds a libgomp to LD_PRELOAD here for its own children, and a server does
+    not start with one."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "LD_PRELOAD" and not k.startswith(("OMP_", "GOMP_", "KMP_"))
+    }
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
     done = subprocess.run(
         [sys.executable, "-c", LOAD],
         cwd=ROOT,
@@ -41,14 +51,13 @@ def spin_counts(env: dict[str, str]) -> tuple[list[str], str]:
 
 @pytest.mark.timeout(300)
 def test_whisper_and_llamacpp_threads_sleep_when_they_wait() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    counts, out = spin_counts(env)
+    counts, out = spin_counts(None)
     assert counts == ["0", "0"]  # CTranslate2's libgomp and the one llama.cpp links
     assert "after: None" in out  # processes started later keep their own default
 
 
 @pytest.mark.timeout(300)
 def test_an_operators_wait_policy_stands() -> None:
-    counts, out = spin_counts({**os.environ, "OMP_WAIT_POLICY": "ACTIVE"})
+    counts, out = spin_counts("ACTIVE")
     assert len(counts) == 2 and all(int(c) > 300_000 for c in counts)
     assert "after: ACTIVE" in out
