@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -175,27 +176,47 @@ async def test_a_reply_over_its_own_echo_plays_out_and_the_user_still_stops_it(
         assert session is not None
         echo = session["echo"]
         assert echo["cancelling"] and echo["frames_while_speaking"] > 0
-        # the user talks over the next reply, and over its echo: the reply stops
-        n, frames = len(peer.events), len(peer.audio)
-        peer.say("Tell me a long story about a brave little dragon.")
-        await peer.wait_event("response.audio_transcript.delta", timeout=120, after=n)
-        deadline = time.monotonic() + within(60)
-        while time.monotonic() < deadline:
-            if any(float(np.abs(p).max()) > 3000 for _, p in peer.audio[frames:]):
+        # the user talks over the next reply, and over its echo: the reply stops. A user not
+        # heard says it again, as people do: a single phrase over a loud echo is missed now and
+        # then (BENCHMARKS.md, "The avatar's own echo": 8 of 10 at once). The reply it missed
+        # may end first, so each try asks for a new one.
+        missed: list[dict[str, int]] = []
+        for _ in range(3):
+            heard = await talk_over_a_reply(peer, stop)
+            if heard is None:
                 break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.8)
-        spoke = len(peer.events)
-        # a user not heard says it again, as people do: a single phrase over a loud echo is
-        # missed now and then (BENCHMARKS.md, "The avatar's own echo": 7-10 of 10 at once)
-        for attempt in range(3):
-            peer.mic.play(stop)
-            try:
-                await peer.wait_event("conversation.item.truncated", timeout=20, after=spoke)
-                break
-            except TimeoutError:
-                later = [e.get("type") for _, e in peer.events[spoke:]]
-                assert "response.done" not in later, later  # the reply went on: say it again
-                assert attempt < 2, "three times over the echo, and the reply never stopped"
+            missed.append(heard)
+        assert len(missed) < 3, f"three times over the echo, and no reply stopped: {missed}"
     finally:
         await peer.close()
+
+
+async def talk_over_a_reply(peer: Peer, stop: np.ndarray) -> dict[str, int] | None:
+    """Ask for a story and say ``stop`` over it; None once the reply is cut, else what came."""
+    n, frames = len(peer.events), len(peer.audio)
+    peer.say("Tell me a long story about a brave little dragon.")
+    await peer.wait_event("response.audio_transcript.delta", timeout=120, after=n)
+    deadline = time.monotonic() + within(60)
+    while time.monotonic() < deadline:
+        if any(float(np.abs(p).max()) > 3000 for _, p in peer.audio[frames:]):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.8)
+    spoke = len(peer.events)
+    peer.mic.play(stop)
+    try:
+        await peer.wait_event("conversation.item.truncated", timeout=15, after=spoke)
+        return None
+    except TimeoutError:
+        pass
+    # not heard: every reply started (one to the missed words too) ends before the next try
+    deadline = time.monotonic() + within(180)
+    while time.monotonic() < deadline:
+        kinds = Counter(e.get("type") for _, e in peer.events)
+        if kinds["response.done"] >= kinds["response.created"]:
+            await asyncio.sleep(1.5)
+            again = Counter(e.get("type") for _, e in peer.events)
+            if again["response.done"] >= again["response.created"]:
+                break
+        await asyncio.sleep(0.2)
+    return dict(Counter(str(e.get("type")) for _, e in peer.events[spoke:]))
