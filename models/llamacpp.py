@@ -270,8 +270,10 @@ class LlamaCppEngine:
         self._requests[request_id] = request
         tally = _Tally()
         lease: SlotLease | None = None
+        leased = started
         try:
             lease = await self._lease(cache_salt if cache_salt is not None else "")
+            leased = time.perf_counter()
             body = self._body(prompt, max_tokens, lease)
             request.done = self._submit(body, request)
             async for text in self._chunks(request, tally, request_id):
@@ -293,7 +295,22 @@ class LlamaCppEngine:
             self._requests.pop(request_id, None)
             if request.stop.is_set() and tally.finish is None:
                 tally.finish = "abort"
-            self._stats.put(request_id, tally.stats())
+            stats = tally.stats()
+            self._stats.put(request_id, stats)
+            if lease is not None and log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "request %s: slot %d after %.0f ms; %d prompt tokens (%d cached), first"
+                    " token at %s ms, %d out, %.0f ms in all (%s)",
+                    request_id,
+                    lease.slot,
+                    (leased - started) * 1000.0,
+                    stats.prompt_tokens,
+                    stats.cached_tokens,
+                    "-" if stats.ttft_ms is None else f"{stats.ttft_ms:.0f}",
+                    stats.output_tokens,
+                    (time.perf_counter() - started) * 1000.0,
+                    stats.finish_reason,
+                )
 
     def _body(self, prompt: str, max_tokens: int, lease: SlotLease) -> dict[str, Any]:
         return {  # a prompt longer than a slot's context is refused with an error chunk
