@@ -10,7 +10,8 @@ The prediction, in ms after the end-of-turn decision:
 
     final transcript left   (with partials: what the last partial has not finished when the
                              end-of-turn wait is over; without: one whole call)
-  + LLM first token
+  + LLM first token        (a reply's: its prompt cached but for the turn's last words, as
+                             after the warm-up at the pause)
   + the first chunk's tokens at the measured speed
   + speech for the first chunk (its duration x the TTS real-time factor)
   + one 20 ms audio frame

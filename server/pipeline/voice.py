@@ -54,6 +54,12 @@ WARM_UP_MESSAGES: list[Message] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Hello."},
 ]
+# the same turn with the last words a call adds after its warm-up: a reply's prompt reads the
+# words heard since the pause's warm-up and the assistant's header (7-13 tokens measured)
+WARM_UP_TURN: list[Message] = [
+    WARM_UP_MESSAGES[0],
+    {"role": "user", "content": "Hello. What is the capital of France?"},
+]
 Splitter = Callable[[str], tuple[list[str], str]]
 T = TypeVar("T")
 
@@ -282,8 +288,9 @@ class VoicePipeline:
         TTS says a short sentence, the ASR transcribes it (three times), the LLM writes a few
         tokens. Times in ms, and what they were measured on (``tts_audio_ms``,
         ``asr_audio_ms``, ``llm_first_token_ms``, ``llm_tokens_per_s``: the calibration's
-        inputs); a stage that fails is logged and reported as None (the server still
-        starts)."""
+        inputs; the first token is a reply's whose prompt the cache holds but for the turn's
+        last words, as after a warm-up in a call); a stage that fails is logged and reported
+        as None (the server still starts)."""
         tag = JobTag(WARM_UP_SESSION, 0, lambda: SessionView(WARM_UP_SESSION, 0, 0.0, 1.0))
         times: dict[str, float | None] = {}
         say = functools.partial(self._tts.synthesize, WARM_UP_SPEECH)
@@ -302,9 +309,12 @@ class VoicePipeline:
         times["asr_audio_ms"] = len(pcm) / 16
         times["tts_audio_ms"] = None if speech is None else len(speech.pcm) / (MEDIA_RATE_HZ / 1000)
         await self._timed(times, "llm_ms", self._drain(WARM_UP_MESSAGES, 4))
-        # the second request: the engine's steady speed (first token, then tokens a second)
+        # the second request: the engine's steady speed (tokens a second)
         rate = await self._timed(times, "llm_again_ms", self._drain(WARM_UP_MESSAGES, 16))
-        times["llm_first_token_ms"], times["llm_tokens_per_s"] = rate or (None, None)
+        times["llm_tokens_per_s"] = None if rate is None else rate[1]
+        # the third: a reply's first token, its prompt cached but for the turn's last words
+        turn = await self._timed(times, "llm_turn_ms", self._drain(WARM_UP_TURN, 1))
+        times["llm_first_token_ms"] = None if turn is None else turn[0]
         self.forget(WARM_UP_SESSION)
         return times
 

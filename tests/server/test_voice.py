@@ -183,6 +183,7 @@ class _WarmEngines(_Engines):
 
     def __init__(self, llm_fails: bool = False) -> None:
         self.calls: list[str] = []
+        self.prompts: list[list[Any]] = []
         self.llm_fails = llm_fails
 
     def transcribe(self, pcm: object, prefix: str = "") -> str:
@@ -197,6 +198,7 @@ class _WarmEngines(_Engines):
         self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
     ) -> Any:
         self.calls.append("llm")
+        self.prompts.append(list(messages))
         if self.llm_fails:
             raise ConnectionError("no replica answered")
         for token in ("Hi", "!"):
@@ -213,11 +215,15 @@ async def test_warm_up_calls_every_engine_and_survives_a_failure(llm_fails: bool
     finally:
         await pipeline.close()
     # speech first, then its transcript (padded to 1 s: the stub's speech is 10 ms)
-    assert engines.calls == ["tts", "asr", "asr", "asr", "llm", "llm"]
+    assert engines.calls == ["tts", "asr", "asr", "asr", "llm", "llm", "llm"]
     assert times["tts_ms"] is not None and times["asr_ms"] is not None
     assert (times["llm_ms"] is None) == llm_fails
-    # the calibration's inputs: the second request's first token and speed
+    # the calibration's inputs: the second request's speed, and the third's first token (the
+    # turn with words added after the cached prompt)
     assert (times["llm_first_token_ms"] is None) == llm_fails
+    assert (times["llm_turn_ms"] is None) == llm_fails
+    assert engines.prompts[-1][-1]["content"].startswith(engines.prompts[-2][-1]["content"])
+    assert len(engines.prompts[-1][-1]["content"]) > len(engines.prompts[-2][-1]["content"])
     assert times["llm_tokens_per_s"] is None or times["llm_tokens_per_s"] > 0
     assert times["asr_audio_ms"] == 1000.0  # the stub's speech, padded to 1 s
     assert _served(pipeline) == [set(), set()]  # the warm-up leaves no session record behind
@@ -336,6 +342,7 @@ async def test_every_llm_call_is_salted_with_its_requests_scope() -> None:
         ("prefill", mine),  # the warm-up fills the scope the reply reads
         ("stream", mine),
         ("stream", salts.internal("warm-up")),  # the start-up requests: a scope of their own
+        ("stream", salts.internal("warm-up")),
         ("stream", salts.internal("warm-up")),
     ]
 
