@@ -58,7 +58,7 @@ WARM_UP_MESSAGES: list[Message] = [
 # words heard since the pause's warm-up and the assistant's header (7-13 tokens measured)
 WARM_UP_TURN: list[Message] = [
     WARM_UP_MESSAGES[0],
-    {"role": "user", "content": "Hello. What is the capital of France?"},
+    {"role": "user", "content": WARM_UP_MESSAGES[1]["content"] + " What is the capital of France?"},
 ]
 Splitter = Callable[[str], tuple[list[str], str]]
 T = TypeVar("T")
