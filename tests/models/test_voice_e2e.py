@@ -210,13 +210,16 @@ async def talk_over_a_reply(peer: Peer, stop: np.ndarray) -> dict[str, int] | No
     except TimeoutError:
         pass
     # not heard: every reply started (one to the missed words too) ends before the next try
+
+    def replying() -> bool:
+        kinds = Counter(e.get("type") for _, e in peer.events)
+        return kinds["response.done"] < kinds["response.created"]
+
     deadline = time.monotonic() + within(180)
     while time.monotonic() < deadline:
-        kinds = Counter(e.get("type") for _, e in peer.events)
-        if kinds["response.done"] >= kinds["response.created"]:
-            await asyncio.sleep(1.5)
-            again = Counter(e.get("type") for _, e in peer.events)
-            if again["response.done"] >= again["response.created"]:
+        if not replying():
+            await asyncio.sleep(1.5)  # and no reply to the missed words starts after it
+            if not replying():
                 break
         await asyncio.sleep(0.2)
     return dict(Counter(str(e.get("type")) for _, e in peer.events[spoke:]))
