@@ -254,27 +254,44 @@ class ProceduralAvatar:
         key = self.quantise(state)
         return self.frames.get_or_make(key, lambda: self._compose(key))
 
-    def warm(self, appearance: str = "default", stop: threading.Event | None = None) -> None:
+    def warm(
+        self,
+        appearance: str = "default",
+        stop: threading.Event | None = None,
+        pace: Callable[[], None] | None = None,
+    ) -> None:
         """Draw every mouth and lid sprite of a look now, so that no frame has to.
 
         Returns early once ``stop`` is set (a server shutting down while it warms up).
+        ``pace`` is called after each sprite and may block (the server holds the warm-up
+        there while sessions are live: drawing holds the GIL, which the event loop needs).
         """
         look = self.look_index(appearance)
         assets = self._assets_of(look)
+
+        def stopping() -> bool:
+            if pace is not None:
+                pace()
+            return stop is not None and stop.is_set()
+
         reach = math.ceil(abs(HAIR_BACK_MOVES) * MAX_TURN * YAW_UNITS * self._s)
         for dx in range(-reach, reach + 1):
             self._head_base(assets, look, dx)
+            if stopping():
+                return
         for expression in EXPRESSIONS:
             for blink in range(WEIGHT_STEPS + 1):
                 for side in (-1, 1):
                     self._eye_parts(assets, side, blink, expression)
-            if stop is not None and stop.is_set():
-                return
+                    if stopping():
+                        return
             self._brows(assets, expression)
             self._mouth(assets, 0, 0, expression)
             for viseme in range(1, len(VISEME_SHAPES)):
                 for weight in range(1, WEIGHT_STEPS + 1):
                     self._mouth(assets, viseme, weight, expression)
+                    if stopping():
+                        return
 
     # -- assets and sprites ---------------------------------------------------------------
 

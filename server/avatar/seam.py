@@ -12,6 +12,7 @@ their ids are part of the ``avatar.viseme`` event contract.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Protocol
@@ -85,9 +86,15 @@ class AvatarRenderer(Protocol):
         """The frame for ``state``: an (height, width, 3) uint8 RGB array (do not mutate it)."""
         ...
 
-    def warm(self, appearance: str, stop: threading.Event | None = None) -> None:
+    def warm(
+        self,
+        appearance: str,
+        stop: threading.Event | None = None,
+        pace: Callable[[], None] | None = None,
+    ) -> None:
         """Prepare everything a look needs ahead of the first frames (seconds of CPU); returns
-        early once ``stop`` is set."""
+        early once ``stop`` is set. ``pace`` is called between two pieces of the work (a few
+        ms each) and may block: the warm-up waits there while live sessions go first."""
         ...
 
 

@@ -129,6 +129,7 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 LOWEST_PRIORITY = 19  # nice value of background warm-ups: live sessions always go first
+WARM_PAUSE_S = 0.1  # how often a warm-up held for live sessions looks again (s)
 
 
 def lowest_priority() -> bool:
@@ -141,19 +142,36 @@ def lowest_priority() -> bool:
     return True
 
 
-def warm_avatar(renderer: AvatarRenderer, stop: threading.Event) -> None:
+def warm_avatar(
+    renderer: AvatarRenderer,
+    stop: threading.Event,
+    busy: Callable[[], bool] = lambda: False,
+    pause_s: float = WARM_PAUSE_S,
+) -> None:
     """Draw every look's sprites in the background, at the lowest CPU priority, so that the
-    warm-up yields to live sessions (a frame that needs a sprite not yet drawn draws it)."""
+    warm-up yields to live sessions (a frame that needs a sprite not yet drawn draws it).
+    While ``busy()`` (sessions are live) it waits between sprites: drawing holds the GIL,
+    which no priority gives back to the event loop."""
     started = time.monotonic()
     niced = lowest_priority()
+    paused = 0.0
+
+    def pace() -> None:
+        nonlocal paused
+        since = time.monotonic()
+        while busy() and not stop.is_set():
+            stop.wait(pause_s)
+        paused += time.monotonic() - since
+
     for name in renderer.appearances:
-        renderer.warm(name, stop)
+        renderer.warm(name, stop, pace)
         if stop.is_set():
             return
     log.info(
-        "avatar warmed up in %.1f s (%s)",
+        "avatar warmed up in %.1f s (%s; %.1f s of it waiting for sessions to end)",
         time.monotonic() - started,
         "lowest priority" if niced else "normal priority",
+        paused,
     )
 
 
@@ -200,8 +218,9 @@ def create_app(
                 ", ".join(renderer.appearances),
             )
             warm_pool = ThreadPoolExecutor(1, thread_name_prefix="avatar-warm")
+            registry = app[REGISTRY_KEY]
             warming = asyncio.get_running_loop().run_in_executor(
-                warm_pool, warm_avatar, renderer, stop_warming
+                warm_pool, warm_avatar, renderer, stop_warming, lambda: len(registry) > 0
             )
         agent = None
         if config.server.agent_port:

@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from server.http.app import LOWEST_PRIORITY, warm_avatar
@@ -40,9 +41,16 @@ class RecordingRenderer:
     def __init__(self) -> None:
         self.warmed: list[tuple[str, int, int]] = []
 
-    def warm(self, appearance: str, stop: threading.Event | None = None) -> None:
+    def warm(
+        self,
+        appearance: str,
+        stop: threading.Event | None = None,
+        pace: Callable[[], None] | None = None,
+    ) -> None:
         tid = threading.get_native_id()
         self.warmed.append((appearance, tid, os.getpriority(os.PRIO_PROCESS, tid)))
+        if pace is not None:
+            pace()  # between two sprites
 
 
 def test_the_avatar_warm_up_yields_to_sessions_in_a_thread_of_its_own() -> None:
@@ -56,3 +64,33 @@ def test_the_avatar_warm_up_yields_to_sessions_in_a_thread_of_its_own() -> None:
             ("b", LOWEST_PRIORITY),
         ]
         assert after.result() == LOWEST_PRIORITY  # it stays with the thread: hence its own
+
+
+def test_the_avatar_warm_up_waits_while_sessions_are_live() -> None:
+    renderer = RecordingRenderer()
+    live = [True, True, True]  # three looks at busy() while the first look waits
+
+    def busy() -> bool:
+        return bool(live) and live.pop()
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(warm_avatar, renderer, threading.Event(), busy, 0.001).result()  # type: ignore[arg-type]
+    assert [name for name, _, _ in renderer.warmed] == ["a", "b"]
+    assert live == []  # it looked until the sessions were gone, then went on
+
+
+def test_a_server_stopping_ends_a_warm_up_held_for_sessions() -> None:
+    renderer = RecordingRenderer()
+    stop = threading.Event()
+    looks = 0
+
+    def busy() -> bool:
+        nonlocal looks
+        looks += 1
+        if looks == 3:
+            stop.set()  # the server shuts down while a session is live
+        return True
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(warm_avatar, renderer, stop, busy, 0.001).result()  # type: ignore[arg-type]
+    assert [name for name, _, _ in renderer.warmed] == ["a"]  # the second look never began

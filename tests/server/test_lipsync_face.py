@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -291,8 +292,13 @@ class _CountingRenderer:
     def size(self) -> tuple[int, int]:
         return self.inner.size
 
-    def warm(self, appearance: str, stop: threading.Event | None = None) -> None:
-        self.inner.warm(appearance, stop)
+    def warm(
+        self,
+        appearance: str,
+        stop: threading.Event | None = None,
+        pace: Callable[[], None] | None = None,
+    ) -> None:
+        self.inner.warm(appearance, stop, pace)
 
     def render(self, state: FaceState) -> npt.NDArray[np.uint8]:
         self.draws += 1
