@@ -33,6 +33,7 @@ from server.machine import this_machine
 from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate
 from server.pipeline.seams import Tunable, TurnPipeline, WarmsUp, load_pipeline
 from server.pipeline.wiring import avatar_renderer, detector_factory, vision_model
+from server.priority import share_the_gil
 
 log = logging.getLogger("server")
 DRAIN_POLL_S = 0.2  # how often a drain looks whether the live sessions have ended
@@ -252,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_supervisor(config, sys.argv[1:] if argv is None else argv)
     if args.listen_fd is not None:
         become_worker(args.supervisor_pid)
+    share_the_gil()  # the loop waits at most 1 ms for the GIL behind a worker thread
     try:
         asyncio.run(serve(config, listen_fd=args.listen_fd))
     except ConfigError as exc:

@@ -441,6 +441,13 @@ class PipelineConfig:
     tts_threads: int = _setting(
         0, "CPU threads of the speech synthesiser (0: as the CPU plan says).", min=0, max=64
     )
+    engine_nice: int = _setting(
+        5,
+        "Lower the engines' threads (ASR, LLM, TTS) by this nice value, so that the event loop"
+        " and the media workers get a core first (0: the same priority).",
+        min=0,
+        max=19,
+    )
     incremental: bool = _setting(
         True, "Partial transcripts and prefix-cache prefill while the user speaks."
     )

@@ -14,7 +14,10 @@ assumes it owns the machine:
   to 4;
 - the voice activity detector, the end-of-turn model and the avatar's background warm-up get
   one thread each;
-- VP8 encoding is aiortc's: one thread per track below 640x480.
+- VP8 encoding is aiortc's: one thread per track below 640x480;
+- the engines' threads run ``engine_nice`` lower than the event loop and the media workers
+  (``server.priority``): when both want a core, a frame leaves on time and a reply waits a
+  little.
 
 On 2 cores or more, what runs at the same time (LLM + TTS while a reply is made) adds up to at
 most the cores.
@@ -29,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from server.machine import this_machine
+from server.priority import ENGINE_NICE
 
 MAX_ASR_THREADS = 4  # CTranslate2 Whisper tiny gains little beyond this
 MAX_TTS_THREADS = 4
@@ -46,12 +50,14 @@ class CpuPlan:
     vad_threads: int = 1
     avatar_threads: int = 1
     cpu_quota: float | None = None  # CPUs the cgroup grants, when less than the cores
+    engine_nice: int = ENGINE_NICE  # how much lower the engines' threads run than the loop
 
     def __post_init__(self) -> None:
         assert self.cores, "a plan needs at least one core"
         assert set(self.llm_cores) <= set(self.cores), "the LLM is bound outside the mask"
         assert self.asr_threads >= 1 and self.tts_threads >= 1
         assert 1 <= self.llm_prompt_threads <= len(self.cores)
+        assert 0 <= self.engine_nice <= 19
 
     @property
     def llm_threads(self) -> int:
@@ -70,7 +76,8 @@ class CpuPlan:
             f"{len(self.cores)} cores {list(self.cores)}{quota}: LLM bound to"
             f" {list(self.llm_cores)} (prompts on {self.llm_prompt_threads} threads),"
             f" ASR {self.asr_threads} threads, TTS {self.tts_threads},"
-            f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads}"
+            f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads};"
+            f" engines at nice +{self.engine_nice}"
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -83,6 +90,7 @@ class CpuPlan:
             "vad_threads": self.vad_threads,
             "avatar_threads": self.avatar_threads,
             "cpu_quota": self.cpu_quota,
+            "engine_nice": self.engine_nice,
         }
 
 
@@ -91,6 +99,7 @@ def plan_cpus(
     asr_threads: int = 0,
     tts_threads: int = 0,
     cpu_quota: float | None = None,
+    engine_nice: int = ENGINE_NICE,
 ) -> CpuPlan:
     """The plan for the cores in ``cores``, under a CFS quota of ``cpu_quota`` CPUs if any (a
     container's ``--cpus``: more threads than CPUs of time only queue up);
@@ -108,13 +117,17 @@ def plan_cpus(
     llm = mask[-1:] if n <= 3 else mask[-(n - n // 2) :]
     asr = asr_threads or min(MAX_ASR_THREADS, n if n <= 2 else n // 2)
     tts = tts_threads or max(1, min(MAX_TTS_THREADS, n - len(llm)))
-    return CpuPlan(mask, llm, asr, tts, llm_prompt_threads=n, cpu_quota=cpu_quota)
+    return CpuPlan(
+        mask, llm, asr, tts, llm_prompt_threads=n, cpu_quota=cpu_quota, engine_nice=engine_nice
+    )
 
 
-def this_process_plan(asr_threads: int = 0, tts_threads: int = 0) -> CpuPlan:
+def this_process_plan(
+    asr_threads: int = 0, tts_threads: int = 0, engine_nice: int = ENGINE_NICE
+) -> CpuPlan:
     """The plan for this process's affinity mask and cgroup CPU quota."""
     try:
         cores: Iterable[int] = os.sched_getaffinity(0)
     except AttributeError:  # not Linux
         cores = range(os.cpu_count() or 1)
-    return plan_cpus(cores, asr_threads, tts_threads, this_machine().cpu_quota)
+    return plan_cpus(cores, asr_threads, tts_threads, this_machine().cpu_quota, engine_nice)

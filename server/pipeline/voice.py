@@ -129,7 +129,10 @@ class VoicePipeline:
         scheduler_config: SchedulerConfig | None = None,
         clock: Clock | None = None,
         salts: CacheSalts | None = None,
+        engine_nice: int = 0,
     ) -> None:
+        """``engine_nice``: how much lower the ASR and TTS worker threads run than the event
+        loop (the CPU plan's ``engine_nice``)."""
         self._asr = asr
         self._llm = llm
         self._tts = tts
@@ -139,8 +142,12 @@ class VoicePipeline:
         config = scheduler_config or SchedulerConfig()
         self._clock = clock = clock or MonotonicClock()
         # each engine is one worker thread shared by all sessions, fed deadline first
-        self.asr_queue = EngineQueue("asr", make_scheduler(config), clock, deadlines=config)
-        self.tts_queue = EngineQueue("tts", make_scheduler(config), clock, deadlines=config)
+        self.asr_queue = EngineQueue(
+            "asr", make_scheduler(config), clock, deadlines=config, nice=engine_nice
+        )
+        self.tts_queue = EngineQueue(
+            "tts", make_scheduler(config), clock, deadlines=config, nice=engine_nice
+        )
         self._salts = salts or CacheSalts()
         # False: prefill() warms nothing (partial transcripts without LLM warm-ups: an ablation)
         self.warm_prefix = True

@@ -18,6 +18,7 @@ from server.errors import ConfigError
 from server.pipeline.cpuplan import CpuPlan, this_process_plan
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
+from server.priority import in_lowered_thread
 from server.vision.sampling import VisionModel
 
 if TYPE_CHECKING:
@@ -151,7 +152,10 @@ async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
         batch_threads=plan.llm_prompt_threads,
     )
     log.info("loading LLM %s with llama.cpp", path.name)
-    return await LlamaCppEngine.start(path, options)
+    # its server thread and OpenMP team start with the loading thread's lower priority
+    return await in_lowered_thread(
+        lambda: LlamaCppEngine(path, options), plan.engine_nice, "llm-load"
+    )
 
 
 async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:
@@ -184,13 +188,18 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
 
     pc = config.pipeline
     started = time.monotonic()
-    plan = this_process_plan(pc.asr_threads, pc.tts_threads)
+    plan = this_process_plan(pc.asr_threads, pc.tts_threads, pc.engine_nice)
     log.info("CPU plan: %s", plan.describe())
+    nice = plan.engine_nice  # the threads an engine makes as it loads start with it
     log.info("loading speech recogniser (Whisper tiny.en, %s window)", pc.asr_window)
     with passive_waits():  # its OpenMP threads sleep when they wait: the cores are shared
-        asr = WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window)
+        asr = await in_lowered_thread(
+            lambda: WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window),
+            nice,
+            "asr-load",
+        )
     log.info("loading speech synthesiser (joe voice, onnxruntime + gruut)")
-    tts = OnnxVoiceTts(threads=plan.tts_threads)
+    tts = await in_lowered_thread(lambda: OnnxVoiceTts(threads=plan.tts_threads), nice, "tts-load")
     llm: LlmEngine
     if pc.llm_remote_urls:
         llm = RemoteVllm(remote_options(config))
@@ -210,4 +219,5 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
         max_tokens=pc.llm_max_tokens,
         first_chunk_words=pc.first_chunk_words,
         scheduler_config=config.scheduler,
+        engine_nice=nice,
     )

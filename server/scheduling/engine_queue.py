@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from server.clock import Clock
 from server.config import SchedulerConfig
 from server.errors import RuntimeErrorBase
+from server.priority import lower_this_thread
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.scheduling.scheduler import Scheduler, WorkItem, latest_start_ms
@@ -67,7 +68,10 @@ class EngineQueue:
         clock: Clock,
         on_wait: Callable[[float, bool], None] | None = None,
         deadlines: SchedulerConfig | None = None,
+        nice: int = 0,
     ) -> None:
+        """``nice``: how much lower than its creator's the worker thread's priority runs
+        (``server.priority``; an engine's computing yields to the event loop)."""
         self.name = name
         # called as each job starts: its wait (ms), and whether it starts past its deadline
         self.on_wait = on_wait
@@ -75,7 +79,9 @@ class EngineQueue:
         self.missed = 0
         self._scheduler = scheduler
         self._clock = clock
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._pool = ThreadPoolExecutor(
+            1, thread_name_prefix=name, initializer=lower_this_thread, initargs=(nice,)
+        )
         self._pending: list[_Job[Any]] = []
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
