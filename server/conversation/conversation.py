@@ -382,6 +382,7 @@ class Conversation:
             self.session.history.context(self.config.runtime.recent_window_tokens),
             self.session.conditions,
             owner=self.owner,  # its prefix-cache scope (per session when NO_OWNER)
+            view=self.session.view,  # its playback slack: cut a chunk short before it runs dry
         )
 
     def _engines_busy(self) -> bool:

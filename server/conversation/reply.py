@@ -202,6 +202,8 @@ class Replies:
         session = self._session
         epoch, trace = reply.epoch, reply.trace
         request = with_instructions(self._request(epoch), reply.instructions)
+        if reply.text_only:
+            request = replace(request, view=None)  # no playback to run dry: whole sentences
         sentences = aiter(pipeline.reply(request, trace))
         while True:
             async with asyncio.timeout(limit_s):

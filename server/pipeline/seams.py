@@ -13,7 +13,7 @@ import importlib
 import inspect
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -25,6 +25,7 @@ from server.owner import NO_OWNER
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
 from server.runtime.history import ContextEntry
+from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag
 
 
@@ -32,13 +33,16 @@ from server.scheduling.engine_queue import JobTag
 class ReplyRequest:
     """What the LLM stage needs to write a reply. ``owner``: the digest of the token that
     created the session (``NO_OWNER`` when authentication is off); with the session id, it
-    says whose prefix cache the request may share (see :class:`CacheSalts`)."""
+    says whose prefix cache the request may share (see :class:`CacheSalts`). ``view``: the
+    session's live view (its playback slack), so that a chunk goes to speech before its
+    sentence ends when the playback would otherwise run dry (None: sentences only)."""
 
     session_id: str
     epoch: int
     context: tuple[ContextEntry, ...]
     conditions: Conditions
     owner: str = NO_OWNER
+    view: Callable[[], SessionView] | None = field(default=None, compare=False, repr=False)
 
 
 class CacheSalts:

@@ -48,6 +48,10 @@ ASR_COST_FIXED_MS = 40.0
 ASR_COST_MS_PER_S = 30.0  # per second of audio
 TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
 TTS_COST_MS_FIXED = 20.0
+# a later chunk goes to speech before its sentence ends when less than this (ms) of audio is
+# queued ahead of the playback cursor: the words so far are spoken before the playback runs dry
+STARVING_SLACK_MS = 350.0
+STARVING_MIN_WORDS = 3  # complete words such a cut needs (fewer: wait for more)
 WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
 WARM_UP_SPEECH = "Hello there, how are you today?"
 WARM_UP_MESSAGES: list[Message] = [
@@ -77,27 +81,45 @@ def to_messages(context: Sequence[ContextEntry]) -> list[Message]:
 
 class FirstChunkCutter:
     """Chunks streamed text: sentences from ``splitter``; the reply's first chunk is cut early,
-    after ``first_words`` words, so that speech can start before the first sentence ends."""
+    after ``first_words`` words, so that speech can start before the first sentence ends.
 
-    def __init__(self, splitter: Splitter, first_words: int) -> None:
+    Later chunks are whole sentences, unless the playback would run dry first: when
+    ``starving()`` says so (the audio queued ahead of the playback cursor will not last until
+    the sentence is written and spoken), the complete words written so far, at least
+    ``STARVING_MIN_WORDS`` of them, go to speech at once, the rest of the sentence after them.
+    """
+
+    def __init__(
+        self, splitter: Splitter, first_words: int, starving: Callable[[], bool] | None = None
+    ) -> None:
         self._split = splitter
         self._first_words = first_words
+        self._starving = starving
         self._buffer = ""
         self._first = True
+        self.starved_cuts = 0  # chunks cut before their sentence ended, to keep speech going
 
     def feed(self, delta: str) -> list[str]:
         self._buffer += delta
         chunks, self._buffer = self._split(self._buffer)
-        if self._first and not chunks:
-            words = self._buffer.split(" ")
+        if not chunks:
             # a word is complete once a space follows it
-            if len(words) > self._first_words:
-                chunks = [" ".join(words[: self._first_words])]
-                self._buffer = " ".join(words[self._first_words :])
+            words = self._buffer.lstrip().split(" ")
+            if self._first:
+                if len(words) > self._first_words:
+                    chunks = self._take(words, self._first_words)
+            elif len(words) > STARVING_MIN_WORDS and self._starving and self._starving():
+                chunks = self._take(words, len(words) - 1)
+                self.starved_cuts += 1
         chunks = [c.strip() for c in chunks if c.strip()]
         if chunks:
             self._first = False
         return chunks
+
+    def _take(self, words: list[str], n: int) -> list[str]:
+        """The first ``n`` words as a chunk; the buffer keeps the rest."""
+        self._buffer = " ".join(words[n:])
+        return [" ".join(words[:n])]
 
     def flush(self) -> list[str]:
         tail, self._buffer = self._buffer.strip(), ""
@@ -246,7 +268,9 @@ class VoicePipeline:
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
-        cutter = FirstChunkCutter(self._splitter, self._first_chunk_words)
+        view = request.view
+        starving = None if view is None else (lambda: view().slack_ms < STARVING_SLACK_MS)
+        cutter = FirstChunkCutter(self._splitter, self._first_chunk_words, starving)
         salt = self._salts.of(request)
         stream = self._llm.stream(
             to_messages(request.context), rid, self._max_tokens, cache_salt=salt
@@ -272,6 +296,12 @@ class VoicePipeline:
                 yield chunk
         finally:
             self._replying -= 1
+            if cutter.starved_cuts:
+                log.debug(
+                    "reply %s: %d chunks cut short, the playback running low",
+                    rid,
+                    cutter.starved_cuts,
+                )
             closer = getattr(stream, "aclose", None)
             if closer is not None:
                 await closer()  # a cancelled reply aborts its request

@@ -449,5 +449,11 @@ async def test_text_only_replies_are_output_text_and_in_history_at_once(
     spoken = await until(link, "response.done", after=n, conversation=conversation)
     assert spoken["response"]["output_modalities"] == ["audio"]
     assert link.of("output_audio_buffer.started", n)
+    pipeline = conversation.pipeline
+    assert isinstance(pipeline, InstructedTonePipeline)
+    text_request, spoken_request = pipeline.requests
+    # a spoken reply's text is cut short when its playback runs low; a text reply has none
+    assert text_request.view is None
+    assert spoken_request.view is not None and spoken_request.view().slack_ms >= 0
     _, types = validate(link.sent)
     assert {"response.output_text.delta", "response.output_text.done"} <= types

@@ -21,7 +21,12 @@ from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.engines import PrefillsOpenTurn
 from server.pipeline.seams import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
-from server.pipeline.voice import FirstChunkCutter, VoicePipeline, to_messages
+from server.pipeline.voice import (
+    STARVING_MIN_WORDS,
+    FirstChunkCutter,
+    VoicePipeline,
+    to_messages,
+)
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry, Role
 from server.runtime.session_view import SessionView
@@ -48,6 +53,30 @@ def test_first_chunk_is_cut_early_then_whole_sentences() -> None:
 def test_a_short_first_sentence_is_not_cut() -> None:
     chunks = feed_all(FirstChunkCutter(split_sentences, first_words=6), "Yes. I can help you.")
     assert chunks == ["Yes.", "I can help you."]
+
+
+def test_later_chunks_go_to_speech_early_only_while_the_playback_would_run_dry() -> None:
+    text = "Paris is the capital and the largest city of France, on the Seine. It has museums."
+    plenty = FirstChunkCutter(split_sentences, first_words=4, starving=lambda: False)
+    assert feed_all(plenty, text) == [
+        "Paris is the capital",
+        "and the largest city of France, on the Seine.",
+        "It has museums.",
+    ]
+    assert plenty.starved_cuts == 0
+    running_dry = FirstChunkCutter(split_sentences, first_words=4, starving=lambda: True)
+    # each early cut holds the complete words written so far, at least three of them; a
+    # sentence (or clause) that ends before that is cut where it ends
+    chunks = feed_all(running_dry, text, step=2)
+    assert chunks == [
+        "Paris is the capital",
+        "and the largest",
+        "city of France,",
+        "on the Seine.",
+        "It has museums.",
+    ]
+    assert running_dry.starved_cuts == 2
+    assert all(len(chunk.split()) >= STARVING_MIN_WORDS for chunk in chunks[1:3])
 
 
 def test_context_becomes_chat_messages() -> None:
@@ -455,6 +484,38 @@ class _LoopingLlm(_Engines):
 
     def last_stats(self, request_id: str) -> None:
         return None
+
+
+SLOW_SENTENCE = "The tallest mountain on the whole planet is Mount Everest in Nepal."
+
+
+class _SlowSentenceLlm(_Engines):
+    """One long sentence, a word at a time."""
+
+    async def stream(
+        self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
+    ) -> Any:
+        for word in SLOW_SENTENCE.split(" "):
+            yield word + " "
+
+    def last_stats(self, request_id: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("slack_ms", "cut"), [(None, False), (5000.0, False), (100.0, True)])
+async def test_a_reply_is_cut_before_its_sentence_ends_when_its_playback_runs_low(
+    slack_ms: float | None, cut: bool
+) -> None:
+    pipeline = _pipeline(_SlowSentenceLlm())
+    view = None if slack_ms is None else functools.partial(SessionView, "s" * 32, 0, slack_ms, 1e3)
+    request = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"), view=view)
+    try:
+        chunks = [chunk async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
+    finally:
+        await pipeline.close()
+    assert chunks[0] == "The tallest mountain on the whole"  # the first chunk: 6 words
+    assert " ".join(chunks) == SLOW_SENTENCE
+    assert (len(chunks) > 2) is cut  # else the rest of the sentence is one chunk
 
 
 async def test_a_reply_that_repeats_itself_ends_after_the_first_saying() -> None:

@@ -127,9 +127,14 @@ def create_flaky(config: Config) -> FlakyTonePipeline:
 class InstructedTonePipeline(TonePipeline):
     """Its first sentence says which instructions it was given (the system prompt of the
     request, at most 12 words): for tests that the persona and per-reply instructions reach
-    the LLM stage."""
+    the LLM stage. ``requests``: every request it was given, in order."""
+
+    def __init__(self, sentence_ms: float, sentences: int, think_ms: float = 0.0) -> None:
+        super().__init__(sentence_ms, sentences, think_ms)
+        self.requests: list[ReplyRequest] = []
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+        self.requests.append(request)
         anchor = request.context[0].text if request.context else ""
         yield "As told: " + " ".join(anchor.split()[:12])
         async for sentence in super().reply(request, trace):
