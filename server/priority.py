@@ -15,18 +15,17 @@ stays lowered, hence threads of their own for it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 ENGINE_NICE = 5  # CFS gives a nice-5 thread about a third of a nice-0 one's share
+LOWEST_PRIORITY = 19  # nice value of background warm-ups: live sessions always go first
 GIL_SWITCH_MS = 1.0  # the longest a thread waits for the GIL while another runs Python code
 
 
@@ -44,9 +43,19 @@ def lower_this_thread(nice: int) -> bool:
         raise ValueError(f"nice must be >= 0, got {nice}")
     if nice == 0:
         return True
+    current = thread_nice()
+    return current is not None and _set_this_thread(current + nice)
+
+
+def lowest_priority() -> bool:
+    """Make the calling thread the last to get a core (``LOWEST_PRIORITY``). Returns False
+    where that cannot be done."""
+    return _set_this_thread(LOWEST_PRIORITY)
+
+
+def _set_this_thread(nice: int) -> bool:
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (AttributeError, OSError):
         return False
     return True
@@ -63,30 +72,10 @@ def thread_nice() -> int | None:
 async def in_lowered_thread(fn: Callable[[], T], nice: int, name: str) -> T:
     """``fn()`` in a thread of its own whose priority is first lowered by ``nice``: what it
     creates (threads, thread pools) starts lowered too. The loop waits without blocking."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if done.done():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        if not lower_this_thread(nice):
-            log.debug("%s: this platform keeps one priority for all threads", name)
-        try:
-            result = fn()
-        except BaseException as exc:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
+    pool = ThreadPoolExecutor(
+        1, thread_name_prefix=name, initializer=lower_this_thread, initargs=(nice,)
+    )
     try:
-        return await done
+        return await asyncio.get_running_loop().run_in_executor(pool, fn)
     finally:
-        await asyncio.to_thread(thread.join)
+        await asyncio.to_thread(pool.shutdown)  # joins its thread, off the loop

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -31,6 +30,7 @@ from server.metrics import Metrics
 from server.pipeline.calibration import Calibration
 from server.pipeline.seams import QueueObservable, TurnPipeline
 from server.pipeline.turn_detector import TurnDetector
+from server.priority import lowest_priority
 from server.procstats import open_fds, rss_bytes
 from server.rtc.settings import pin_host_addresses, widen_dtls_ciphers
 from server.vision.sampling import VisionModel
@@ -128,18 +128,7 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(web_root(request.app[CONFIG_KEY]) / "index.html")
 
 
-LOWEST_PRIORITY = 19  # nice value of background warm-ups: live sessions always go first
 WARM_PAUSE_S = 0.1  # how often a warm-up held for live sessions looks again (s)
-
-
-def lowest_priority() -> bool:
-    """Make the calling thread the last to get a core (Linux: threads have their own nice
-    value). Returns False where that cannot be done."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
-    except (AttributeError, OSError):
-        return False
-    return True
 
 
 def warm_avatar(

@@ -9,7 +9,8 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from server.http.app import LOWEST_PRIORITY, warm_avatar
+from server.http.app import warm_avatar
+from server.priority import LOWEST_PRIORITY
 from tests.support.server_process import ServerProcess
 
 
