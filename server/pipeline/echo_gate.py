@@ -131,25 +131,39 @@ class EchoDelay:
         return False if missed >= UNCORRELATED else None
 
     def _estimate(self) -> int | None:
+        """The best lag, every lag at once (one pass of numpy, not one per lag: this runs on
+        the event loop, and 61 correlations one by one held it about 6 ms on a 2-core AVX2
+        host, each 0.5 s of each session's talk)."""
         far = np.array(self._far)
         first = self._sent - len(far)  # the index of far[0] among every frame sent
         at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
         heard = np.array([level for _, level in self._heard])
-        best, best_r, tried = None, DELAY_CORRELATION, False
-        for lag in range(MAX_LAG_FRAMES + 1):
-            ok = at - lag >= 0
-            if ok.sum() < DELAY_FRAMES // 2:
-                break
-            x, y = far[at[ok] - lag], heard[ok]
-            if x.std() < 1e-6 or y.std() < 1e-6:
-                continue
-            tried = True
-            r = float(np.corrcoef(x, y)[0, 1])
-            if r > best_r:
-                best, best_r = lag, r
-        if tried:  # a lag is only found where one was tried
-            self._verdicts.append(best is not None)
-        return best
+        lags = np.arange(MAX_LAG_FRAMES + 1)[:, None]
+        index = at[None, :] - lags  # (lag, frame heard): the far frame it would echo
+        ok = index >= 0
+        counted = ok.sum(axis=1)
+        usable = counted >= DELAY_FRAMES // 2  # a prefix of the lags: at never decreases
+        if not usable.any():
+            return None
+        ok, index, counted = ok[usable], index[usable], counted[usable]
+        x = np.where(ok, far[np.maximum(index, 0)], 0.0)
+        y = np.where(ok, heard[None, :], 0.0)
+        mean_x = x.sum(axis=1) / counted
+        mean_y = y.sum(axis=1) / counted
+        dx = np.where(ok, x - mean_x[:, None], 0.0)
+        dy = np.where(ok, y - mean_y[:, None], 0.0)
+        var_x = np.square(dx).sum(axis=1)
+        var_y = np.square(dy).sum(axis=1)
+        moved = (np.sqrt(var_x / counted) >= 1e-6) & (np.sqrt(var_y / counted) >= 1e-6)
+        if not moved.any():
+            return None  # a lag is only found (or missed) where one was tried
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = (dx * dy).sum(axis=1) / np.sqrt(var_x * var_y)
+        r = np.where(moved, r, -np.inf)
+        best = int(np.argmax(r))  # the first of equals, as the shortest lag
+        found = best if r[best] > DELAY_CORRELATION else None
+        self._verdicts.append(found is not None)
+        return found
 
 
 class ResidualEchoGate:

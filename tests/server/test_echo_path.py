@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
-from server.pipeline.echo_gate import ResidualEchoGate, mean_square
+from server.pipeline.echo_gate import EchoDelay, ResidualEchoGate, mean_square
 
 PCM = npt.NDArray[np.int16]
 
@@ -248,3 +248,49 @@ def test_the_echo_delay_is_reported_while_the_echo_is_believed_to_come_back() ->
     assert all(delay == 120 for echo, delay in states[700:] if echo)
     assert any(echo for echo, _ in states[900:])  # the first misses left the verdict alone
     assert states[-1] == (False, None)
+
+
+def pearson_lag(far: list[float], heard: list[tuple[int, float]]) -> int | None:
+    """The delay estimate's rule, one lag at a time: the shortest lag whose levels correlate
+    best, above 0.5, among those with 150 frames heard and both levels moving."""
+    best, best_r = None, 0.5
+    for lag in range(61):
+        pairs = [(far[sent - 1 - lag], level) for sent, level in heard if sent - 1 - lag >= 0]
+        if len(pairs) < 150:
+            break
+        x, y = np.array(pairs).T
+        if x.std() < 1e-6 or y.std() < 1e-6:
+            continue
+        r = float(np.corrcoef(x, y)[0, 1])
+        if r > best_r:
+            best, best_r = lag, r
+    return best
+
+
+def test_the_delay_estimate_is_the_best_correlated_lag() -> None:
+    # every lag at once (one numpy pass on the event loop) finds what trying each in turn
+    # finds: echoes 0-40 frames late, noisy and clean, a far end that never moves, and a
+    # microphone that hears the echo only now and then
+    rng = np.random.default_rng(5)
+    for trial in range(16):
+        delay, far_dbs = trial * 3 % 41, rng.normal(-30.0, 10.0, 700)
+        if trial % 4 == 1:
+            far_dbs[:] = -30.0
+        estimate, far, heard = EchoDelay(), [], []
+        lags = []
+        for n, level in enumerate(far_dbs):
+            estimate.sent(float(level))
+            far.append(float(level))
+            echo = far_dbs[n - delay] + rng.normal(0.0, 40.0 if trial % 4 == 2 else 5.0)
+            if trial % 4 == 3 and n % 7:
+                echo = -50.0
+            heard.append((len(far), float(echo) if n >= delay else -60.0))
+            estimate.heard(heard[-1][1])
+            if estimate._since == 0:  # it estimated just now, over the last 300 heard
+                lags.append((estimate.lag, pearson_lag(far, heard[-300:])))
+        assert lags, trial
+        found = [ours for ours, _ in lags if ours is not None]
+        for ours, reference in lags:
+            assert ours == (reference if reference is not None else ours)
+        if trial % 4 == 0:
+            assert found and found[-1] == delay
