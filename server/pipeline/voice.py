@@ -21,6 +21,12 @@ import numpy.typing as npt
 from server.clock import Clock, MonotonicClock
 from server.config import PipelineConfig, SchedulerConfig
 from server.errors import RuntimeErrorBase
+from server.pipeline.chunks import (
+    STARVING_MARGIN_MS,
+    FirstChunkCutter,
+    SpeechTime,
+    Splitter,
+)
 from server.pipeline.engines import (
     Asr,
     Llm,
@@ -48,10 +54,7 @@ ASR_COST_FIXED_MS = 40.0
 ASR_COST_MS_PER_S = 30.0  # per second of audio
 TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
 TTS_COST_MS_FIXED = 20.0
-# a later chunk goes to speech before its sentence ends when less than this (ms) of audio is
-# queued ahead of the playback cursor: the words so far are spoken before the playback runs dry
-STARVING_SLACK_MS = 350.0
-STARVING_MIN_WORDS = 3  # complete words such a cut needs (fewer: wait for more)
+SPEECH_MS_PER_CHAR = 6.0  # text to audio until measured: the joe voice, 2-core AVX2 host
 WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
 WARM_UP_SPEECH = "Hello there, how are you today?"
 WARM_UP_MESSAGES: list[Message] = [
@@ -64,7 +67,6 @@ WARM_UP_TURN: list[Message] = [
     WARM_UP_MESSAGES[0],
     {"role": "user", "content": WARM_UP_MESSAGES[1]["content"] + " What is the capital of France?"},
 ]
-Splitter = Callable[[str], tuple[list[str], str]]
 T = TypeVar("T")
 
 
@@ -77,59 +79,6 @@ class LlmWarmUpEmpty(RuntimeErrorBase):
 def to_messages(context: Sequence[ContextEntry]) -> list[Message]:
     """Context entries (anchor, recent window, current turn) as chat messages."""
     return [{"role": entry.role.value, "content": entry.text} for entry in context]
-
-
-class FirstChunkCutter:
-    """Chunks streamed text: sentences from ``splitter``; the reply's first chunk is cut early,
-    after ``first_words`` words, so that speech can start before the first sentence ends.
-
-    Later chunks are whole sentences, unless the playback would run dry first: when
-    ``starving()`` says so (the audio queued ahead of the playback cursor will not last until
-    the sentence is written and spoken), the complete words written so far, at least
-    ``STARVING_MIN_WORDS`` of them, go to speech at once, the rest of the sentence after them.
-    """
-
-    def __init__(
-        self, splitter: Splitter, first_words: int, starving: Callable[[], bool] | None = None
-    ) -> None:
-        self._split = splitter
-        self._first_words = first_words
-        self._starving = starving
-        self._buffer = ""
-        self._first = True
-        self.starved_cuts = 0  # chunks cut before their sentence ended, to keep speech going
-
-    def feed(self, delta: str) -> list[str]:
-        self._buffer += delta
-        chunks, self._buffer = self._split(self._buffer)
-        if not chunks:
-            # a word is complete once a space follows it
-            words = self._buffer.lstrip().split(" ")
-            if self._first:
-                if len(words) > self._first_words:
-                    chunks = self._take(words, self._first_words)
-            elif len(words) > STARVING_MIN_WORDS and self._starving and self._starving():
-                chunks = self._take(words, len(words) - 1)
-                self.starved_cuts += 1
-        chunks = [c.strip() for c in chunks if c.strip()]
-        if chunks:
-            self._first = False
-        return chunks
-
-    def _take(self, words: list[str], n: int) -> list[str]:
-        """The first ``n`` words as a chunk; the buffer keeps the rest."""
-        self._buffer = " ".join(words[n:])
-        return [" ".join(words[:n])]
-
-    def flush(self) -> list[str]:
-        tail, self._buffer = self._buffer.strip(), ""
-        return [tail] if tail else []
-
-    def end_with(self, text: str, fed: int) -> None:
-        """The reply is ``text`` (``fed`` characters of the text were fed so far): the text not
-        yet cut becomes the rest of ``text``; what was cut already is said already."""
-        start = fed - len(self._buffer)  # where the buffer begins in the text
-        self._buffer = text[start:]
 
 
 class VoicePipeline:
@@ -175,6 +124,7 @@ class VoicePipeline:
         self.warm_prefix = True
         self._ids = itertools.count(1)
         self._replying = 0  # replies whose text is being written now
+        self.speech_time = SpeechTime(SPEECH_MS_PER_CHAR)  # from the warm-up, then each chunk
 
     def tune(self, settings: PipelineConfig) -> None:
         """Take the calibrated settings (the first chunk's length)."""
@@ -269,8 +219,15 @@ class VoicePipeline:
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
         view = request.view
-        starving = None if view is None else (lambda: view().slack_ms < STARVING_SLACK_MS)
-        cutter = FirstChunkCutter(self._splitter, self._first_chunk_words, starving)
+        speech_time = self.speech_time
+
+        def starving(words: str) -> bool:
+            assert view is not None
+            return view().slack_ms < STARVING_MARGIN_MS + speech_time.expected_ms(len(words))
+
+        cutter = FirstChunkCutter(
+            self._splitter, self._first_chunk_words, None if view is None else starving
+        )
         salt = self._salts.of(request)
         stream = self._llm.stream(
             to_messages(request.context), rid, self._max_tokens, cache_salt=salt
@@ -313,7 +270,9 @@ class VoicePipeline:
     async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
         cost = TTS_COST_MS_PER_CHAR * len(text) + TTS_COST_MS_FIXED
         job = functools.partial(self._tts.synthesize, text)
+        asked = self._clock.now_ms()
         speech = await self.tts_queue.run(tag, Stage.TTS, cost, job)
+        self.speech_time.observe(len(text), self._clock.now_ms() - asked)
         words = tuple(WordTiming(w.word, w.start, max(w.start, w.end)) for w in speech.words)
         phonemes = tuple(
             PhonemeTiming(p, start, max(start, end)) for p, start, end in speech.phonemes
@@ -334,6 +293,8 @@ class VoicePipeline:
         speech = await self._timed(
             times, "tts_ms", self.tts_queue.run(tag, Stage.TTS, TTS_COST_MS_FIXED, say)
         )
+        if times["tts_ms"] is not None:
+            self.speech_time = SpeechTime(times["tts_ms"] / len(WARM_UP_SPEECH))
         pcm = np.zeros(16_000, np.int16)  # at least 1 s at 16 kHz, so that the ASR runs
         if speech is not None:
             said = resample(np.asarray(speech.pcm, np.int16), MEDIA_RATE_HZ, 16_000)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from server.pipeline.chunks import FirstChunkCutter
 from server.pipeline.repetition import loop_end
-from server.pipeline.voice import FirstChunkCutter
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,10 @@ from server.conversation.partials import partial_due, stable_words
 from server.http.auth import token_digest
 from server.metrics import Metrics
 from server.owner import NO_OWNER
+from server.pipeline.chunks import STARVING_MIN_WORDS, FirstChunkCutter, SpeechTime
 from server.pipeline.engines import PrefillsOpenTurn
 from server.pipeline.seams import CacheSalts, ReplyRequest, SessionScoped, TurnTrace, WarmsUp
-from server.pipeline.voice import (
-    STARVING_MIN_WORDS,
-    FirstChunkCutter,
-    VoicePipeline,
-    to_messages,
-)
+from server.pipeline.voice import VoicePipeline, to_messages
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry, Role
 from server.runtime.session_view import SessionView
@@ -57,14 +53,20 @@ def test_a_short_first_sentence_is_not_cut() -> None:
 
 def test_later_chunks_go_to_speech_early_only_while_the_playback_would_run_dry() -> None:
     text = "Paris is the capital and the largest city of France, on the Seine. It has museums."
-    plenty = FirstChunkCutter(split_sentences, first_words=4, starving=lambda: False)
+    plenty = FirstChunkCutter(split_sentences, first_words=4, starving=lambda words: False)
     assert feed_all(plenty, text) == [
         "Paris is the capital",
         "and the largest city of France, on the Seine.",
         "It has museums.",
     ]
     assert plenty.starved_cuts == 0
-    running_dry = FirstChunkCutter(split_sentences, first_words=4, starving=lambda: True)
+    asked: list[str] = []
+
+    def starving(words: str) -> bool:
+        asked.append(words)
+        return True
+
+    running_dry = FirstChunkCutter(split_sentences, first_words=4, starving=starving)
     # each early cut holds the complete words written so far, at least three of them; a
     # sentence (or clause) that ends before that is cut where it ends
     chunks = feed_all(running_dry, text, step=2)
@@ -77,6 +79,22 @@ def test_later_chunks_go_to_speech_early_only_while_the_playback_would_run_dry()
     ]
     assert running_dry.starved_cuts == 2
     assert all(len(chunk.split()) >= STARVING_MIN_WORDS for chunk in chunks[1:3])
+    # it is asked about the words it would cut, and only once there are enough of them
+    assert asked[:2] == ["and the largest", "city of France,"]
+    assert all(len(words.split()) >= STARVING_MIN_WORDS for words in asked)
+
+
+def test_speech_time_follows_what_chunks_took_lately() -> None:
+    speech = SpeechTime(ms_per_char=6.0)
+    assert speech.expected_ms(20) == 120.0
+    for _ in range(12):  # two sessions now share the speech engine: chunks take longer
+        speech.observe(chars=20, elapsed_ms=400.0)
+    assert 19.0 < speech.ms_per_char <= 20.0
+    speech.observe(chars=0, elapsed_ms=50.0)  # nothing said: nothing learnt
+    assert 19.0 < speech.ms_per_char <= 20.0
+    for _ in range(12):
+        speech.observe(chars=40, elapsed_ms=200.0)
+    assert 5.0 <= speech.ms_per_char < 6.0
 
 
 def test_context_becomes_chat_messages() -> None:
@@ -502,11 +520,23 @@ class _SlowSentenceLlm(_Engines):
         return None
 
 
-@pytest.mark.parametrize(("slack_ms", "cut"), [(None, False), (5000.0, False), (100.0, True)])
+@pytest.mark.parametrize(
+    ("slack_ms", "ms_per_char", "cut"),
+    [
+        (None, 6.0, False),
+        (5000.0, 6.0, False),
+        (100.0, 6.0, True),
+        # 450 ms of audio ahead: enough where speech is made fast, too little where it is
+        # slow (two sessions sharing the speech engine): the threshold follows SpeechTime
+        (450.0, 1.0, False),
+        (450.0, 30.0, True),
+    ],
+)
 async def test_a_reply_is_cut_before_its_sentence_ends_when_its_playback_runs_low(
-    slack_ms: float | None, cut: bool
+    slack_ms: float | None, ms_per_char: float, cut: bool
 ) -> None:
     pipeline = _pipeline(_SlowSentenceLlm())
+    pipeline.speech_time = SpeechTime(ms_per_char)
     view = None if slack_ms is None else functools.partial(SessionView, "s" * 32, 0, slack_ms, 1e3)
     request = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"), view=view)
     try:
