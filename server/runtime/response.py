@@ -182,6 +182,7 @@ class Response:
                 phonemes=audio.phonemes or chunk.phonemes,
             )
         )
+        self._commit_soundless()
         self._maybe_end_stream()
         return accepted
 
@@ -217,6 +218,7 @@ class Response:
         if chunk.audio_complete and chunk.played >= chunk.duration:
             self._commit(chunk, chunk.text, truncated=False)
             self._playback.forget_chunk(chunk.chunk_id)
+            self._commit_soundless()
         return True
 
     def pause(self) -> None:
@@ -307,6 +309,16 @@ class Response:
         except UnknownItem:
             heard = ""
         return ResponseDone(epoch, status, self.response_id, self.item_id, heard)
+
+    def _commit_soundless(self) -> None:
+        """A chunk whose speech has no samples (text the voice says nothing for: "**", "-")
+        is played as soon as every chunk before it is: no pull of the playback ever spans
+        it, and left pending it would hold the reply open for good."""
+        for chunk in self.pending():
+            if not (chunk.audio_complete and chunk.duration == 0):
+                return
+            self._commit(chunk, chunk.text, truncated=False)
+            self._playback.forget_chunk(chunk.chunk_id)
 
     def _maybe_end_stream(self) -> None:
         if (

@@ -409,3 +409,39 @@ def test_pause_needs_a_reply_and_resume_needs_a_pause(session: Session) -> None:
     with pytest.raises(InvalidTransition):
         session.resume_reply("no voice")
     assert session.state is TurnState.LISTENING
+
+
+def quiet(session: Session, text: str) -> int:
+    """Open a chunk for ``text`` whose speech has no samples (the TTS says nothing for "**")."""
+    chunk = session.open_chunk(session.epoch, text)
+    assert chunk is not None
+    msg = session.message(chunk, Stage.TTS, ChunkAudio(tone(0), (), final=True))
+    assert session.deliver_audio(msg) == 0
+    return chunk.chunk_id
+
+
+@pytest.mark.parametrize("where", ["first", "between", "last"])
+def test_a_chunk_without_sound_never_holds_the_reply(session: Session, where: str) -> None:
+    # a model's markdown ("**", "-") becomes a chunk the voice says nothing for: it plays at
+    # once in its place, so the reply still ends (it waited for it forever) and history keeps
+    # the text in order
+    user_turn(session, "List two things.")
+    assert session.start_response(session.epoch)
+    if where == "first":
+        quiet(session, "**")
+    say(session, "Apples.", 200)
+    if where == "between":
+        quiet(session, "**")
+    say(session, "Pears.", 200)
+    if where == "last":
+        quiet(session, "**")
+    session.finish_response(session.epoch)
+    play(session, 420)
+    assert session.state is TurnState.LISTENING
+    expected = {
+        "first": "** Apples. Pears.",
+        "between": "Apples. ** Pears.",
+        "last": "Apples. Pears. **",
+    }
+    assert session.history.turns[-1].text == expected[where]
+    assert any(isinstance(e, ResponseDone) for e in session.drain_events())
