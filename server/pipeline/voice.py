@@ -219,15 +219,8 @@ class VoicePipeline:
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
         view = request.view
-        speech_time = self.speech_time
-
-        def starving(words: str) -> bool:
-            assert view is not None
-            return view().slack_ms < STARVING_MARGIN_MS + speech_time.expected_ms(len(words))
-
-        cutter = FirstChunkCutter(
-            self._splitter, self._first_chunk_words, None if view is None else starving
-        )
+        starving = None if view is None else self._starving(view)
+        cutter = FirstChunkCutter(self._splitter, self._first_chunk_words, starving)
         salt = self._salts.of(request)
         stream = self._llm.stream(
             to_messages(request.context), rid, self._max_tokens, cache_salt=salt
@@ -266,6 +259,17 @@ class VoicePipeline:
             if stats is not None:
                 trace.cached_tokens = int(stats.cached_tokens)
                 trace.prompt_tokens = int(stats.prompt_tokens)
+
+    def _starving(self, view: Callable[[], SessionView]) -> Callable[[str], bool]:
+        """Whether ``words`` must go to speech now: the audio queued ahead of the session's
+        playback cursor would run out before they are spoken (the margin, and the time
+        speech takes to make here lately)."""
+
+        def starving(words: str) -> bool:
+            expected_ms = self.speech_time.expected_ms(len(words))
+            return view().slack_ms < STARVING_MARGIN_MS + expected_ms
+
+        return starving
 
     async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
         cost = TTS_COST_MS_PER_CHAR * len(text) + TTS_COST_MS_FIXED

@@ -182,7 +182,7 @@ class Response:
                 phonemes=audio.phonemes or chunk.phonemes,
             )
         )
-        self._commit_soundless()
+        self._commit_played_out()  # a chunk without sound is played out as it arrives
         self._maybe_end_stream()
         return accepted
 
@@ -215,10 +215,7 @@ class Response:
             self.heard_samples += span.samples
         chunk = replace(chunk, played=max(chunk.played, span.start + span.samples))
         self._set(chunk)
-        if chunk.audio_complete and chunk.played >= chunk.duration:
-            self._commit(chunk, chunk.text, truncated=False)
-            self._playback.forget_chunk(chunk.chunk_id)
-            self._commit_soundless()
+        self._commit_played_out()
         return True
 
     def pause(self) -> None:
@@ -310,12 +307,13 @@ class Response:
             heard = ""
         return ResponseDone(epoch, status, self.response_id, self.item_id, heard)
 
-    def _commit_soundless(self) -> None:
-        """A chunk whose speech has no samples (text the voice says nothing for: "**", "-")
-        is played as soon as every chunk before it is: no pull of the playback ever spans
-        it, and left pending it would hold the reply open for good."""
+    def _commit_played_out(self) -> None:
+        """Commit, in order, the pending chunks played to their end (all their audio came and
+        was played). A chunk whose speech has no samples (text the voice says nothing for:
+        "**", "-") is played out once every chunk before it is: no pull of the playback ever
+        spans it, and left pending it would hold the reply open for good."""
         for chunk in self.pending():
-            if not (chunk.audio_complete and chunk.duration == 0):
+            if not (chunk.audio_complete and chunk.played >= chunk.duration):
                 return
             self._commit(chunk, chunk.text, truncated=False)
             self._playback.forget_chunk(chunk.chunk_id)
