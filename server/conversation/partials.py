@@ -5,6 +5,8 @@ the speaker pauses, continuing after the words two partials agreed on (the stabl
 warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
 time: the stable words while the user speaks, and at a pause the whole partial, which heard
 all the speech and is usually the final transcript (so the reply computes almost nothing).
+Not at a pause that ends the turn (it sounds complete, and its words do not stop
+mid-sentence): the reply starts right after, and would first wait for that warm-up.
 """
 
 from __future__ import annotations
@@ -128,16 +130,19 @@ class Partials:
         view = self._session.view()
         return replace(view, slack_ms=view.budget_ms * PARTIAL_SLACK_SHARE, waiting_since_ms=None)
 
-    async def run(self, pipeline: TurnPipeline) -> None:
+    async def run(self, pipeline: TurnPipeline, ends_turn: Callable[[str], bool]) -> None:
         """Decode until cancelled (the turn ended); a warm-up still running then is of no use
-        to its reply and is cancelled too."""
+        to its reply and is cancelled too. ``ends_turn(words)``: whether the turn ends on a
+        pause's ``words`` as soon as its silence is long enough."""
         try:
-            await self._decode_partials(pipeline)
+            await self._decode_partials(pipeline, ends_turn)
         finally:
             task, self._warming = self._warming, None
             await cancel(task)
 
-    async def _decode_partials(self, pipeline: TurnPipeline) -> None:
+    async def _decode_partials(
+        self, pipeline: TurnPipeline, ends_turn: Callable[[str], bool]
+    ) -> None:
         session = self._session
         last_ms = self._clock.now_ms()
         while True:
@@ -169,6 +174,12 @@ class Partials:
             if said and said != self._said and (quiet >= PAUSE_MS or len(said) > len(self._said)):
                 self._said, self._said_heard = said, heard
                 session.set_user_transcript(said)
+                if quiet >= PAUSE_MS and ends_turn(said):
+                    # the reply starts within a tick or two and reads these words in one
+                    # pass; a warm-up begun now would still be running then, and the reply
+                    # would wait for it and then take a second pass (a model call cannot
+                    # stop halfway)
+                    continue
                 if self._warming is None or self._warming.done():
                     if self._warming is not None:
                         await self._warming  # done: its outcome was handled in _warm

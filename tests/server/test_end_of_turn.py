@@ -16,9 +16,10 @@ import pytest
 
 from server.conversation import partials
 from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
+from server.pipeline.seams import ReplyRequest
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, ShedWork
-from tests.server.test_interjection import Rig, ScriptedPipeline
+from tests.server.test_interjection import Rig, ScriptedPipeline, Voice
 
 
 class Verdicts:
@@ -105,12 +106,16 @@ async def test_without_the_model_a_turn_ends_after_the_fixed_silence() -> None:
 
 
 class Partials(ScriptedPipeline):
-    """A recogniser whose partial transcripts say ``partial`` (or are shed, ``None``)."""
+    """A recogniser whose partial transcripts say ``partial`` (or are shed, ``None``), and
+    ``speaking`` instead while ``voice`` is on; records the user's words each warm-up pushed."""
 
-    def __init__(self, partial: str | None) -> None:
+    def __init__(self, partial: str | None, speaking: str | None = None) -> None:
         super().__init__()
         self.partial = partial
+        self.speaking = partial if speaking is None else speaking
+        self.voice: Voice | None = None
         self.decodes = 0
+        self.warmed: list[str] = []
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
@@ -118,19 +123,31 @@ class Partials(ScriptedPipeline):
         self.decodes += 1
         if self.partial is None:
             raise ShedWork("the engine is busy")
-        return self.partial
+        assert self.speaking is not None
+        return self.speaking if self.voice is not None and self.voice.on else self.partial
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        self.warmed.append(request.context[-1].text)
+        return 0
 
 
-def rig_with(monkeypatch: pytest.MonkeyPatch, partial: str | None) -> tuple[Rig, Partials]:
-    """A complete-sounding utterance (the model says 0.9) whose partial transcripts say
-    ``partial``; the partial loop looks every event-loop turn (the rig's clock is fake)."""
+def rig_with(
+    monkeypatch: pytest.MonkeyPatch,
+    partial: str | None,
+    speaking: str | None = None,
+    probability: float = 0.9,
+) -> tuple[Rig, Partials]:
+    """An utterance the end-of-turn model calls complete (it says 0.9) whose partial
+    transcripts say ``partial`` (``speaking`` while the voice is on); the partial loop looks
+    every event-loop turn (the rig's clock is fake)."""
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
-    recogniser = Partials(partial)
+    recogniser = Partials(partial, speaking)
     rig = Rig(
         pipeline=lambda _: recogniser,
         settings={"pipeline.incremental": "true"},
-        completeness=Verdicts(0.9),
+        completeness=Verdicts(probability),
     )
+    recogniser.voice = rig.voice
     return rig, recogniser
 
 
@@ -154,6 +171,41 @@ async def test_a_finished_sentence_ends_after_the_short_silence(
     try:
         await speak(rig, 40)
         assert 160.0 <= await quiet_until_the_turn_ends(rig) <= 260.0
+    finally:
+        await rig.conversation.close()
+
+
+async def test_the_pause_that_ends_the_turn_is_not_warmed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the reply starts right after the pause's words: a warm-up of them would still be
+    # running, and the reply would wait for it, then read its last token in a second pass
+    rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
+    try:
+        await speak(rig, 40)
+        assert 160.0 <= await quiet_until_the_turn_ends(rig) <= 260.0
+        assert recogniser.warmed and set(recogniser.warmed) == {"I would like"}
+    finally:
+        await rig.conversation.close()
+
+
+@pytest.mark.parametrize(
+    ("partial", "probability"),
+    [
+        ("I would like to go to", 0.9),  # the words stop mid-sentence: the turn goes on
+        ("I would like to go to Paris.", 0.1),  # it does not sound complete
+    ],
+)
+async def test_a_pause_that_may_not_end_the_turn_is_warmed(
+    monkeypatch: pytest.MonkeyPatch, partial: str, probability: float
+) -> None:
+    rig, recogniser = rig_with(monkeypatch, partial, "I would like", probability)
+    try:
+        await speak(rig, 40)
+        await rig.tick(15)  # the pause: its decode, and its warm-up
+        await asyncio.sleep(0.01)
+        assert rig.conversation.session.state is TurnState.USER_SPEAKING
+        assert recogniser.warmed[0] == "I would like" and recogniser.warmed[-1] == partial
     finally:
         await rig.conversation.close()
 
