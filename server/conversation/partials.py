@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -30,6 +31,8 @@ from server.runtime.session import Session
 from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag, ShedWork
 from server.tasks import cancel
+
+log = logging.getLogger(__name__)
 
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 PARTIAL_TICK_S = 0.02  # how often the partial loop looks for a pause
@@ -172,14 +175,25 @@ class Partials:
             # a decode begun in a pause heard all the speech: likely the final transcript
             said = text.strip() if quiet >= PAUSE_MS else self.stable
             if said and said != self._said and (quiet >= PAUSE_MS or len(said) > len(self._said)):
-                self._said, self._said_heard = said, heard
                 session.set_user_transcript(said)
-                if quiet >= PAUSE_MS and ends_turn(said):
+                ending = quiet >= PAUSE_MS and ends_turn(said)
+                if quiet >= PAUSE_MS:
+                    verdict = "the turn ends on them, no warm-up" if ending else "warmed"
+                    log.debug(
+                        "session %s: the pause's words after %.0f ms of quiet, decoded in"
+                        " %.0f ms: %s",
+                        session.session_id[:8],
+                        quiet,
+                        self._clock.now_ms() - last_ms,
+                        verdict,
+                    )
+                if ending:
                     # the reply starts within a tick or two and reads these words in one
-                    # pass; a warm-up begun now would still be running then, and the reply
-                    # would wait for it and then take a second pass (a model call cannot
-                    # stop halfway)
+                    # pass; a warm-up begun now (or one running, going on to them) would
+                    # still be running then, and the reply would wait for it, then take a
+                    # second pass (a model call cannot stop halfway)
                     continue
+                self._said, self._said_heard = said, heard
                 if self._warming is None or self._warming.done():
                     if self._warming is not None:
                         await self._warming  # done: its outcome was handled in _warm

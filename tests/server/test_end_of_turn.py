@@ -51,6 +51,19 @@ async def speak(rig: Rig, frames: int) -> None:
     assert rig.conversation.session.state is TurnState.USER_SPEAKING
 
 
+async def until_judged(rig: Rig) -> None:
+    """Quiet frames until the end-of-turn model (in a worker thread) has judged the
+    utterance: 60 ms, then as long as its thread takes (the fake clock stands still)."""
+    verdicts = rig.conversation.floor.turn_probabilities
+    before = len(verdicts)
+    await rig.tick(3)  # floor.PROBE_MS
+    for _ in range(1000):
+        if len(verdicts) > before:
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("the end-of-turn model never answered")
+
+
 async def test_a_complete_sounding_utterance_ends_after_the_short_silence() -> None:
     model = Verdicts(0.9)
     rig = Rig(completeness=model)
@@ -136,12 +149,13 @@ def rig_with(
     partial: str | None,
     speaking: str | None = None,
     probability: float = 0.9,
+    recogniser_class: type[Partials] | None = None,
 ) -> tuple[Rig, Partials]:
     """An utterance the end-of-turn model calls complete (it says 0.9) whose partial
     transcripts say ``partial`` (``speaking`` while the voice is on); the partial loop looks
     every event-loop turn (the rig's clock is fake)."""
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
-    recogniser = Partials(partial, speaking)
+    recogniser = (recogniser_class or Partials)(partial, speaking)
     rig = Rig(
         pipeline=lambda _: recogniser,
         settings={"pipeline.incremental": "true"},
@@ -183,8 +197,43 @@ async def test_the_pause_that_ends_the_turn_is_not_warmed(
     rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
     try:
         await speak(rig, 40)
-        assert 160.0 <= await quiet_until_the_turn_ends(rig) <= 260.0
+        await until_judged(rig)  # before the pause's words (100 ms)
+        await quiet_until_the_turn_ends(rig)
         assert recogniser.warmed and set(recogniser.warmed) == {"I would like"}
+    finally:
+        await rig.conversation.close()
+
+
+class HeldWarmUp(Partials):
+    """The first warm-up runs until ``release`` is set (an LLM busy with other sessions)."""
+
+    def __init__(self, partial: str | None, speaking: str | None = None) -> None:
+        super().__init__(partial, speaking)
+        self.release = asyncio.Event()
+
+    async def prefill(self, request: ReplyRequest) -> int:
+        await super().prefill(request)
+        if len(self.warmed) == 1:
+            await self.release.wait()
+        return 0
+
+
+async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rig, recogniser = rig_with(
+        monkeypatch, "I would like to go to Paris.", "I would like", recogniser_class=HeldWarmUp
+    )
+    assert isinstance(recogniser, HeldWarmUp)
+    try:
+        await speak(rig, 40)  # the warm-up of "I would like" runs on
+        await until_judged(rig)
+        await rig.tick(3)  # 120 ms of quiet: the pause's words, the turn not yet ended
+        assert rig.conversation.session.state is TurnState.USER_SPEAKING
+        recogniser.release.set()  # the warm-up ends before the reply starts
+        await rig.tick()
+        await quiet_until_the_turn_ends(rig)
+        assert recogniser.warmed == ["I would like"]
     finally:
         await rig.conversation.close()
 
