@@ -48,7 +48,7 @@ from server.conversation.partials import MIN_PARTIAL_SAMPLES, Partials
 from server.conversation.playout import Playout
 from server.conversation.realtime_session import TurnSettings
 from server.conversation.reply import Replies
-from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
+from server.conversation.unfinished import Words, words_at_pause
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.seams import PrimedTranscripts, TurnPipeline, TurnTrace
@@ -295,12 +295,12 @@ class Floor:
             await self.end_user_turn(event.at_ms)
             self._flush()
 
-    def _ends_on(self, words: str) -> bool:
-        """Whether the turn ends on ``words``, a pause's partial transcript, once the silence
-        is long enough: the end-of-turn model called the utterance complete, and the words
-        do not stop mid-sentence."""
-        unfinished = self._config.vad.unfinished_words and sounds_unfinished(words)
-        return self._complete is True and not unfinished
+    def _ending(self) -> bool:
+        """Whether the user's turn ends as soon as its silence is long enough: the end-of-turn
+        model called the utterance complete, and the latest partial transcript heard all the
+        speech and does not stop mid-sentence (or none is awaited)."""
+        quiet = self._detector.quiet_ms
+        return self._complete is True and quiet > 0 and self._words(quiet) is Words.END
 
     def _words(self, quiet_ms: float) -> Words:
         """What the partial loop's transcript of this pause says (server/conversation/
@@ -348,7 +348,7 @@ class Floor:
             self._utterance.begin(back_ms)
             self._partials.reset()
             if self._pipeline is not None and self._config.pipeline.incremental:
-                run = self._partials.run(self._pipeline, self._ends_on)
+                run = self._partials.run(self._pipeline, self._ending)
                 self._partials_task = self._spawn(run, "partials")
 
     async def stop_partials(self) -> None:

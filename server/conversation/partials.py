@@ -5,8 +5,8 @@ the speaker pauses, continuing after the words two partials agreed on (the stabl
 warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
 time: the stable words while the user speaks, and at a pause the whole partial, which heard
 all the speech and is usually the final transcript (so the reply computes almost nothing).
-Not at a pause that ends the turn (it sounds complete, and its words do not stop
-mid-sentence): the reply starts right after, and would first wait for that warm-up.
+None once the turn is ending (it sounds complete, and the latest partial heard all the speech
+and does not stop mid-sentence): the reply starts right after, and would first wait for it.
 """
 
 from __future__ import annotations
@@ -133,19 +133,17 @@ class Partials:
         view = self._session.view()
         return replace(view, slack_ms=view.budget_ms * PARTIAL_SLACK_SHARE, waiting_since_ms=None)
 
-    async def run(self, pipeline: TurnPipeline, ends_turn: Callable[[str], bool]) -> None:
+    async def run(self, pipeline: TurnPipeline, ending: Callable[[], bool]) -> None:
         """Decode until cancelled (the turn ended); a warm-up still running then is of no use
-        to its reply and is cancelled too. ``ends_turn(words)``: whether the turn ends on a
-        pause's ``words`` as soon as its silence is long enough."""
+        to its reply and is cancelled too. ``ending()``: whether the turn ends as soon as its
+        silence is long enough (on the latest partial's words)."""
         try:
-            await self._decode_partials(pipeline, ends_turn)
+            await self._decode_partials(pipeline, ending)
         finally:
             task, self._warming = self._warming, None
             await cancel(task)
 
-    async def _decode_partials(
-        self, pipeline: TurnPipeline, ends_turn: Callable[[str], bool]
-    ) -> None:
+    async def _decode_partials(self, pipeline: TurnPipeline, ending: Callable[[], bool]) -> None:
         session = self._session
         last_ms = self._clock.now_ms()
         while True:
@@ -176,9 +174,9 @@ class Partials:
             said = text.strip() if quiet >= PAUSE_MS else self.stable
             if said and said != self._said and (quiet >= PAUSE_MS or len(said) > len(self._said)):
                 session.set_user_transcript(said)
-                ending = quiet >= PAUSE_MS and ends_turn(said)
+                ends = ending()
                 if quiet >= PAUSE_MS:
-                    verdict = "the turn ends on them, no warm-up" if ending else "warmed"
+                    verdict = "the turn ends on them, no warm-up" if ends else "warmed"
                     log.debug(
                         "session %s: the pause's words after %.0f ms of quiet, decoded in"
                         " %.0f ms: %s",
@@ -187,9 +185,10 @@ class Partials:
                         self._clock.now_ms() - last_ms,
                         verdict,
                     )
-                if ending:
+                if ends:
                     # the reply starts within a tick or two and reads these words in one
-                    # pass; a warm-up begun now (or one running, going on to them) would
+                    # pass; a warm-up begun now (or one running, going on to them: the
+                    # stable words of a decode that heard the whole question, too) would
                     # still be running then, and the reply would wait for it, then take a
                     # second pass (a model call cannot stop halfway)
                     continue

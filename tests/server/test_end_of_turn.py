@@ -238,6 +238,54 @@ async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
         await rig.conversation.close()
 
 
+class HeldQuietDecode(Partials):
+    """A decode of audio that ends in quiet waits for ``release`` (a slow recogniser)."""
+
+    def __init__(self, partial: str | None, speaking: str | None = None) -> None:
+        super().__init__(partial, speaking)
+        self.release = asyncio.Event()
+        self.held = False
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        if self.voice is not None and not self.voice.on:
+            self.held = True
+            await self.release.wait()
+        return await super().partial_transcript(utterance, tag, prefix)
+
+
+async def test_no_warm_up_of_stable_words_once_the_turn_is_ending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a decode begun in the first 100 ms of quiet heard the whole question: its words become
+    # stable ones, but the turn sounds complete and ends on them, so they are left to the reply
+    monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
+    recogniser = HeldQuietDecode("I would like to go to Paris.", "I would like to go to Paris")
+    rig = Rig(
+        pipeline=lambda _: recogniser,
+        settings={"pipeline.incremental": "true", "pipeline.partial_interval_ms": "50"},
+        completeness=Verdicts(0.9),
+    )
+    recogniser.voice = rig.voice
+    try:
+        rig.voice.on = True
+        await rig.tick(30)  # "I would like to go to Paris" stable and warmed while speaking
+        assert recogniser.warmed == ["I would like to go to Paris"]
+        decodes = recogniser.decodes
+        while recogniser.decodes == decodes:  # a decode every 60 ms: one begins
+            await rig.tick()
+        await rig.tick()  # and a frame of speech it did not hear: the next decode hears quiet
+        rig.voice.on = False
+        await until_judged(rig)  # 60 ms of quiet
+        assert recogniser.held and rig.conversation.detector.quiet_ms < 100.0
+        recogniser.release.set()  # "... Paris.": the stable words grow by a mark
+        await quiet_until_the_turn_ends(rig)
+        assert recogniser.warmed == ["I would like to go to Paris"]
+    finally:
+        await rig.conversation.close()
+
+
 @pytest.mark.parametrize(
     ("partial", "probability"),
     [
