@@ -120,7 +120,9 @@ async def test_without_the_model_a_turn_ends_after_the_fixed_silence() -> None:
 
 class Partials(ScriptedPipeline):
     """A recogniser whose partial transcripts say ``partial`` (or are shed, ``None``), and
-    ``speaking`` instead while ``voice`` is on; records the user's words each warm-up pushed."""
+    ``speaking`` instead while ``voice`` is on; records the user's words each warm-up pushed.
+    With ``hold_first_warm_up`` (an LLM busy with other sessions) or ``hold_quiet_decodes``
+    (a slow recogniser, on audio that ends in quiet) those wait until ``release`` is set."""
 
     def __init__(self, partial: str | None, speaking: str | None = None) -> None:
         super().__init__()
@@ -129,18 +131,28 @@ class Partials(ScriptedPipeline):
         self.voice: Voice | None = None
         self.decodes = 0
         self.warmed: list[str] = []
+        self.hold_first_warm_up = False
+        self.hold_quiet_decodes = False
+        self.held = False  # a quiet decode waited
+        self.release = asyncio.Event()
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
     ) -> str:
+        speaking = self.voice is not None and self.voice.on
+        if self.hold_quiet_decodes and not speaking:
+            self.held = True
+            await self.release.wait()
         self.decodes += 1
         if self.partial is None:
             raise ShedWork("the engine is busy")
         assert self.speaking is not None
-        return self.speaking if self.voice is not None and self.voice.on else self.partial
+        return self.speaking if speaking else self.partial
 
     async def prefill(self, request: ReplyRequest) -> int:
         self.warmed.append(request.context[-1].text)
+        if self.hold_first_warm_up and len(self.warmed) == 1:
+            await self.release.wait()
         return 0
 
 
@@ -149,16 +161,20 @@ def rig_with(
     partial: str | None,
     speaking: str | None = None,
     probability: float = 0.9,
-    recogniser_class: type[Partials] | None = None,
+    interval_ms: int | None = None,
 ) -> tuple[Rig, Partials]:
     """An utterance the end-of-turn model calls complete (it says 0.9) whose partial
-    transcripts say ``partial`` (``speaking`` while the voice is on); the partial loop looks
-    every event-loop turn (the rig's clock is fake)."""
+    transcripts say ``partial`` (``speaking`` while the voice is on), every ``interval_ms``
+    (None: the default); the partial loop looks every event-loop turn (the rig's clock is
+    fake)."""
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
-    recogniser = (recogniser_class or Partials)(partial, speaking)
+    recogniser = Partials(partial, speaking)
+    settings = {"pipeline.incremental": "true"}
+    if interval_ms is not None:
+        settings["pipeline.partial_interval_ms"] = str(interval_ms)
     rig = Rig(
         pipeline=lambda _: recogniser,
-        settings={"pipeline.incremental": "true"},
+        settings=settings,
         completeness=Verdicts(probability),
     )
     recogniser.voice = rig.voice
@@ -204,27 +220,11 @@ async def test_the_pause_that_ends_the_turn_is_not_warmed(
         await rig.conversation.close()
 
 
-class HeldWarmUp(Partials):
-    """The first warm-up runs until ``release`` is set (an LLM busy with other sessions)."""
-
-    def __init__(self, partial: str | None, speaking: str | None = None) -> None:
-        super().__init__(partial, speaking)
-        self.release = asyncio.Event()
-
-    async def prefill(self, request: ReplyRequest) -> int:
-        await super().prefill(request)
-        if len(self.warmed) == 1:
-            await self.release.wait()
-        return 0
-
-
 async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    rig, recogniser = rig_with(
-        monkeypatch, "I would like to go to Paris.", "I would like", recogniser_class=HeldWarmUp
-    )
-    assert isinstance(recogniser, HeldWarmUp)
+    rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
+    recogniser.hold_first_warm_up = True
     try:
         await speak(rig, 40)  # the warm-up of "I would like" runs on
         await until_judged(rig)
@@ -238,36 +238,14 @@ async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
         await rig.conversation.close()
 
 
-class HeldQuietDecode(Partials):
-    """A decode of audio that ends in quiet waits for ``release`` (a slow recogniser)."""
-
-    def __init__(self, partial: str | None, speaking: str | None = None) -> None:
-        super().__init__(partial, speaking)
-        self.release = asyncio.Event()
-        self.held = False
-
-    async def partial_transcript(
-        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
-        if self.voice is not None and not self.voice.on:
-            self.held = True
-            await self.release.wait()
-        return await super().partial_transcript(utterance, tag, prefix)
-
-
 async def test_no_warm_up_of_stable_words_once_the_turn_is_ending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a decode begun in the first 100 ms of quiet heard the whole question: its words become
     # stable ones, but the turn sounds complete and ends on them, so they are left to the reply
-    monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
-    recogniser = HeldQuietDecode("I would like to go to Paris.", "I would like to go to Paris")
-    rig = Rig(
-        pipeline=lambda _: recogniser,
-        settings={"pipeline.incremental": "true", "pipeline.partial_interval_ms": "50"},
-        completeness=Verdicts(0.9),
-    )
-    recogniser.voice = rig.voice
+    paris = "I would like to go to Paris"
+    rig, recogniser = rig_with(monkeypatch, paris + ".", paris, interval_ms=50)
+    recogniser.hold_quiet_decodes = True
     try:
         rig.voice.on = True
         await rig.tick(30)  # "I would like to go to Paris" stable and warmed while speaking
