@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -130,8 +131,10 @@ def expose_durations(model: onnx.ModelProto, tensor: str = DURATIONS_TENSOR) -> 
     return True
 
 
-def open_voice_session(model_path: Path, threads: int | None) -> Any:
-    """An onnxruntime session (CPU) of the voice whose outputs are the audio and durations."""
+def open_voice_session(model_path: Path, threads: int | None, seed: int | None = None) -> Any:
+    """An onnxruntime session (CPU) of the voice whose outputs are the audio and durations.
+    ``seed``: the noise the voice samples (``noise_scale``, ``noise_w``) starts from it, so
+    that each session says the same text the same way, call for call (None: at random)."""
     import onnx
     import onnxruntime
 
@@ -146,12 +149,17 @@ def open_voice_session(model_path: Path, threads: int | None) -> Any:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if seed is not None:  # onnxruntime seeds a random kernel from its process-wide seed
+        onnxruntime.set_seed(seed)
     try:
         return onnxruntime.InferenceSession(
             model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as exc:  # onnxruntime raises its own (untyped) exception classes
         raise TtsError(f"cannot start ONNX session for {model_path}: {exc}") from exc
+    finally:
+        if seed is not None:  # the next session draws its own
+            onnxruntime.set_seed(secrets.randbits(62))
 
 
 class OnnxVoiceTts:
@@ -159,6 +167,7 @@ class OnnxVoiceTts:
 
     ``synthesize`` is serialised by a lock; run it in a worker thread. Each sentence's audio is
     peak-normalised, then scaled by ``volume`` (headroom for the resampler's overshoot).
+    ``seed``: say each text the same way every run (tests); None, a voice's own variety.
     """
 
     def __init__(
@@ -167,6 +176,7 @@ class OnnxVoiceTts:
         config_path: Path | None = None,
         threads: int | None = None,
         volume: float = 0.9,
+        seed: int | None = None,
     ) -> None:
         if model_path is None or config_path is None:
             default_model, default_config = joe_voice_paths()
@@ -174,7 +184,7 @@ class OnnxVoiceTts:
             config_path = config_path or default_config
         started = time.perf_counter()
         self._config = VoiceConfig.read(config_path)
-        self._session = open_voice_session(model_path, threads)
+        self._session = open_voice_session(model_path, threads, seed)
         try:
             self._phonemizer = Phonemizer(self._config.ids)
         except Exception as exc:  # gruut's loading raises untyped errors (sqlite, crfsuite)
