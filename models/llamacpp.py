@@ -209,16 +209,24 @@ class LlamaCppEngine:
         return await _one_token(generation, self._stats, request_id)
 
     async def prefill_open(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        paused: bool = False,
     ) -> GenerationStats:
         """Warm the scope's slot while the last message is still being said.
 
-        llama.cpp reuses the longest common token prefix, not whole blocks, so the prompt of
-        the chat as said so far is computed whole, its assistant turn opened: when the final
-        transcript is what was heard last, the reply computes one token; when the user went on
-        (or a word grew), only the tokens after the first difference.
+        llama.cpp reuses the longest common token prefix, not whole blocks. While the user
+        speaks, the prompt ends right after their words, their turn left open: the next
+        warm-up and the reply read only the words after them. At a pause (``paused``) the
+        words may be all the turn says, so the assistant's turn is opened too: when the final
+        transcript is what was heard last, the reply computes one token; when the user went
+        on, the tokens after the first difference (the header again, 5 tokens for Qwen).
         """
-        generation = self._generate(self.chat.render(messages), request_id, 1, cache_salt)
+        prompt = self.chat.render(messages) if paused else self.chat.render_user_open(messages)
+        generation = self._generate(prompt, request_id, 1, cache_salt)
         return await _one_token(generation, self._stats, request_id)
 
     async def end_of_turn_probability(

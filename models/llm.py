@@ -312,11 +312,17 @@ class VllmEngine:
         return await _one_token(generation, self._stats, request_id)
 
     async def prefill_open(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        paused: bool = False,
     ) -> GenerationStats:
         """Warm the prefix cache while the last message is still being said: the prompt of
         :meth:`ChatPrompts.render_open`, a token prefix of the one stream() will send once the
-        message is complete, so that reply reuses its whole blocks. One token is generated."""
+        message is complete, so that reply reuses its whole blocks. One token is generated.
+        ``paused`` changes nothing: vLLM reuses whole blocks, so the turn stays open."""
         generation = self._generate(messages, request_id, 1, cache_salt, open_turn=True)
         return await _one_token(generation, self._stats, request_id)
 

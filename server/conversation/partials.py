@@ -3,8 +3,9 @@
 The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when
 the speaker pauses, continuing after the words two partials agreed on (the stable words). A
 warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
-time: the stable words while the user speaks, and at a pause the whole partial, which heard
-all the speech and is usually the final transcript (so the reply computes almost nothing).
+time: the stable words while the user speaks (their turn left open: the next warm-up reads only
+the words after them), and at a pause the whole partial, which heard all the speech and is
+usually the final transcript (so the reply computes almost nothing).
 None once the turn is ending (it sounds complete, and the latest partial heard all the speech
 and does not stop mid-sentence): the reply starts right after, and would first wait for it.
 """
@@ -113,6 +114,7 @@ class Partials:
         self.stable = ""
         self._said = ""  # the user's words the warm-ups push: stable words, or a pause's partial
         self._said_heard = 0  # input samples heard when the decode that found them began
+        self._said_paused = False  # whether the user paused after them (a pause's partial)
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
@@ -123,6 +125,7 @@ class Partials:
         self.stable = ""
         self._said = ""
         self._said_heard = 0
+        self._said_paused = False
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -171,11 +174,13 @@ class Partials:
             if len(stable) > len(self.stable):
                 self.stable = stable
             # a decode begun in a pause heard all the speech: likely the final transcript
-            said = text.strip() if quiet >= PAUSE_MS else self.stable
-            if said and said != self._said and (quiet >= PAUSE_MS or len(said) > len(self._said)):
+            paused = quiet >= PAUSE_MS
+            said = text.strip() if paused else self.stable
+            fresh = said != self._said or (paused and not self._said_paused)
+            if said and fresh and (paused or len(said) > len(self._said)):
                 session.set_user_transcript(said)
                 ends = ending()
-                if quiet >= PAUSE_MS:
+                if paused:
                     verdict = "the turn ends on them, no warm-up" if ends else "warmed"
                     log.debug(
                         "session %s: the pause's words after %.0f ms of quiet, decoded in"
@@ -192,7 +197,7 @@ class Partials:
                     # still be running then, and the reply would wait for it, then take a
                     # second pass (a model call cannot stop halfway)
                     continue
-                self._said, self._said_heard = said, heard
+                self._said, self._said_heard, self._said_paused = said, heard, paused
                 if self._warming is None or self._warming.done():
                     if self._warming is not None:
                         await self._warming  # done: its outcome was handled in _warm
@@ -202,11 +207,11 @@ class Partials:
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed
         during the last warm-up (one warm-up at a time)."""
-        warmed = ""
-        while warmed != self._said:
-            warmed, heard = self._said, self._said_heard
+        warmed: tuple[str, bool] = ("", False)
+        while warmed != (self._said, self._said_paused):
+            warmed, heard = (self._said, self._said_paused), self._said_heard
             try:
-                cached = await pipeline.prefill(self._request(epoch))
+                cached = await pipeline.prefill(self._request(epoch), paused=warmed[1])
             except ShedWork:  # a reply is being written: the warm-up would slow it
                 self._metrics.work_shed.labels("prefill").inc()
                 return

@@ -137,10 +137,12 @@ class TurnPipeline(Protocol):
         """Transcript of the utterance so far, while the user is still speaking."""
         ...
 
-    async def prefill(self, request: ReplyRequest) -> int:
+    async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         """Push the context so far into the engine (prefix-cache warm-up); returns the number
-        of prompt tokens that were already cached. Optional work: may raise
-        ``engine_queue.ShedWork`` under load (and ``partial_transcript`` too)."""
+        of prompt tokens that were already cached. ``paused``: the user's turn in progress
+        (a ``CURRENT`` entry last) paused after its words, which may be all it says. Optional
+        work: may raise ``engine_queue.ShedWork`` under load (and ``partial_transcript``
+        too)."""
         ...
 
     def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:

@@ -189,14 +189,15 @@ class VoicePipeline:
         queued = self.asr_queue.required_waiting + self.tts_queue.required_waiting
         return self._replying > 0 or queued > 0
 
-    async def prefill(self, request: ReplyRequest) -> int:
+    async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs, and
         it is shed (ShedWork) while a reply is being written: it would slow that reply.
 
         With the user's turn in progress (a ``CURRENT`` entry last), an LLM that can leaves
-        that turn open (:class:`PrefillsOpenTurn`): the reply's prompt then extends the
-        warm-up's, and reuses its whole blocks. Other LLMs get the whole prompt as it is now,
-        whose blocks before the user's words are reused. Both are salted like the reply.
+        that turn open (:class:`PrefillsOpenTurn`, told whether the user ``paused`` after
+        those words): the reply's prompt then extends the warm-up's. Other LLMs get the whole
+        prompt as it is now, whose blocks before the user's words are reused. Both are salted
+        like the reply.
         """
         if not self.warm_prefix:
             return 0
@@ -208,7 +209,7 @@ class VoicePipeline:
         try:
             messages = to_messages(request.context)
             if open_turn and isinstance(self._llm, PrefillsOpenTurn):
-                stats = await self._llm.prefill_open(messages, rid, cache_salt=salt)
+                stats = await self._llm.prefill_open(messages, rid, cache_salt=salt, paused=paused)
             else:
                 stats = await self._llm.prefill(messages, rid, cache_salt=salt)
         except Exception as exc:

@@ -134,9 +134,29 @@ async def test_an_open_turn_is_reused_when_the_user_finishes(engine: LlamaCppEng
 
 
 @on_module_loop
+async def test_warm_ups_while_the_user_speaks_read_only_the_new_words(
+    engine: LlamaCppEngine,
+) -> None:
+    # the turn is left open: the next warm-up does not read an assistant's header again
+    await engine.prefill_open(chat("Could you tell me how many"), "w1", cache_salt="w")
+    await engine.prefill_open(
+        chat("Could you tell me how many legs a spider"), "w2", cache_salt="w"
+    )
+    stats = stats_of(engine, "w2")
+    assert stats.prompt_tokens - stats.cached_tokens <= 3  # " legs", " a", " spider"
+    await engine.prefill_open(
+        chat("Could you tell me how many legs a spider has?"), "w3", cache_salt="w", paused=True
+    )
+    done = chat("Could you tell me how many legs a spider has?")
+    await collect(engine.stream(done, "w4", 8, cache_salt="w"))
+    stats = stats_of(engine, "w4")
+    assert stats.cached_tokens >= stats.prompt_tokens - 1  # the pause opened the reply's turn
+
+
+@on_module_loop
 async def test_a_turn_heard_whole_leaves_one_token_to_compute(engine: LlamaCppEngine) -> None:
     said = chat("What is the tallest mountain on Earth?")
-    await engine.prefill_open(said, "q1", cache_salt="q")  # the last partial heard it all
+    await engine.prefill_open(said, "q1", cache_salt="q", paused=True)  # heard it all
     await collect(engine.stream(said, "q2", 8, cache_salt="q"))  # the final says the same
     stats = stats_of(engine, "q2")
     assert stats.cached_tokens >= stats.prompt_tokens - 1

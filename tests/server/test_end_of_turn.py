@@ -120,7 +120,8 @@ async def test_without_the_model_a_turn_ends_after_the_fixed_silence() -> None:
 
 class Partials(ScriptedPipeline):
     """A recogniser whose partial transcripts say ``partial`` (or are shed, ``None``), and
-    ``speaking`` instead while ``voice`` is on; records the user's words each warm-up pushed.
+    ``speaking`` instead while ``voice`` is on; records the user's words each warm-up pushed,
+    and whether it was told the user paused after them.
     With ``hold_first_warm_up`` (an LLM busy with other sessions) or ``hold_quiet_decodes``
     (a slow recogniser, on audio that ends in quiet) those wait until ``release`` is set."""
 
@@ -131,6 +132,7 @@ class Partials(ScriptedPipeline):
         self.voice: Voice | None = None
         self.decodes = 0
         self.warmed: list[str] = []
+        self.paused: list[bool] = []
         self.hold_first_warm_up = False
         self.hold_quiet_decodes = False
         self.held = False  # a quiet decode waited
@@ -149,8 +151,9 @@ class Partials(ScriptedPipeline):
         assert self.speaking is not None
         return self.speaking if speaking else self.partial
 
-    async def prefill(self, request: ReplyRequest) -> int:
+    async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         self.warmed.append(request.context[-1].text)
+        self.paused.append(paused)
         if self.hold_first_warm_up and len(self.warmed) == 1:
             await self.release.wait()
         return 0
@@ -281,6 +284,8 @@ async def test_a_pause_that_may_not_end_the_turn_is_warmed(
         await asyncio.sleep(0.01)
         assert rig.conversation.session.state is TurnState.USER_SPEAKING
         assert recogniser.warmed[0] == "I would like" and recogniser.warmed[-1] == partial
+        # while speaking, the turn is left open; the pause's words may be all of it
+        assert recogniser.paused[0] is False and recogniser.paused[-1] is True
     finally:
         await rig.conversation.close()
 

@@ -231,7 +231,7 @@ class ScriptedPipeline:
     ) -> str:
         return ""
 
-    async def prefill(self, request: ReplyRequest) -> int:
+    async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         return 0
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:

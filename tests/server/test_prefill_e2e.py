@@ -81,7 +81,12 @@ class RecordingLlm:
         self.calls: list[Call] = []
 
     async def prefill_open(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        paused: bool = False,
     ) -> Any:
         self.calls.append(Call("prefill_open", [dict(m) for m in messages], cache_salt))
         return SimpleNamespace(cached_tokens=0)
@@ -125,12 +130,19 @@ class SlowWarmUpLlm(RecordingLlm):
         self.warm_ups: list[tuple[float, float]] = []
 
     async def prefill_open(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        paused: bool = False,
     ) -> Any:
         began = time.monotonic()
         try:
             await asyncio.sleep(self.WARM_S)
-            return await super().prefill_open(messages, request_id, cache_salt=cache_salt)
+            return await super().prefill_open(
+                messages, request_id, cache_salt=cache_salt, paused=paused
+            )
         finally:
             self.warm_ups.append((began, time.monotonic()))
 

@@ -400,12 +400,14 @@ class _OpenTurnLlm(_SaltedLlm):
     def __init__(self) -> None:
         super().__init__()
         self.opened: list[Any] = []
+        self.paused: list[bool] = []
 
     async def prefill_open(
-        self, messages: Any, request_id: str, *, cache_salt: str | None = None
+        self, messages: Any, request_id: str, *, cache_salt: str | None = None, paused: bool = False
     ) -> Any:
         self.salts.append(("prefill_open", cache_salt))
         self.opened.append(list(messages))
+        self.paused.append(paused)
         return SimpleNamespace(cached_tokens=32)
 
 
@@ -425,14 +427,16 @@ async def test_a_turn_in_progress_is_warmed_open_under_the_replys_salt() -> None
     committed = replace(speaking, context=(persona, replace(words, cache_class=CacheClass.RECENT)))
     try:
         assert await pipeline.prefill(speaking) == 32
+        assert await pipeline.prefill(speaking, paused=True) == 32  # the user paused
         assert await pipeline.prefill(committed) == 0
         pipeline.warm_prefix = False
         assert await pipeline.prefill(speaking) == 0
     finally:
         await pipeline.close()
     salt = salts.of(speaking)
-    assert engines.salts == [("prefill_open", salt), ("prefill", salt)]
-    assert engines.opened == [to_messages(speaking.context)]
+    assert engines.salts == [("prefill_open", salt), ("prefill_open", salt), ("prefill", salt)]
+    assert engines.opened == [to_messages(speaking.context)] * 2
+    assert engines.paused == [False, True]
 
 
 async def test_the_peer_hands_its_owner_to_the_pipeline() -> None:

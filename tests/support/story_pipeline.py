@@ -35,7 +35,12 @@ class StoryLlm:
     """Streams STORY a word at a time (10 ms apart), whatever it is asked."""
 
     async def prefill_open(
-        self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        paused: bool = False,
     ) -> Any:
         return SimpleNamespace(cached_tokens=0)
 

@@ -75,7 +75,7 @@ class TonePipeline:
     ) -> str:
         return await self.transcribe(utterance, tag)
 
-    async def prefill(self, request: ReplyRequest) -> int:
+    async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         return 0  # no engine, nothing cached
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
