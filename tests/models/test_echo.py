@@ -32,9 +32,10 @@ SEED = 20261203  # the voice's noise
 
 @pytest.fixture(scope="module")
 def voice_model() -> OnnxVoiceTts:
-    """The joe voice, seeded: each test hears the same syntheses every run (the voice samples
-    noise, and 1 synthesis in a few hundred put an onset 0.8 s late; scripts that try fresh
-    syntheses by the hundred measure that, not the suite)."""
+    """The joe voice, seeded: each test hears the same syntheses every run. The voice samples
+    noise: one synthesis in CI put the detector's speech start 0.8 s late, though 190 fresh
+    ones here did not; scripts that try fresh syntheses by the hundred measure that variety,
+    not the suite."""
     return OnnxVoiceTts(seed=SEED)
 
 
