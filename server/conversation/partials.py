@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +46,17 @@ class Partial:
 
     covered: int
     text: str
+
+
+@dataclass(frozen=True)
+class Said:
+    """The user's words a warm-up pushes: stable words, or a pause's partial (``paused``: the
+    user paused after them, so they may be all the turn says). ``heard``: input samples heard
+    when the decode that found them began (not part of what was said)."""
+
+    words: str = ""
+    paused: bool = False
+    heard: int = field(default=0, compare=False)
 
 
 def partial_due(
@@ -112,9 +123,7 @@ class Partials:
         self._request = request
         self.partial = Partial(0, "")
         self.stable = ""
-        self._said = ""  # the user's words the warm-ups push: stable words, or a pause's partial
-        self._said_heard = 0  # input samples heard when the decode that found them began
-        self._said_paused = False  # whether the user paused after them (a pause's partial)
+        self._said = Said()  # what the warm-ups push
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
@@ -123,9 +132,7 @@ class Partials:
         """A new user turn: nothing heard yet."""
         self.partial = Partial(0, "")
         self.stable = ""
-        self._said = ""
-        self._said_heard = 0
-        self._said_paused = False
+        self._said = Said()
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -176,8 +183,8 @@ class Partials:
             # a decode begun in a pause heard all the speech: likely the final transcript
             paused = quiet >= PAUSE_MS
             said = text.strip() if paused else self.stable
-            fresh = said != self._said or (paused and not self._said_paused)
-            if said and fresh and (paused or len(said) > len(self._said)):
+            now = Said(said, paused, heard)
+            if said and now != self._said and (paused or len(said) > len(self._said.words)):
                 session.set_user_transcript(said)
                 ends = ending()
                 if paused:
@@ -197,7 +204,7 @@ class Partials:
                     # still be running then, and the reply would wait for it, then take a
                     # second pass (a model call cannot stop halfway)
                     continue
-                self._said, self._said_heard, self._said_paused = said, heard, paused
+                self._said = now
                 if self._warming is None or self._warming.done():
                     if self._warming is not None:
                         await self._warming  # done: its outcome was handled in _warm
@@ -207,18 +214,18 @@ class Partials:
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed
         during the last warm-up (one warm-up at a time)."""
-        warmed: tuple[str, bool] = ("", False)
-        while warmed != (self._said, self._said_paused):
-            warmed, heard = (self._said, self._said_paused), self._said_heard
+        warmed = Said()
+        while warmed != self._said:
+            warmed = self._said
             try:
-                cached = await pipeline.prefill(self._request(epoch), paused=warmed[1])
+                cached = await pipeline.prefill(self._request(epoch), paused=warmed.paused)
             except ShedWork:  # a reply is being written: the warm-up would slow it
                 self._metrics.work_shed.labels("prefill").inc()
                 return
             self.prefill_cached = max(self.prefill_cached, cached)
             # heard_until only grows: what was heard when the decode began is still heard
             cursors = self._session.cursors
-            self._session.input.advance_prefilled(max(cursors.prefilled_until, heard))
+            self._session.input.advance_prefilled(max(cursors.prefilled_until, warmed.heard))
 
     async def final(
         self,
