@@ -24,6 +24,12 @@ over all 80 and over the 64 held out from the 8 + 8 that chose ``vad.complete_pr
 with a recogniser also the silence from the end of speech to the final transcript (what the
 reply waits for).
 
+The second hearing (``--probes``): only the words pass, twice, one utterance at a time in
+turn: as the server runs it (Smart Turn hears a pause at 60 ms of quiet and, while it sounds
+unfinished, again at 200 ms with a stricter bar: ``floor.HEARINGS``) and with the first hearing
+only (as before 2026-12-03), so both hear the same synthesis of each utterance on the same
+machine load.
+
 The LLM alternative (``--llm``): the default LLM's probability that the user's message ends
 after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
 prompt is what the incremental prefill computes anyway), on the same sentences as text: the
@@ -54,6 +60,7 @@ import numpy.typing as npt
 from benchmarks import pct, stamped
 from server.config import Config, load_config
 from server.conversation.conversation import Conversation
+from server.conversation.floor import HEARINGS, Hearing
 from server.conversation.realtime_session import SessionPatch
 from server.metrics import Metrics
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
@@ -226,6 +233,7 @@ class Mode:
     model: TurnCompleteness | None
     pipeline: Any = None
     settings: dict[str, str] = field(default_factory=dict)
+    hearings: tuple[Hearing, ...] | None = None  # when Smart Turn hears a pause (None: default)
 
 
 @dataclass(frozen=True)
@@ -305,7 +313,7 @@ def result(u: Utterance, heard: Heard) -> dict[str, Any]:
     return out
 
 
-async def run(quick: bool, llm: bool) -> dict[str, Any]:
+async def run(quick: bool, llm: bool, probes: bool = False) -> dict[str, Any]:
     from models.turn import SmartTurn
     from server.pipeline.wiring import voice_pipeline
 
@@ -324,34 +332,48 @@ async def run(quick: bool, llm: bool) -> dict[str, Any]:
     # Turn with the words at the pause
     pipeline = await voice_pipeline(load_config(overrides=base))
     no_words = {"vad.unfinished_words": "false"}
+    words = {"vad.unfinished_words": "true"}
     passes = [
         [Mode("semantic", model), Mode("fixed", None, settings={"vad.semantic": "false"})],
         [Mode("recognised", model, pipeline, no_words)],
-        [Mode("words", model, pipeline, {"vad.unfinished_words": "true"})],
+        [Mode("words", model, pipeline, words)],
     ]
+    alone = False  # the conversations of a pass hear each utterance together, not in turn
+    if probes:  # the second hearing ablated; in turn, so they do not share the recogniser
+        passes = [[Mode("words", model, pipeline, words),
+                   Mode("words_once", model, pipeline, words, hearings=HEARINGS[:1])]]  # fmt: skip
+        alone = True
     try:
         for stage in passes:
-            convs = [
+            convs = [  # a session id each: "w" and "e" for words and words_once
                 conversation(
-                    load_config(overrides={**base, **m.settings}), m.model, m.name[0], m.pipeline
+                    load_config(overrides={**base, **m.settings}),
+                    m.model,
+                    m.name[0] if i == 0 else m.name[-1],
+                    m.pipeline,
                 )
-                for m in stage
+                for i, m in enumerate(stage)
             ]
+            for m, conv in zip(stage, convs, strict=True):
+                if m.hearings is not None:
+                    conv.floor.hearings = m.hearings
             for row, u in zip(rows, utterances, strict=True):
-                heard = await feed(convs, u)
+                groups = [[c] for c in convs] if alone else [convs]
+                heard = [h for group in groups for h in await feed(group, u)]
                 for m, h in zip(stage, heard, strict=True):
                     row[m.name] = result(u, h)
-                if stage[0].model is not None:
-                    turns = convs[0].floor.turn_probabilities
-                    row[f"{stage[0].name}_probabilities"] = list(turns)
-                    turns.clear()
+                for m, conv in zip(stage, convs, strict=True):
+                    if m.model is not None and (alone or conv is convs[0]):
+                        turns = conv.floor.turn_probabilities
+                        row[f"{m.name}_probabilities"] = list(turns)
+                        turns.clear()
                 print(json.dumps({k: row[k] for k in ("text", *(m.name for m in stage))}))
             for conv in convs:
                 await conv.close()
     finally:
         await pipeline.close()
     held_out = [r for r in rows if not r["dev"]]
-    modes = ("semantic", "fixed", "recognised", "words")
+    modes = ("words", "words_once") if probes else ("semantic", "fixed", "recognised", "words")
     results: dict[str, Any] = {
         **{mode: summarize(rows, mode) for mode in modes},
         "held_out": {mode: summarize(held_out, mode) for mode in modes} if held_out else None,
@@ -416,9 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="semantic end of turn against a fixed silence")
     parser.add_argument("--quick", action="store_true", help="8 + 8 utterances")
     parser.add_argument("--llm", action="store_true", help="also the LLM's end-of-turn verdicts")
+    parser.add_argument(
+        "--probes", action="store_true", help="only the words pass: Smart Turn heard twice / once"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/end_of_turn.json"))
     args = parser.parse_args(argv)
-    results = asyncio.run(run(args.quick, args.llm))
+    results = asyncio.run(run(args.quick, args.llm, args.probes))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamped(results), indent=2))
     print(json.dumps({k: v for k, v in results.items() if k != "utterances"}, indent=2))

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from server.conversation import partials
+from server.conversation import floor, partials
 from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
 from server.pipeline.seams import ReplyRequest
 from server.runtime.turn import TurnState
@@ -23,13 +23,17 @@ from tests.server.test_interjection import Rig, ScriptedPipeline, Voice
 
 
 class Verdicts:
-    """The end-of-turn model: says ``probability``; counts what it heard."""
+    """The end-of-turn model: says ``probability`` (then each of ``later`` in turn, at the
+    hearings after the first); counts what it heard."""
 
-    def __init__(self, probability: float) -> None:
+    def __init__(self, probability: float, *later: float) -> None:
         self.p = probability
+        self.later = list(later)
         self.heard: list[int] = []
 
     def probability(self, pcm: npt.NDArray[np.int16]) -> float:
+        if self.heard and self.later:
+            self.p = self.later.pop(0)
         self.heard.append(len(pcm))
         return self.p
 
@@ -56,7 +60,7 @@ async def until_judged(rig: Rig) -> None:
     utterance: 60 ms, then as long as its thread takes (the fake clock stands still)."""
     verdicts = rig.conversation.floor.turn_probabilities
     before = len(verdicts)
-    await rig.tick(3)  # floor.PROBE_MS
+    await rig.tick(3)  # floor.HEARINGS[0]
     for _ in range(1000):
         if len(verdicts) > before:
             return
@@ -102,9 +106,44 @@ async def test_speech_after_a_pause_makes_the_earlier_verdict_void() -> None:
         rig.voice.on = False
         silence = await quiet_until_the_turn_ends(rig)
         assert silence <= 260.0
-        assert len(model.heard) == 2  # heard again at the second pause
+        # twice in the first pause (at 60 and 200 ms: unfinished both times), once in the second
+        assert len(model.heard) == 3
     finally:
         await rig.conversation.close()
+
+
+async def test_an_utterance_heard_again_later_in_the_pause_may_sound_complete() -> None:
+    model = Verdicts(0.3, 0.97)  # unfinished at 60 ms of quiet, complete at 200 ms
+    rig = Rig(completeness=model)
+    try:
+        await speak(rig, 40)
+        silence = await quiet_until_the_turn_ends(rig, limit=100)
+        # the short silence counts from the pause's start, so the second hearing ends it
+        assert 200.0 <= silence <= 320.0
+        assert len(model.heard) == 2
+        assert model.heard[1] > model.heard[0]  # the longer silence heard too
+    finally:
+        await rig.conversation.close()
+
+
+async def test_an_utterance_that_sounds_unfinished_twice_waits_the_long_silence() -> None:
+    model = Verdicts(0.3, 0.93)  # the second hearing's bar is 0.95 (half the doubt of 0.9)
+    rig = Rig(completeness=model)
+    try:
+        await speak(rig, 40)
+        silence = await quiet_until_the_turn_ends(rig, limit=100)
+        assert 1200.0 <= silence <= 1300.0
+        assert len(model.heard) == 2  # at 60 and 200 ms of quiet, not again
+    finally:
+        await rig.conversation.close()
+
+
+def test_a_later_hearing_asks_for_more_certainty() -> None:
+    first, later = floor.HEARINGS
+    assert first.quiet_ms < later.quiet_ms
+    assert first.sounds_complete(0.9, 0.9) and not first.sounds_complete(0.89, 0.9)
+    assert later.sounds_complete(0.951, 0.9) and not later.sounds_complete(0.94, 0.9)
+    assert later.sounds_complete(0.76, 0.5) and not later.sounds_complete(0.74, 0.5)
 
 
 async def test_without_the_model_a_turn_ends_after_the_fixed_silence() -> None:
@@ -193,6 +232,8 @@ async def test_words_that_stop_mid_sentence_keep_a_complete_sounding_turn_open(
         silence = await quiet_until_the_turn_ends(rig, limit=100)
         assert 1200.0 <= silence <= 1300.0  # vad.incomplete_silence_ms
         assert recogniser.decodes >= 2  # while speaking, and the pause's
+        # the words outrank the model: it is not asked again later in the pause
+        assert list(rig.conversation.floor.turn_probabilities) == [0.9]
     finally:
         await rig.conversation.close()
 
