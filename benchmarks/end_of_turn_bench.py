@@ -24,11 +24,14 @@ over all 80 and over the 64 held out from the 8 + 8 that chose ``vad.complete_pr
 with a recogniser also the silence from the end of speech to the final transcript (what the
 reply waits for).
 
-The second hearing (``--probes``): only the words pass, twice, one utterance at a time in
-turn: as the server runs it (Smart Turn hears a pause at 60 ms of quiet and, while it sounds
-unfinished, again at 200 ms with a stricter bar: ``floor.HEARINGS``) and with the first hearing
-only (as before 2026-12-03), so both hear the same synthesis of each utterance on the same
-machine load.
+An ablation (``--ablate NAME``): only the words pass, twice, one utterance at a time in
+turn, as the server runs it ("words") and without one of its parts, so both hear the same
+synthesis of each utterance on the same machine load:
+
+- ``hearings`` ("words_once"): Smart Turn hears a pause only at 60 ms of quiet, not again at
+  200 ms with a stricter bar (``floor.HEARINGS``; before 2026-12-03);
+- ``pause-warm`` ("words_pause_warm"): the stable words of a decode begun in speech are warmed
+  even when it returns in a pause, beside the pause's decode (before 2026-12-03).
 
 The LLM alternative (``--llm``): the default LLM's probability that the user's message ends
 after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
@@ -49,6 +52,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +64,7 @@ import numpy.typing as npt
 from benchmarks import pct, stamped
 from server.config import Config, load_config
 from server.conversation.conversation import Conversation
-from server.conversation.floor import HEARINGS, Hearing
+from server.conversation.floor import HEARINGS
 from server.conversation.realtime_session import SessionPatch
 from server.metrics import Metrics
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
@@ -233,7 +237,7 @@ class Mode:
     model: TurnCompleteness | None
     pipeline: Any = None
     settings: dict[str, str] = field(default_factory=dict)
-    hearings: tuple[Hearing, ...] | None = None  # when Smart Turn hears a pause (None: default)
+    ablate: Callable[[Conversation], None] | None = None  # a part of the server taken out
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,18 @@ def result(u: Utterance, heard: Heard) -> dict[str, Any]:
     return out
 
 
-async def run(quick: bool, llm: bool, probes: bool = False) -> dict[str, Any]:
+def once(conv: Conversation) -> None:
+    conv.floor.hearings = HEARINGS[:1]
+
+
+def warm_in_pause(conv: Conversation) -> None:
+    conv.partials.warm_in_pause = True
+
+
+ABLATIONS = {"hearings": ("words_once", once), "pause-warm": ("words_pause_warm", warm_in_pause)}
+
+
+async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, Any]:
     from models.turn import SmartTurn
     from server.pipeline.wiring import voice_pipeline
 
@@ -339,9 +354,10 @@ async def run(quick: bool, llm: bool, probes: bool = False) -> dict[str, Any]:
         [Mode("words", model, pipeline, words)],
     ]
     alone = False  # the conversations of a pass hear each utterance together, not in turn
-    if probes:  # the second hearing ablated; in turn, so they do not share the recogniser
+    if ablate is not None:  # in turn, so that they do not share the recogniser
+        name, part = ABLATIONS[ablate]
         passes = [[Mode("words", model, pipeline, words),
-                   Mode("words_once", model, pipeline, words, hearings=HEARINGS[:1])]]  # fmt: skip
+                   Mode(name, model, pipeline, words, ablate=part)]]  # fmt: skip
         alone = True
     try:
         for stage in passes:
@@ -355,8 +371,8 @@ async def run(quick: bool, llm: bool, probes: bool = False) -> dict[str, Any]:
                 for i, m in enumerate(stage)
             ]
             for m, conv in zip(stage, convs, strict=True):
-                if m.hearings is not None:
-                    conv.floor.hearings = m.hearings
+                if m.ablate is not None:
+                    m.ablate(conv)
             for row, u in zip(rows, utterances, strict=True):
                 groups = [[c] for c in convs] if alone else [convs]
                 heard = [h for group in groups for h in await feed(group, u)]
@@ -373,7 +389,9 @@ async def run(quick: bool, llm: bool, probes: bool = False) -> dict[str, Any]:
     finally:
         await pipeline.close()
     held_out = [r for r in rows if not r["dev"]]
-    modes = ("words", "words_once") if probes else ("semantic", "fixed", "recognised", "words")
+    modes: tuple[str, ...] = ("semantic", "fixed", "recognised", "words")
+    if ablate is not None:
+        modes = ("words", ABLATIONS[ablate][0])
     results: dict[str, Any] = {
         **{mode: summarize(rows, mode) for mode in modes},
         "held_out": {mode: summarize(held_out, mode) for mode in modes} if held_out else None,
@@ -439,11 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 + 8 utterances")
     parser.add_argument("--llm", action="store_true", help="also the LLM's end-of-turn verdicts")
     parser.add_argument(
-        "--probes", action="store_true", help="only the words pass: Smart Turn heard twice / once"
+        "--ablate", choices=sorted(ABLATIONS), help="only the words pass, with and without a part"
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/end_of_turn.json"))
     args = parser.parse_args(argv)
-    results = asyncio.run(run(args.quick, args.llm, args.probes))
+    results = asyncio.run(run(args.quick, args.llm, args.ablate))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamped(results), indent=2))
     print(json.dumps({k: v for k, v in results.items() if k != "utterances"}, indent=2))

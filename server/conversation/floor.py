@@ -87,7 +87,7 @@ class Hearing:
 # quiet is heard again at 200 ms, where more complete utterances pass (benchmarks/
 # end_of_turn_bench.py --probes); so do more fragments, and the words at the pause do not catch
 # them all (Whisper hears "why the..." as "why there?"), hence the stricter bar
-HEARINGS = (Hearing(60.0), Hearing(200.0, doubt=0.5))
+HEARINGS: tuple[Hearing, ...] = (Hearing(60.0), Hearing(200.0, doubt=0.5))
 
 
 class Floor:

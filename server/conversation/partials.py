@@ -5,9 +5,11 @@ the speaker pauses, continuing after the words two partials agreed on (the stabl
 warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
 time: the stable words while the user speaks (their turn left open: the next warm-up reads only
 the words after them), and at a pause the whole partial, which heard all the speech and is
-usually the final transcript (so the reply computes almost nothing).
-None once the turn is ending (it sounds complete, and the latest partial heard all the speech
-and does not stop mid-sentence): the reply starts right after, and would first wait for it.
+usually the final transcript (so the reply computes almost nothing). None for the stable words
+of a decode begun in speech that returns in a pause: the pause's decode comes next and hears
+them too, and the turn may wait for it. None once the turn is ending (it sounds complete, and
+the latest partial heard all the speech and does not stop mid-sentence): the reply starts
+right after, and would first wait for it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -127,6 +130,7 @@ class Partials:
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
+        self.warm_in_pause = False  # warm stable words that came back in a pause (ablation)
 
     def reset(self) -> None:
         """A new user turn: nothing heard yet."""
@@ -203,6 +207,17 @@ class Partials:
                     # stable words of a decode that heard the whole question, too) would
                     # still be running then, and the reply would wait for it, then take a
                     # second pass (a model call cannot stop halfway)
+                    continue
+                quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
+                if (
+                    not paused
+                    and not self.warm_in_pause
+                    and partial_due(0.0, math.inf, quiet_now, samples_now, len(audio))
+                ):
+                    # the user paused after more speech while this decode ran: the pause's
+                    # decode follows at once, and the end of the turn may wait for it; a warm-up
+                    # now would share the cores with it, for words the reply or the pause's
+                    # warm-up reads anyway
                     continue
                 self._said = now
                 if self._warming is None or self._warming.done():

@@ -204,13 +204,14 @@ def rig_with(
     speaking: str | None = None,
     probability: float = 0.9,
     interval_ms: int | None = None,
+    recogniser: Partials | None = None,
 ) -> tuple[Rig, Partials]:
     """An utterance the end-of-turn model calls complete (it says 0.9) whose partial
     transcripts say ``partial`` (``speaking`` while the voice is on), every ``interval_ms``
     (None: the default); the partial loop looks every event-loop turn (the rig's clock is
     fake)."""
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
-    recogniser = Partials(partial, speaking)
+    recogniser = recogniser or Partials(partial, speaking)
     settings = {"pipeline.incremental": "true"}
     if interval_ms is not None:
         settings["pipeline.partial_interval_ms"] = str(interval_ms)
@@ -304,6 +305,59 @@ async def test_no_warm_up_of_stable_words_once_the_turn_is_ending(
         recogniser.release.set()  # "... Paris.": the stable words grow by a mark
         await quiet_until_the_turn_ends(rig)
         assert recogniser.warmed == ["I would like to go to Paris"]
+    finally:
+        await rig.conversation.close()
+
+
+class Growing(Partials):
+    """While the voice is on, each decode says one more word of "I would like to go to Paris
+    next summer" ("I would" first); the ``held``-th of those waits for ``release``. In quiet,
+    ``partial``."""
+
+    WORDS = ("I", "would", "like", "to", "go", "to", "Paris", "next", "summer")
+
+    def __init__(self, partial: str, held: int) -> None:
+        super().__init__(partial)
+        self.held_at = held
+        self.speaking_decodes = 0
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> str:
+        if self.voice is None or not self.voice.on:
+            return await super().partial_transcript(utterance, tag, prefix)
+        self.speaking_decodes += 1
+        n = self.speaking_decodes
+        if n == self.held_at:
+            self.held = True
+            await self.release.wait()
+        self.decodes += 1
+        return " ".join(self.WORDS[: n + 1])
+
+
+async def test_stable_words_that_come_back_in_a_pause_are_left_to_the_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a decode begun in speech returns after the user paused: its stable words are not warmed,
+    # the pause's decode follows at once (and is not slowed by a warm-up); its words are
+    recogniser = Growing("I would like to go to", held=3)
+    rig, _ = rig_with(monkeypatch, None, interval_ms=50, recogniser=recogniser)
+    try:
+        rig.voice.on = True
+        for _ in range(100):
+            await rig.tick()
+            if recogniser.held:
+                break
+        assert recogniser.held  # "I would like to" on its way; "I would" stable and warmed
+        await rig.tick(2)  # speech the held decode did not hear
+        rig.voice.on = False
+        await rig.tick(8)  # 160 ms of quiet: a pause
+        recogniser.release.set()
+        await rig.tick(3)
+        await asyncio.sleep(0.01)
+        assert rig.conversation.session.state is TurnState.USER_SPEAKING  # words unfinished
+        assert recogniser.warmed == ["I would", "I would like to go to"]
+        assert recogniser.paused == [False, True]
     finally:
         await rig.conversation.close()
 
