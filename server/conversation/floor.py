@@ -85,8 +85,8 @@ class Hearing:
 
 # Smart Turn reads the silence after the words too: one that sounded unfinished at 60 ms of
 # quiet is heard again at 200 ms, where more complete utterances pass (benchmarks/
-# end_of_turn_bench.py --probes); so do more fragments, and the words at the pause do not catch
-# them all (Whisper hears "why the..." as "why there?"), hence the stricter bar
+# end_of_turn_bench.py --ablate hearings); so do more fragments, and the words at the pause do
+# not catch them all (Whisper hears "why the..." as "why there?"), hence the stricter bar
 HEARINGS: tuple[Hearing, ...] = (Hearing(60.0), Hearing(200.0, doubt=0.5))
 
 
