@@ -361,7 +361,7 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
         alone = True
     try:
         for stage in passes:
-            convs = [  # a session id each: "w" and "e" for words and words_once
+            convs = [  # a session id each: the first letter, the second one's last
                 conversation(
                     load_config(overrides={**base, **m.settings}),
                     m.model,
@@ -379,7 +379,7 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
                 for m, h in zip(stage, heard, strict=True):
                     row[m.name] = result(u, h)
                 for m, conv in zip(stage, convs, strict=True):
-                    if m.model is not None and (alone or conv is convs[0]):
+                    if m.model is not None:
                         turns = conv.floor.turn_probabilities
                         row[f"{m.name}_probabilities"] = list(turns)
                         turns.clear()

@@ -302,8 +302,8 @@ class Floor:
             self._forget_verdict()
             return
         hearing = self.hearings[self._probes] if self._probes < len(self.hearings) else None
-        due = hearing is not None and quiet >= hearing.quiet_ms
-        if hearing and due and self._complete is not True and not self._probing:
+        ready = self._complete is not True and not self._probing
+        if hearing is not None and ready and quiet >= hearing.quiet_ms:
             audio = self._utterance.audio()
             self._probing = True
             self._probes += 1
