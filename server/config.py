@@ -124,7 +124,11 @@ class RuntimeConfig:
         5.0, "Fade (ms) of audio flushed on barge-in, paused or resumed.", min=0.0, max=20.0
     )
     recent_window_tokens: int = _setting(
-        1024, "Token budget of the recent-turns window in the model context.", min=0, max=1_000_000
+        1024,
+        "Token budget of the recent-turns window in the model context (when full, it keeps the "
+        "latest half and grows again).",
+        min=0,
+        max=1_000_000,
     )
     max_history_turns: int = _setting(
         64, "Turns kept in a session's history (older ones are forgotten).", min=1, max=100_000

@@ -30,7 +30,7 @@ from server.conversation.link import Link
 from server.conversation.looks import looks_for
 from server.conversation.outbound import SessionCreated
 from server.conversation.outlet import Outlet
-from server.conversation.partials import Partials, warm_persona
+from server.conversation.partials import Partials, warm_context
 from server.conversation.playout import Playout
 from server.conversation.protocol import parse_client_event
 from server.conversation.realtime_client import RealtimeEvent, parse_realtime_event
@@ -176,7 +176,7 @@ class Conversation:
         self._tasks.spawn(self._watch_turn(), "turn-watch")
         self._tasks.spawn(self.inbox.serve(self.handle), "client-events")
         if self.pipeline is not None and self.config.pipeline.incremental:
-            warm = warm_persona(self.pipeline, self.request(self.session.epoch), self.metrics)
+            warm = warm_context(self.pipeline, self.request(self.session.epoch), self.metrics)
             self._tasks.spawn(warm, "persona-warm-up")
 
     async def close(self) -> None:

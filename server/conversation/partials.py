@@ -91,11 +91,13 @@ def stable_words(previous: str, current: str) -> str:
     return " ".join(agreed)
 
 
-async def warm_persona(pipeline: TurnPipeline, request: ReplyRequest, metrics: Metrics) -> None:
-    """Push a new session's persona into the LLM's prefix cache before the user first speaks:
-    on a slow CPU the persona alone takes the LLM seconds to read, and a reader cannot stop
-    halfway, so a first turn's warm-ups and reply would wait for it. Optional work: shed while
-    a reply is being written; a failure only logs (in the pipeline)."""
+async def warm_context(pipeline: TurnPipeline, request: ReplyRequest, metrics: Metrics) -> None:
+    """Push the conversation's context as it stands into the LLM's prefix cache while nobody
+    waits for it: a new session's persona before the user first speaks, the history once a
+    reply has played out (server/conversation/reply.py). On a slow CPU a long prompt takes the
+    LLM seconds to read, and a reader cannot stop halfway, so the next turn's warm-ups and
+    reply would wait for it. Optional work: shed while a reply is being written; a failure
+    only logs (in the pipeline)."""
     try:
         await pipeline.prefill(request)
     except ShedWork:

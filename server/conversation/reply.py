@@ -17,15 +17,16 @@ from server.avatar.lipsync import LipSync, cues_for
 from server.clock import Clock
 from server.config import Config
 from server.conversation.outbound import ResponseTimings, TranscriptDelta, TranscriptionCompleted
-from server.conversation.partials import Partials
+from server.conversation.partials import Partials, warm_context
 from server.conversation.protocol import error_event
 from server.conversation.realtime_session import TurnSettings
 from server.metrics import Metrics
 from server.pipeline.seams import ReplyRequest, TurnPipeline, TurnTrace
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.history import CacheClass
-from server.runtime.session import ChunkAudio, Session
+from server.runtime.session import REPLYING, ChunkAudio, Session
 from server.runtime.stage import Stage
+from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, StaleWork
 from server.tasks import cancel
 
@@ -181,6 +182,8 @@ class Replies:
             self._flush()
             await self._speak(pipeline, reply, limit_s)
             session.finish_response(epoch)
+            if self._config.pipeline.incremental:
+                self._spawn(self._warm_when_played(pipeline, epoch), "history-warm-up")
         except asyncio.CancelledError:
             raise
         except StaleWork:
@@ -195,6 +198,21 @@ class Replies:
             session.finish_response(epoch, ResponseStatus.FAILED)
         finally:
             self._flush()
+
+    async def _warm_when_played(self, pipeline: TurnPipeline, epoch: int) -> None:
+        """Once the reply has played out, the conversation as history now holds it goes into
+        the LLM's prefix cache, while the user listens or thinks: usually only the reply's
+        words; but first the recent window moves on if it is nearly full
+        (``History.make_room``), and then the whole moved window is read, which on a slow
+        CPU takes seconds that the next reply would otherwise wait for. Optional work (shed
+        while a reply is being written)."""
+        session = self._session
+        while session.epoch == epoch and session.state in REPLYING:
+            self._room.clear()
+            await self._room.wait()  # every pull from the playback buffer
+        if session.epoch == epoch and session.state is TurnState.LISTENING:
+            session.history.make_room(self._config.runtime.recent_window_tokens)
+            await warm_context(pipeline, self._request(epoch), self._metrics)
 
     async def _speak(self, pipeline: TurnPipeline, reply: _Reply, limit_s: float) -> None:
         """Each sentence of the reply: opened as a chunk, synthesised, queued for playback as

@@ -15,6 +15,12 @@ from enum import Enum
 from server.errors import InvalidItem, UnknownItem
 
 TokenCounter = Callable[[str], int]
+# when the recent window must slide, it keeps the latest turns that fit this share of its
+# budget: its start then stays put for the next turns, and so does the prompt's prefix
+WINDOW_KEEP = 0.5
+# History.make_room slides it early when less than this share of the budget (or of the turns
+# kept) is left for the turns to come
+WINDOW_HEADROOM = 0.125
 
 
 def approx_tokens(text: str) -> int:
@@ -52,6 +58,7 @@ class Turn:
     item_id: str = ""
     word_ends_ms: tuple[float, ...] = ()
     audio_ms: float = 0.0  # agent audio of this item heard (ms); 0 for a user turn
+    seq: int = 0  # its place in the order turns were added to the history
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,9 @@ class History:
         self._turns: deque[Turn] = deque(maxlen=max_turns)
         self._current_user = ""
         self._count = count_tokens
+        self._added = 0  # turns added so far: the ``seq`` of the latest
+        self._window_from = 1  # ``seq`` of the oldest turn the recent window may hold
+        self.window_keep = WINDOW_KEEP
 
     @property
     def anchor(self) -> str:
@@ -115,13 +125,17 @@ class History:
         text, self._current_user = self._current_user, ""
         if not text:
             return None
-        turn = Turn(Role.USER, text, epoch, item_id=item_id)
+        turn = Turn(Role.USER, text, epoch, item_id=item_id, seq=self._next_seq())
         self._turns.append(turn)
         return turn
 
+    def _next_seq(self) -> int:
+        self._added += 1
+        return self._added
+
     def add_user_item(self, text: str, epoch: int, item_id: str) -> Turn:
         """A user message added as a whole (typed), whatever turn is in progress."""
-        turn = Turn(Role.USER, text.strip(), epoch, item_id=item_id)
+        turn = Turn(Role.USER, text.strip(), epoch, item_id=item_id, seq=self._next_seq())
         self._turns.append(turn)
         return turn
 
@@ -153,7 +167,16 @@ class History:
                 audio_ms=offset + audio_ms,
             )
         elif text:
-            turn = Turn(Role.ASSISTANT, text, epoch, truncated, item_id, word_ends_ms, audio_ms)
+            turn = Turn(
+                Role.ASSISTANT,
+                text,
+                epoch,
+                truncated,
+                item_id,
+                word_ends_ms,
+                audio_ms,
+                seq=self._next_seq(),
+            )
             self._turns.append(turn)
 
     # --- items by id ----------------------------------------------------------------------------
@@ -196,16 +219,58 @@ class History:
         return cut
 
     def recent_window(self, budget_tokens: int) -> tuple[Turn, ...]:
-        """The latest turns whose token count fits ``budget_tokens`` (oldest first)."""
+        """The latest turns for the model context (oldest first), within ``budget_tokens``.
+
+        The window's start stays where it was while the turns since then fit the budget and
+        the history still holds its first turn, so the prompt before the newest turns
+        (persona and window) is the one the engine has cached. Else it moves on at once to
+        the latest turns that fit ``window_keep`` of the budget and of the turns the history
+        keeps: a window that slid one turn at a time would change the prompt's start at every
+        turn, and the engine would read the whole window again for every reply and warm-up.
+        """
+        since = [t for t in self._turns if t.seq >= self._window_from]
+        forgotten = bool(since) and since[0].seq != self._window_from  # its first turn is gone
+        if forgotten or not self._fits(since, budget_tokens, 1.0):
+            since = self._slide(since, budget_tokens)
+        return tuple(since)
+
+    def make_room(self, budget_tokens: int) -> bool:
+        """Move the recent window on now if it has less than ``WINDOW_HEADROOM`` of its
+        budget (or of the turns the history keeps) left for the turns to come. Called in a
+        quiet moment (a reply has played out: server/conversation/reply.py), so that the
+        engine reads the moved window while nobody waits, not when the user's next turn
+        pushes it over and the reply waits. Whether it moved."""
+        since = [t for t in self._turns if t.seq >= self._window_from]
+        if self._fits(since, budget_tokens, 1.0 - WINDOW_HEADROOM):
+            return False
+        self._slide(since, budget_tokens)
+        return True
+
+    def _fits(self, turns: list[Turn], budget_tokens: int, share: float) -> bool:
+        """Whether ``turns`` fit ``share`` of the budget and of the turns the history keeps."""
+        most = self._turns.maxlen or len(turns)
+        tokens = sum(self._count(t.text) for t in turns)
+        return tokens <= budget_tokens * share and len(turns) <= most * share
+
+    def _slide(self, since: list[Turn], budget_tokens: int) -> list[Turn]:
+        """The window's start moves on to the latest turns that fit ``window_keep``."""
+        most = int((self._turns.maxlen or len(since)) * self.window_keep)
+        picked = self._latest(since[-most:] if most else [], budget_tokens * self.window_keep)
+        if not picked:  # the newest turn alone is longer than that share
+            picked = self._latest(since, budget_tokens)
+        self._window_from = picked[0].seq if picked else self._added + 1
+        return picked
+
+    def _latest(self, turns: list[Turn], budget_tokens: float) -> list[Turn]:
+        """The latest of ``turns`` whose token count fits ``budget_tokens`` (oldest first)."""
         picked: list[Turn] = []
         used = 0
-        for turn in reversed(self._turns):
-            cost = self._count(turn.text)
-            if used + cost > budget_tokens:
+        for turn in reversed(turns):
+            used += self._count(turn.text)
+            if used > budget_tokens:
                 break
             picked.append(turn)
-            used += cost
-        return tuple(reversed(picked))
+        return picked[::-1]
 
     def context(self, budget_tokens: int) -> tuple[ContextEntry, ...]:
         """Anchor, then the recent window, then the current user turn if it has words."""
