@@ -280,11 +280,17 @@ async def feed(conversations: list[Any], utterance: Utterance) -> list[Heard]:
     ]
 
 
+JUST_AFTER_MS = 100.0
+
+
 def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     complete = [r[mode] for r in rows if r["kind"] == "complete"]
     silences = [c["silence_ms"] for c in complete if c["silence_ms"] is not None]
     unfinished = [r[mode] for r in rows if r["kind"] == "unfinished"]
     cut = sum(bool(u["cut_off"]) for u in unfinished)
+    # ended after the pause, but before the detector could hear the speech resume (its onset
+    # takes vad.onset_ms and more): a user hears these as cut off too
+    just_after = sum(0 <= u.get("after_pause_ms", -1) < JUST_AFTER_MS for u in unfinished)
     summary = {
         "complete": len(complete),
         "complete_never_ended": sum(c["silence_ms"] is None for c in complete),
@@ -293,6 +299,7 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         "unfinished": len(unfinished),
         "cut_off_at_the_pause": cut,
         "cut_off_share": round(cut / len(unfinished), 3) if unfinished else None,
+        f"ended_within_{JUST_AFTER_MS:.0f}_ms_after_the_pause": just_after,
     }
     finals = [c["transcript_ms"] for c in complete if c.get("transcript_ms") is not None]
     if finals:  # speech end -> final transcript: what the reply waits for
@@ -312,6 +319,8 @@ def result(u: Utterance, heard: Heard) -> dict[str, Any]:
     else:
         pause_start, pause = u.pause_ms
         out["cut_off"] = end is not None and end < pause_start + pause
+        if end is not None and not out["cut_off"]:
+            out["after_pause_ms"] = round(end - pause_start - pause, 1)
     if heard.transcript is not None:
         out["transcript"] = heard.transcript
     return out
@@ -325,7 +334,16 @@ def warm_in_pause(conv: Conversation) -> None:
     conv.partials.warm_in_pause = True
 
 
-ABLATIONS = {"hearings": ("words_once", once), "pause-warm": ("words_pause_warm", warm_in_pause)}
+def longer_wait_for_words(conv: Conversation) -> None:
+    conv.floor.words_wait_ms = LONGER_WORDS_WAIT_MS
+
+
+LONGER_WORDS_WAIT_MS = 900.0
+ABLATIONS = {
+    "hearings": ("words_once", once),
+    "pause-warm": ("words_pause_warm", warm_in_pause),
+    "words-wait": ("words_wait_900", longer_wait_for_words),
+}
 
 
 async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, Any]:

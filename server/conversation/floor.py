@@ -133,6 +133,7 @@ class Floor:
         self._complete: bool | None = None  # the model's verdict on the utterance as it stands
         self._probing = False
         self.hearings = HEARINGS  # when in a pause the model hears the utterance
+        self.words_wait_ms = WORDS_WAIT_MS
         self._probes = 0  # hearings begun in this pause
         self._probe_gen = 0  # an older probe's verdict no longer counts
         self.turn_probabilities: deque[float] = deque(maxlen=16)  # recent verdicts (diagnostics)
@@ -337,7 +338,7 @@ class Floor:
         pause_start = samples - int(quiet_ms * 16)
         coming = samples >= MIN_PARTIAL_SAMPLES
         return words_at_pause(
-            partial.covered, partial.text, pause_start, quiet_ms, coming, WORDS_WAIT_MS
+            partial.covered, partial.text, pause_start, quiet_ms, coming, self.words_wait_ms
         )
 
     async def _probe(self, gen: int, audio: npt.NDArray[np.int16], hearing: Hearing) -> None:
