@@ -13,10 +13,11 @@ default model, the CPU plan's threads, a slot and a cache scope each):
 
 Each exchange goes as in a call: the user's words are warmed at the pause (``prefill_open``,
 the turn left open, as the partial loop does), then the turn is committed and the reply
-streamed (``llm_max_tokens``); the reply's words join the history, and the history is warmed
-as the server does once a reply has played out (``after``: while the user listens). Reported
-per exchange: each warm-up's time and the tokens it computed (prompt less cached), the
-reply's first token (ms from its request) and the tokens it computed. A warm-up at the pause
+streamed (``llm_max_tokens``); the reply's words join the history, and once it has played
+out, the window moves on if nearly full and is then warmed, as the server does (``after``:
+while the user listens; ``steps`` only). Reported per exchange: each warm-up's time and the
+tokens it computed (prompt less cached), the reply's first token (ms from its request) and
+the tokens it computed. A warm-up at the pause
 that runs past it delays the reply by the rest (llama.cpp cannot stop a prompt halfway), so
 "warm-up + first token" is the reply's wait when the pause is short.
 
@@ -97,12 +98,13 @@ async def exchange(
     stats = engine.last_stats(rid)
     assert stats is not None and first_ms is not None
     history.commit_agent_text(0, "".join(words).strip(), item_id=f"a{n}")
-    started = time.perf_counter()  # the reply played out: the history is warmed
-    if make_room:
-        history.make_room(budget)
-    after = await engine.prefill(
-        to_messages(history.context(budget)), f"{salt}-h{n}", cache_salt=salt
-    )
+    started = time.perf_counter()  # the reply played out: the window may move on, and is warmed
+    after_computed = 0
+    if make_room and history.make_room(budget):
+        after = await engine.prefill(
+            to_messages(history.context(budget)), f"{salt}-h{n}", cache_salt=salt
+        )
+        after_computed = after.prompt_tokens - after.cached_tokens
     after_ms = (time.perf_counter() - started) * 1000
     window = [e for e in context if e.role is not Role.SYSTEM]
     return {
@@ -112,7 +114,7 @@ async def exchange(
         "reply_computed": stats.prompt_tokens - stats.cached_tokens,
         "prompt_tokens": stats.prompt_tokens,
         "after_ms": round(after_ms, 1),
-        "after_computed": after.prompt_tokens - after.cached_tokens,
+        "after_computed": after_computed,
         "window_turns": len(window),
     }
 

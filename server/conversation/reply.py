@@ -183,7 +183,7 @@ class Replies:
             await self._speak(pipeline, reply, limit_s)
             session.finish_response(epoch)
             if self._config.pipeline.incremental:
-                self._spawn(self._warm_when_played(pipeline, epoch), "history-warm-up")
+                self._spawn(self._warm_when_played(pipeline, epoch), "window-warm-up")
         except asyncio.CancelledError:
             raise
         except StaleWork:
@@ -200,18 +200,19 @@ class Replies:
             self._flush()
 
     async def _warm_when_played(self, pipeline: TurnPipeline, epoch: int) -> None:
-        """Once the reply has played out, the conversation as history now holds it goes into
-        the LLM's prefix cache, while the user listens or thinks: usually only the reply's
-        words; but first the recent window moves on if it is nearly full
-        (``History.make_room``), and then the whole moved window is read, which on a slow
-        CPU takes seconds that the next reply would otherwise wait for. Optional work (shed
-        while a reply is being written)."""
+        """Once the reply has played out, the recent window moves on if it is nearly full
+        (``History.make_room``), and then the conversation goes into the LLM's prefix cache
+        while the user listens or thinks: the whole moved window, which on a slow CPU takes
+        seconds that the next reply would otherwise wait for. A window that stays needs no
+        warm-up here (the user's words warm it). Optional work (shed while a reply is being
+        written)."""
         session = self._session
         while session.epoch == epoch and session.state in REPLYING:
             self._room.clear()
             await self._room.wait()  # every pull from the playback buffer
-        if session.epoch == epoch and session.state is TurnState.LISTENING:
-            session.history.make_room(self._config.runtime.recent_window_tokens)
+        if session.epoch != epoch or session.state is not TurnState.LISTENING:
+            return
+        if session.history.make_room(self._config.runtime.recent_window_tokens):
             await warm_context(pipeline, self._request(epoch), self._metrics)
 
     async def _speak(self, pipeline: TurnPipeline, reply: _Reply, limit_s: float) -> None:

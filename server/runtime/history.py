@@ -243,8 +243,9 @@ class History:
         since = [t for t in self._turns if t.seq >= self._window_from]
         if self._fits(since, budget_tokens, 1.0 - WINDOW_HEADROOM):
             return False
+        start = self._window_from
         self._slide(since, budget_tokens)
-        return True
+        return self._window_from != start
 
     def _fits(self, turns: list[Turn], budget_tokens: int, share: float) -> bool:
         """Whether ``turns`` fit ``share`` of the budget and of the turns the history keeps."""
@@ -256,8 +257,8 @@ class History:
         """The window's start moves on to the latest turns that fit ``window_keep``."""
         most = int((self._turns.maxlen or len(since)) * self.window_keep)
         picked = self._latest(since[-most:] if most else [], budget_tokens * self.window_keep)
-        if not picked:  # the newest turn alone is longer than that share
-            picked = self._latest(since, budget_tokens)
+        if not picked:  # the newest turn alone is longer than that share: it alone, if it fits
+            picked = self._latest(since[-1:], budget_tokens)
         self._window_from = picked[0].seq if picked else self._added + 1
         return picked
 

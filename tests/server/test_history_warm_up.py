@@ -1,13 +1,15 @@
-"""Once a reply has played out, the conversation as history holds it is warmed in the LLM's
-prefix cache (server/conversation/reply.py): a recent window that has just moved on is read
-then, while the user listens, not when the next reply waits for it."""
+"""Once a reply has played out, a recent window that is nearly full moves on and is warmed in
+the LLM's prefix cache (server/conversation/reply.py): the moved window is read then, while
+the user listens, not when the next reply waits for it. A window that stays is not warmed."""
 
 from __future__ import annotations
 
 from server.pipeline.seams import ReplyRequest
-from server.runtime.history import CacheClass, Role
+from server.runtime.history import Role
 from server.runtime.turn import TurnState
 from tests.server.test_interjection import Rig, ScriptedPipeline, until_state
+
+STORY = (Role.ASSISTANT, "Once upon a time. The end.")
 
 
 class Recording(ScriptedPipeline):
@@ -22,41 +24,57 @@ class Recording(ScriptedPipeline):
         return 0
 
 
-async def test_the_history_is_warmed_once_the_reply_has_played_out() -> None:
+def rig_with(recording: Recording, window_tokens: int) -> Rig:
+    settings = {
+        "pipeline.incremental": "true",
+        "runtime.recent_window_tokens": str(window_tokens),
+    }
+    return Rig(lambda clock: recording, settings=settings)
+
+
+async def played_out(rig: Rig) -> None:
+    await until_state(rig, TurnState.AGENT_SPEAKING)
+    await until_state(rig, TurnState.LISTENING, frames=200)
+    await rig.tick(3)
+
+
+async def test_a_full_window_moves_on_and_is_warmed_once_the_reply_has_played_out() -> None:
     recording = Recording()
-    rig = Rig(lambda clock: recording, settings={"pipeline.incremental": "true"})
+    rig = rig_with(recording, window_tokens=12)  # "Tell me a story." and the story: 11 tokens
     try:
         await rig.ask()
         await until_state(rig, TurnState.AGENT_SPEAKING)
         assert recording.warmed == []  # nothing while the reply plays
-        await until_state(rig, TurnState.LISTENING, frames=200)
-        await rig.tick(3)
+        await played_out(rig)
         (context,) = recording.warmed
-        assert context[-2:] == [
-            (Role.USER, "Tell me a story."),
-            (Role.ASSISTANT, "Once upon a time. The end."),
-        ]
-        entries = rig.conversation.request(rig.conversation.session.epoch).context
-        assert entries[-1].cache_class is CacheClass.RECENT  # no turn in progress
+        assert context[1:] == [STORY]  # the window moved on: the question no longer in it
+    finally:
+        await rig.conversation.close()
+
+
+async def test_a_window_with_room_left_is_not_warmed() -> None:
+    recording = Recording()
+    rig = rig_with(recording, window_tokens=1024)
+    try:
+        await rig.ask()
+        await played_out(rig)
+        assert recording.warmed == []
+        history = rig.conversation.session.history
+        assert [t.role for t in history.recent_window(1024)] == [Role.USER, Role.ASSISTANT]
     finally:
         await rig.conversation.close()
 
 
 async def test_a_reply_cut_off_by_the_user_warms_nothing_after_it() -> None:
     recording = Recording()
-    rig = Rig(lambda clock: recording, settings={"pipeline.incremental": "true"})
+    rig = rig_with(recording, window_tokens=12)
     try:
         await rig.ask()
         await rig.conversation.typed_text("Stop, something else.")  # a new epoch, a new reply
         await rig.tick(5)
         assert recording.warmed == []
-        await until_state(rig, TurnState.AGENT_SPEAKING)
-        await until_state(rig, TurnState.LISTENING, frames=200)
-        await rig.tick(3)
+        await played_out(rig)
         (context,) = recording.warmed  # the reply that played out; none for the one cut off
-        assert context[-2:] == [
-            (Role.USER, "Stop, something else."),
-            (Role.ASSISTANT, "Once upon a time. The end."),
-        ]
+        assert context[1:] == [STORY]
     finally:
         await rig.conversation.close()
