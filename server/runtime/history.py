@@ -228,7 +228,7 @@ class History:
         keeps: a window that slid one turn at a time would change the prompt's start at every
         turn, and the engine would read the whole window again for every reply and warm-up.
         """
-        since = [t for t in self._turns if t.seq >= self._window_from]
+        since = self._since_window_start()
         forgotten = bool(since) and since[0].seq != self._window_from  # its first turn is gone
         if forgotten or not self._fits(since, budget_tokens, 1.0):
             since = self._slide(since, budget_tokens)
@@ -240,12 +240,15 @@ class History:
         quiet moment (a reply has played out: server/conversation/reply.py), so that the
         engine reads the moved window while nobody waits, not when the user's next turn
         pushes it over and the reply waits. Whether it moved."""
-        since = [t for t in self._turns if t.seq >= self._window_from]
+        since = self._since_window_start()
         if self._fits(since, budget_tokens, 1.0 - WINDOW_HEADROOM):
             return False
         start = self._window_from
         self._slide(since, budget_tokens)
         return self._window_from != start
+
+    def _since_window_start(self) -> list[Turn]:
+        return [t for t in self._turns if t.seq >= self._window_from]
 
     def _fits(self, turns: list[Turn], budget_tokens: int, share: float) -> bool:
         """Whether ``turns`` fit ``share`` of the budget and of the turns the history keeps."""

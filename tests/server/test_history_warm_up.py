@@ -4,6 +4,9 @@ the user listens, not when the next reply waits for it. A window that stays is n
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from server.pipeline.seams import ReplyRequest
 from server.runtime.history import Role
 from server.runtime.turn import TurnState
@@ -24,12 +27,17 @@ class Recording(ScriptedPipeline):
         return 0
 
 
-def rig_with(recording: Recording, window_tokens: int) -> Rig:
+@contextlib.asynccontextmanager
+async def rig_with(recording: Recording, window_tokens: int) -> AsyncIterator[Rig]:
     settings = {
         "pipeline.incremental": "true",
         "runtime.recent_window_tokens": str(window_tokens),
     }
-    return Rig(lambda clock: recording, settings=settings)
+    rig = Rig(lambda clock: recording, settings=settings)
+    try:
+        yield rig
+    finally:
+        await rig.conversation.close()
 
 
 async def played_out(rig: Rig) -> None:
@@ -40,35 +48,29 @@ async def played_out(rig: Rig) -> None:
 
 async def test_a_full_window_moves_on_and_is_warmed_once_the_reply_has_played_out() -> None:
     recording = Recording()
-    rig = rig_with(recording, window_tokens=12)  # "Tell me a story." and the story: 11 tokens
-    try:
+    # "Tell me a story." and the story: 11 tokens
+    async with rig_with(recording, window_tokens=12) as rig:
         await rig.ask()
         await until_state(rig, TurnState.AGENT_SPEAKING)
         assert recording.warmed == []  # nothing while the reply plays
         await played_out(rig)
         (context,) = recording.warmed
         assert context[1:] == [STORY]  # the window moved on: the question no longer in it
-    finally:
-        await rig.conversation.close()
 
 
 async def test_a_window_with_room_left_is_not_warmed() -> None:
     recording = Recording()
-    rig = rig_with(recording, window_tokens=1024)
-    try:
+    async with rig_with(recording, window_tokens=1024) as rig:
         await rig.ask()
         await played_out(rig)
         assert recording.warmed == []
         history = rig.conversation.session.history
         assert [t.role for t in history.recent_window(1024)] == [Role.USER, Role.ASSISTANT]
-    finally:
-        await rig.conversation.close()
 
 
 async def test_a_reply_cut_off_by_the_user_warms_nothing_after_it() -> None:
     recording = Recording()
-    rig = rig_with(recording, window_tokens=12)
-    try:
+    async with rig_with(recording, window_tokens=12) as rig:
         await rig.ask()
         await rig.conversation.typed_text("Stop, something else.")  # a new epoch, a new reply
         await rig.tick(5)
@@ -76,5 +78,3 @@ async def test_a_reply_cut_off_by_the_user_warms_nothing_after_it() -> None:
         await played_out(rig)
         (context,) = recording.warmed  # the reply that played out; none for the one cut off
         assert context[1:] == [STORY]
-    finally:
-        await rig.conversation.close()
