@@ -6,7 +6,9 @@ system prompt):
 - warm first token: the open turn is prefilled while the user "speaks" (the question less its
   last word, :meth:`prefill_open`), then the reply is streamed: its time to the first token is
   the LLM's share of voice-to-voice after the final transcript;
-- cold first token: the first reply of a scope with nothing prefilled;
+- cold first token: the first reply of a new scope with nothing prefilled, one per question;
+  on llama.cpp both from nothing and, as the server runs it, from the persona shared at start
+  (:meth:`share_prefix`, restored into a new scope's slot);
 - decode: tokens per second of one reply alone, and of two replies generating at once;
 - abort: a long reply closed after a few tokens (a barge-in): how long ``aclose()`` takes, and
   the next reply's first token in the same scope (its slot must be free at once).
@@ -78,9 +80,26 @@ def median(values: list[float | None]) -> float | None:
     return round(statistics.median(real), 1) if real else None
 
 
+async def first_replies(
+    engine: LlmEngine, questions: list[str], max_tokens: int, tag: str
+) -> list[dict[str, Any]]:
+    """Each question as the first reply of a new scope (its slot holds another's tokens)."""
+    return [
+        await reply(engine, chat(q), f"{tag}-{i}", max_tokens, f"scope-{tag}-{i}")
+        for i, q in enumerate(questions)
+    ]
+
+
 async def measure(engine: LlmEngine, questions: list[str], max_tokens: int) -> dict[str, Any]:
     assert len(questions) >= 3, "the pair of replies needs three questions"
-    cold = await reply(engine, chat(questions[0]), "cold", max_tokens, "scope-cold")
+    unshared = await first_replies(engine, questions, max_tokens, "cold")
+    cold, shared, share_ms = unshared, 0, None
+    sharer = getattr(engine, "share_prefix", None)
+    if sharer is not None:  # as the server does at start (llama.cpp)
+        started = time.perf_counter()
+        shared = await sharer([{"role": "system", "content": PERSONA}])
+        share_ms = round((time.perf_counter() - started) * 1000, 1)
+        cold = await first_replies(engine, questions, max_tokens, "cold-shared")
     warm: list[dict[str, Any]] = []
     for i, question in enumerate(questions):
         salt = f"scope-{i}"
@@ -97,7 +116,12 @@ async def measure(engine: LlmEngine, questions: list[str], max_tokens: int) -> d
     )
     aborts = [await abort_once(engine, i) for i in range(3)]
     return {
-        "cold_ttft_ms": cold["ttft_ms"],
+        "cold_ttft_ms": unshared[0]["ttft_ms"],
+        "cold_ttft_ms_p50": median([c["ttft_ms"] for c in cold]),
+        "cold_cached_tokens_p50": median([c["cached_tokens"] for c in cold]),
+        "cold_from_nothing_ttft_ms_p50": median([c["ttft_ms"] for c in unshared]),
+        "shared_prefix_tokens": shared,
+        "share_prefix_ms": share_ms,
         "warm_ttft_ms_p50": median([w["ttft_ms"] for w in warm]),
         "warm_ttft_ms": [round(w["ttft_ms"], 1) for w in warm if w["ttft_ms"] is not None],
         "warm_uncached_tokens_p50": median([w["prompt_tokens"] - w["cached_tokens"] for w in warm]),

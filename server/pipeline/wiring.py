@@ -131,6 +131,7 @@ def _gpu_vllm_installed() -> bool:
 async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
     from models.gguf_models import MODELS
     from models.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from models.llm import LlmError
     from models.prepare import DEFAULT_GGUF, PrepareError, embedded_gguf
 
     pc = config.pipeline
@@ -153,9 +154,24 @@ async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
     )
     log.info("loading LLM %s with llama.cpp", path.name)
     # its server thread and OpenMP team start with the loading thread's lower priority
-    return await in_lowered_thread(
+    engine = await in_lowered_thread(
         lambda: LlamaCppEngine(path, options), plan.engine_nice, "llm-load"
     )
+    # every session's prompt starts with the default persona: read once, not per session
+    persona = [{"role": "system", "content": config.runtime.persona}]
+    started = time.monotonic()
+    try:
+        tokens = await engine.share_prefix(persona)
+    except LlmError as e:
+        log.warning("LLM: every new session reads the persona itself: %s", e)
+    else:
+        log.info(
+            "LLM: the persona's %d tokens computed in %.1f s; a new session's slot starts"
+            " from them",
+            tokens,
+            time.monotonic() - started,
+        )
+    return engine
 
 
 async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:

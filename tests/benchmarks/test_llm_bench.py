@@ -19,4 +19,7 @@ def test_quick_run_writes_json(tmp_path: Path) -> None:
     assert result["warm_ttft_ms_p50"] > 0 and result["decode_tokens_per_s_p50"] > 0
     # a warm reply computes only the end of the user's turn
     assert result["warm_uncached_tokens_p50"] < 20
+    # a new session's first reply starts from the persona shared at start, not from nothing
+    assert result["shared_prefix_tokens"] > 30
+    assert result["cold_cached_tokens_p50"] >= result["shared_prefix_tokens"] - 2
     assert len(result["abort_close_ms"]) == 3 and result["machine"]["cores"] >= 1

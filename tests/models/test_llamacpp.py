@@ -195,6 +195,31 @@ async def test_another_scope_neither_reuses_nor_keeps_a_scopes_tokens() -> None:
 
 
 @on_module_loop
+async def test_a_new_scope_starts_from_the_shared_persona_and_no_ones_words() -> None:
+    one = await LlamaCppEngine.start(smollm2_gguf(), LlamaCppOptions(slots=1))
+    try:
+        shared = await one.share_prefix([{"role": "system", "content": PERSONA}])
+        assert shared > 30  # the persona's tokens, up to where the user's words start
+        secret = chat("My PIN is 4 7 1 9, remember it.")
+        await one.prefill(secret, "x1", cache_salt="alice")
+        alice = stats_of(one, "x1")  # a fresh slot: the persona restored, her words read
+        assert shared - 2 <= alice.cached_tokens <= shared
+        await collect(one.stream(secret, "x2", 4, cache_salt="bob"))  # alice's slot
+        bob = stats_of(one, "x2")
+        assert shared - 2 <= bob.cached_tokens <= shared  # the persona, not her words
+        await collect(one.stream(secret, "x3", 4, cache_salt="alice"))
+        assert stats_of(one, "x3").cached_tokens <= shared  # bob's tokens are not hers
+        await collect(
+            one.stream(chat("Hi.", persona="You are a pirate."), "x4", 4, cache_salt="carol")
+        )
+        assert stats_of(one, "x4").cached_tokens < 8  # another persona: the template's start
+        await collect(one.stream(secret, "x5", 4, cache_salt="carol"))
+        assert stats_of(one, "x5").cached_tokens < 8  # her own slot: still not the persona
+    finally:
+        await one.close()
+
+
+@on_module_loop
 async def test_closing_the_stream_stops_the_request_at_once(engine: LlamaCppEngine) -> None:
     stream = engine.stream(chat("Tell me a very long story about a cat."), "a1", 2000)
     got = [await anext(stream) for _ in range(3)]
