@@ -54,7 +54,10 @@ async def run(conversations: int) -> dict[str, Any]:
                 "started_after_ready_s": round(time.monotonic() - ready, 1),
                 "voice_to_voice_ms": turn["voice_to_voice_ms"],
                 "asr_final_ms": turn["asr_final_ms"],
+                "llm_first_token_ms": turn["llm_first_token_ms"],
                 "first_tts_ms": turn["first_tts_ms"],
+                "prompt_tokens": turn.get("prompt_tokens"),
+                "cached_tokens": turn.get("cached_tokens"),
                 "warm_up_done": warmed is not None,
             }
             print(json.dumps(row), flush=True)
@@ -65,7 +68,7 @@ async def run(conversations: int) -> dict[str, Any]:
     first, last = rows[0]["voice_to_voice_ms"], rows[-1]["voice_to_voice_ms"]
     return {
         "machine": this_machine().to_dict(),
-        "pipeline": "embedded models (Whisper tiny.en, SmolLM2 on vLLM, Piper), 512x512 video",
+        "pipeline": "the embedded default models, 512x512 video",
         "conversations": rows,
         "avatar_warm_up_s": float(warmed.group(1)) if warmed else None,
         "first_voice_to_voice_ms": first,
