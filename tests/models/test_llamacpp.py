@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from models.llamacpp import LlamaCppEngine, LlamaCppOptions, SlotBook
+from models.llamacpp import SHARED_PREFIX_FILE, LlamaCppEngine, LlamaCppOptions, SlotBook
 from models.llm import LlmError, Message
 from models.prompt_text import ChatText
 from tests.support.llm_helpers import collect, stats_of
@@ -215,6 +215,9 @@ async def test_a_new_scope_starts_from_the_shared_persona_and_no_ones_words() ->
         assert stats_of(one, "x4").cached_tokens < 8  # another persona: the template's start
         await collect(one.stream(secret, "x5", 4, cache_salt="carol"))
         assert stats_of(one, "x5").cached_tokens < 8  # her own slot: still not the persona
+        (one._folder / SHARED_PREFIX_FILE).unlink()  # a restore that fails ...
+        await collect(one.stream(secret, "x6", 4, cache_salt="dave"))
+        assert stats_of(one, "x6").cached_tokens == 0  # ... wipes the slot, as before
     finally:
         await one.close()
 
