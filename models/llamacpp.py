@@ -259,13 +259,7 @@ class LlamaCppEngine:
         try:
             reuse = await self._starts_from(lease)
             body = self._body(prompt, 1, lease.slot, reuse)
-            body.update(stream=False, logprobs=EOT_TOP_TOKENS)
-            body.pop("stream_options")
-            found: list[Any] = []
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                self._pool, self._server.handle_completions, body, lambda c: found.append(c)
-            )
+            found = await self._unstreamed({**body, "logprobs": EOT_TOP_TOKENS})
         finally:
             await self._release(lease.slot)
         return _token_probability(found, self.chat.eos_token_id)
@@ -282,21 +276,26 @@ class LlamaCppEngine:
         prompt = words_open_text(self.chat.render, [*messages, {"role": "user", "content": ""}])
         lease = await self._lease(SHARED_SCOPE)
         try:
-            body = {**self._body(prompt, 1, lease.slot, reuse=False), "stream": False}
-            body.pop("stream_options")
-            found: list[Any] = []
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                self._pool, self._server.handle_completions, body, found.append
-            )
+            found = await self._unstreamed(self._body(prompt, 1, lease.slot, reuse=False))
             refused = [r for r in found if not isinstance(r, dict) or "error" in r]
             if refused or not found:
                 raise LlmError(f"llama.cpp did not compute the shared prefix: {refused!r:.200}")
+            loop = asyncio.get_running_loop()
             saved = await loop.run_in_executor(self._pool, self._slot_action, lease.slot, "save")
         finally:
             await self._release(lease.slot)
         self.shared_prefix_tokens = int(saved.get("n_saved") or 0)
         return self.shared_prefix_tokens
+
+    async def _unstreamed(self, body: dict[str, Any]) -> list[Any]:
+        """Run a completion (``_body``'s) in one piece, in the engine's pool; llama.cpp's
+        answers as they came."""
+        body = {**body, "stream": False}
+        body.pop("stream_options")
+        found: list[Any] = []
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._server.handle_completions, body, found.append)
+        return found
 
     async def _starts_from(self, lease: SlotLease) -> bool:
         """Make ``lease``'s slot ready; whether the request may reuse what it then holds: the
