@@ -22,6 +22,8 @@ from server.avatar.seam import AvatarRenderer
 from server.avatar.video import frame_cost_ms
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
+from server.eventloop import describe as describe_loop
+from server.eventloop import loop_factory
 from server.fleet.launch import become_worker
 from server.fleet.workers import run_supervisor
 from server.http import logfilter
@@ -255,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         become_worker(args.supervisor_pid)
     share_the_gil()  # the loop waits at most 1 ms for the GIL behind a worker thread
     try:
-        asyncio.run(serve(config, listen_fd=args.listen_fd))
+        new_loop = loop_factory(config.server.event_loop)
+        log.info("event loop: %s", describe_loop(config.server.event_loop))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            runner.run(serve(config, listen_fd=args.listen_fd))
     except ConfigError as exc:
         print(f"error: invalid configuration: {exc}", file=sys.stderr)
         return 2

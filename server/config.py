@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from server.errors import ConfigError
+from server.eventloop import EVENT_LOOPS
 
 ENV_PREFIX = "AVATAR_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -41,6 +42,14 @@ class ServerConfig:
     host: str = _setting("127.0.0.1", "Address to bind the HTTP server to.", nonempty=True)
     port: int = _setting(8080, "TCP port of the HTTP server.", min=0, max=65535)
     log_level: str = _setting("INFO", "Log level.", choices=LOG_LEVELS)
+    event_loop: str = _setting(
+        "asyncio",
+        "Event loop: asyncio (asyncio's loop, each ready UDP socket drained: up to 32 "
+        "datagrams a wakeup), uvloop (libuv, which drains them too), or asyncio-stock (as "
+        "shipped: one datagram per socket per loop iteration, so with tens of sessions a "
+        "socket's backlog grows to seconds; for comparison).",
+        choices=EVENT_LOOPS,
+    )
     web_dir: str = _setting("web", "Folder of the demo page, relative to the project root.")
     debug_endpoints: bool = _setting(
         False, "Serve GET /debug/sessions (per-session figures; for benchmarks, not the public)."

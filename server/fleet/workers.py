@@ -36,6 +36,7 @@ from aiohttp import web
 
 from server.clock import MonotonicClock
 from server.config import Config
+from server.eventloop import loop_factory
 from server.fleet.launch import ROUTER_ADDRESS, WORKER_KEY_ENV, split_secrets, worker_command
 from server.fleet.router import create_router
 from server.fleet.worker import Worker, WorkerState
@@ -348,5 +349,6 @@ async def _until_stopped(work: Coroutine[Any, Any, object], stop: asyncio.Event)
 
 
 def run_supervisor(config: Config, argv: Sequence[str]) -> int:
-    """Entry point of ``python -m server --workers N`` (N > 1)."""
-    return asyncio.run(supervise(config, argv))
+    """Entry point of ``python -m server --workers N`` (N > 1), on ``server.event_loop``."""
+    with asyncio.Runner(loop_factory=loop_factory(config.server.event_loop)) as runner:
+        return runner.run(supervise(config, argv))
