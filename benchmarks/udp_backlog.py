@@ -32,7 +32,8 @@ from server.eventloop import EVENT_LOOPS
 from server.machine import this_machine
 from server.rtc.settings import pin_host_addresses
 from tests.support.peers import keep_talking
-from tests.support.server_process import ROOT, TONE_PIPELINE, ServerProcess, tone_env
+from tests.support.server_process import TONE_PIPELINE, ServerProcess, tone_env
+from tests.support.vanishing_clients import VanishingClients
 
 SAMPLE_S = 0.25
 READY_TIMEOUT_S = 60.0
@@ -54,31 +55,6 @@ async def sample(pid: int, into: list[tuple[int, int]], stop: asyncio.Event) -> 
             into.append(udp_queues(pid))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), SAMPLE_S)
-
-
-async def vanishing_batch(server: ServerProcess, count: int) -> None:
-    """``count`` peers connect from a subprocess (video every other one), then vanish."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.support.vanishing_clients",
-        server.url,
-        str(count),
-        "--video-every",
-        "2",
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            while (line := (await proc.stdout.readline()).decode().strip()) != "ready":
-                if not line:
-                    raise RuntimeError(f"vanishing clients exited ({proc.returncode})")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
 
 
 async def one_run(loop: str, batch: int, cycles: int) -> dict[str, Any]:
@@ -113,7 +89,8 @@ async def one_run(loop: str, batch: int, cycles: int) -> dict[str, Any]:
             await server.wait_health(
                 lambda h: h["sessions"] + batch <= max_sessions, 30.0, "room", interval=0.2
             )
-            await vanishing_batch(server, batch)
+            clients = await VanishingClients.launch(server.url, batch, 2, READY_TIMEOUT_S)
+            await clients.kill()
             vanished += batch
         stop.set()
         lost = None

@@ -12,9 +12,7 @@ compares them before and after.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,12 +23,12 @@ from tests.support import pace
 from tests.support.pace import within
 from tests.support.peers import Peer, keep_talking
 from tests.support.server_process import (
-    ROOT,
     TONE_PIPELINE,
     ServerProcess,
     server_process,
     tone_env,
 )
+from tests.support.vanishing_clients import VanishingClients
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
@@ -127,59 +125,16 @@ async def settled(server: ServerProcess, sessions: int) -> Figures:
     )
 
 
-class VanishingClients:
-    """A subprocess holding ``count`` connected peers until it is killed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.session_ids: list[str] = []
-
-    @classmethod
-    async def start(cls, server: ServerProcess, count: int, video_every: int) -> VanishingClients:
-        """Once the server has room for ``count`` more (earlier batches may still be
-        waiting for the reaper), a subprocess with ``count`` connected peers."""
-        await server.wait_health(
-            lambda h: h["sessions"] + count <= MAX_SESSIONS,
-            SETTLE_TIMEOUT_S,
-            "room for the next batch",
-            interval=0.2,
-        )
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.support.vanishing_clients",
-            server.url,
-            str(count),
-            "--video-every",
-            str(video_every),
-            cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        clients = cls(proc)
-        try:
-            await asyncio.wait_for(clients._ready(), within(READY_TIMEOUT_S))
-        except BaseException:
-            await clients.kill()
-            raise
-        return clients
-
-    async def _ready(self) -> None:
-        assert self.proc.stdout is not None
-        while True:
-            line = (await self.proc.stdout.readline()).decode().strip()
-            if not line:
-                raise RuntimeError(f"vanishing clients exited ({self.proc.returncode})")
-            if line == "ready":
-                return
-            kind, _, session_id = line.partition(" ")
-            if kind == "connected":
-                self.session_ids.append(session_id)
-
-    async def kill(self) -> None:
-        """SIGKILL: the peers vanish without a word."""
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        await self.proc.wait()
+async def start_batch(server: ServerProcess, count: int, video_every: int) -> VanishingClients:
+    """Once the server has room for ``count`` more (earlier batches may still be waiting for
+    the reaper), a subprocess with ``count`` connected peers."""
+    await server.wait_health(
+        lambda h: h["sessions"] + count <= MAX_SESSIONS,
+        SETTLE_TIMEOUT_S,
+        "room for the next batch",
+        interval=0.2,
+    )
+    return await VanishingClients.launch(server.url, count, video_every, within(READY_TIMEOUT_S))
 
 
 def session_log(server: ServerProcess, session_id: str) -> str:
@@ -213,7 +168,7 @@ async def wait_closed(server: ServerProcess, session_id: str, timeout_s: float) 
 
 
 async def test_vanished_client_is_reaped_after_the_timeout(server: ServerProcess) -> None:
-    clients = await VanishingClients.start(server, 1, video_every=0)
+    clients = await start_batch(server, 1, video_every=0)
     (session_id,) = clients.session_ids
     assert session_id in await live_ids(server)
     await clients.kill()
@@ -258,7 +213,7 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
     await bystander.connect()
     await settled(server, 1)
     for _ in range(WARMUP_BATCHES):  # codecs, thread pools, the renderer's caches
-        warm = await VanishingClients.start(server, BATCH, video_every=2)
+        warm = await start_batch(server, BATCH, video_every=2)
         await warm.kill()
     before = await settled(server, 1)
     reaped_before = (await asyncio.to_thread(server.debug_sessions))["reaped_total"]
@@ -273,7 +228,7 @@ async def test_soak_vanishing_clients_leave_nothing_behind(
         talker = asyncio.get_running_loop().create_task(keep_talking(bystander, replies, stop))
         try:
             while len(vanished) < until:
-                clients = await VanishingClients.start(server, BATCH, video_every=2)
+                clients = await start_batch(server, BATCH, video_every=2)
                 assert len(clients.session_ids) == BATCH
                 if not vanished:  # the figures do see live sessions
                     during = await asyncio.to_thread(server.health)
