@@ -33,6 +33,7 @@ from server.http.registry import SessionRegistry
 from server.http.signaling import REGISTRY_KEY
 from server.machine import this_machine
 from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate
+from server.pipeline.cpuplan import limit_blas_threads
 from server.pipeline.seams import Tunable, TurnPipeline, WarmsUp, load_pipeline
 from server.pipeline.wiring import avatar_renderer, detector_factory, vision_model
 from server.priority import share_the_gil
@@ -134,6 +135,7 @@ async def serve(
     if isinstance(pipeline, WarmsUp):  # engines that were timed (not a test's stand-in)
         config, renderer, calibration = await calibrate_server(config, pipeline, renderer, times)
     vision = vision_model(config) if config.vision.enabled else None
+    limit_blas_threads()  # the BLAS the models brought (OpenCV's), as numpy's at start
     app = create_app(config, detector_factory(config), pipeline, renderer, vision, calibration)
     runner = web.AppRunner(
         app,
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.listen_fd is not None:
         become_worker(args.supervisor_pid)
     share_the_gil()  # the loop waits at most 1 ms for the GIL behind a worker thread
+    limit_blas_threads()  # numpy's OpenBLAS: no pool thread spinning beside the loop
     try:
         new_loop = loop_factory(config.server.event_loop)
         log.info("event loop: %s", describe_loop(config.server.event_loop))

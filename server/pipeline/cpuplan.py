@@ -15,6 +15,10 @@ assumes it owns the machine:
 - the voice activity detector, the end-of-turn model and the avatar's background warm-up get
   one thread each;
 - VP8 encoding is aiortc's: one thread per track below 640x480;
+- the BLAS libraries loaded with numpy and OpenCV (OpenBLAS) get one thread
+  (``BLAS_THREADS``): the matrices multiplied here (mel filters, the avatar's transforms) are
+  small, and OpenBLAS's pool thread spins on a core after every call (about 10 % of a core
+  with one session, measured); ``limit_blas_threads`` applies it;
 - the engines' threads run ``engine_nice`` lower than the event loop and the media workers
   (``server.priority``): when both want a core, a frame leaves on time and a reply waits a
   little.
@@ -26,16 +30,22 @@ An operator's explicit thread count (``pipeline.asr_threads`` / ``tts_threads`` 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from threadpoolctl import ThreadpoolController
+
 from server.machine import this_machine
 from server.priority import ENGINE_NICE
 
+log = logging.getLogger(__name__)
+
 MAX_ASR_THREADS = 4  # CTranslate2 Whisper tiny gains little beyond this
 MAX_TTS_THREADS = 4
+BLAS_THREADS = 1  # numpy's and OpenCV's OpenBLAS: the caller's thread only, no pool that spins
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class CpuPlan:
     llm_prompt_threads: int = 1  # llama.cpp's threads for reading a prompt
     vad_threads: int = 1
     avatar_threads: int = 1
+    blas_threads: int = BLAS_THREADS
     cpu_quota: float | None = None  # CPUs the cgroup grants, when less than the cores
     engine_nice: int = ENGINE_NICE  # how much lower the engines' threads run than the loop
 
@@ -76,7 +87,8 @@ class CpuPlan:
             f"{len(self.cores)} cores {list(self.cores)}{quota}: LLM bound to"
             f" {list(self.llm_cores)} (prompts on {self.llm_prompt_threads} threads),"
             f" ASR {self.asr_threads} threads, TTS {self.tts_threads},"
-            f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads};"
+            f" VAD {self.vad_threads}, avatar warm-up {self.avatar_threads},"
+            f" BLAS {self.blas_threads};"
             f" engines at nice +{self.engine_nice}"
         )
 
@@ -89,6 +101,7 @@ class CpuPlan:
             "tts_threads": self.tts_threads,
             "vad_threads": self.vad_threads,
             "avatar_threads": self.avatar_threads,
+            "blas_threads": self.blas_threads,
             "cpu_quota": self.cpu_quota,
             "engine_nice": self.engine_nice,
         }
@@ -131,3 +144,24 @@ def this_process_plan(
     except AttributeError:  # not Linux
         cores = range(os.cpu_count() or 1)
     return plan_cpus(cores, asr_threads, tts_threads, this_machine().cpu_quota, engine_nice)
+
+
+def limit_blas_threads(threads: int = BLAS_THREADS) -> list[str]:
+    """Limit every BLAS library loaded in this process so far (numpy's OpenBLAS, OpenCV's) to
+    ``threads`` threads, and log the change; returns one line per library changed. Call it
+    again after a module that brings its own BLAS is imported: a library loaded later keeps its
+    default (a thread per core)."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    blas = ThreadpoolController().select(user_api="blas")
+    changed = [
+        f"{lib.internal_api} {lib.version} ({os.path.basename(lib.filepath)}):"
+        f" {lib.num_threads} -> {threads} threads"
+        for lib in blas.lib_controllers
+        if lib.num_threads != threads
+    ]
+    if changed:
+        blas.limit(limits=threads)
+        for line in changed:
+            log.info("BLAS: %s", line)
+    return changed

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from server.pipeline.cpuplan import plan_cpus, this_process_plan
+from server.pipeline.cpuplan import limit_blas_threads, plan_cpus, this_process_plan
 
 
 @pytest.mark.parametrize(
@@ -72,3 +73,44 @@ def test_a_cpu_quota_caps_the_threads() -> None:
     assert plan_cpus({0, 1}, cpu_quota=4.0).cpu_quota is None  # more than the cores: no cap
     with pytest.raises(ValueError, match="cpu_quota"):
         plan_cpus({0, 1}, cpu_quota=0.0)
+
+
+BLAS_CHILD = """
+import json, os
+import numpy as np
+from threadpoolctl import threadpool_info
+from server.pipeline.cpuplan import limit_blas_threads
+before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+changed = limit_blas_threads()
+a = np.ones((300, 300))
+assert float((a @ a)[0, 0]) == 300.0  # BLAS still multiplies, on the caller's thread
+after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+print(json.dumps({"before": before, "changed": changed, "after": after,
+                  "again": limit_blas_threads()}))
+"""
+
+
+def test_numpy_blas_gets_one_thread() -> None:
+    """numpy's OpenBLAS starts a pool thread per core, which spins after every product; the
+    plan gives BLAS one thread (the caller's), says what it changed, and a second call changes
+    nothing. Run in a child so that its OpenBLAS starts as a server's does (two cores: 2)."""
+    plan = plan_cpus({0, 1})
+    assert plan.blas_threads == 1 and "BLAS 1" in plan.describe()
+    assert plan.to_dict()["blas_threads"] == 1
+    child = subprocess.run(
+        [sys.executable, "-c", BLAS_CHILD],
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(child.stdout)
+    assert report["before"] == [2], report  # numpy's OpenBLAS, as a 2-core machine starts it
+    assert len(report["changed"]) == 1 and "2 -> 1 threads" in report["changed"][0]
+    assert report["after"] == [1]
+    assert report["again"] == []
+
+
+def test_blas_threads_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        limit_blas_threads(0)
