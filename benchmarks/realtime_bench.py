@@ -53,6 +53,7 @@ from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
 
 SLOW = Path(__file__).resolve().parent.parent / "scripts" / "slow.sh"
+SLOW_CPUS = 0.5  # scripts/slow.sh's default quota: Whisper's 30 s window at >= 1 s a call
 VOICED = 500  # |sample| above this is speech (int16)
 MEDIA_RATE_HZ = 48_000
 LATENESS = "avatar_audio_frame_lateness_seconds"
@@ -173,7 +174,11 @@ async def conversing(
 
 
 async def run(
-    quick: bool, slow_server: bool, engine: str = "auto", model: str = ""
+    quick: bool,
+    slow_server: bool,
+    engine: str = "auto",
+    model: str = "",
+    slow_cpus: float = SLOW_CPUS,
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTIONS[:3] if quick else QUESTIONS[:6]
@@ -186,13 +191,17 @@ async def run(
             "pipeline.llm_engine": engine,
             "pipeline.llm_model": model,
         },
-        wrapper=[str(SLOW), "--"] if slow_server else None,
+        wrapper=[str(SLOW), "--cpus", str(slow_cpus), "--"] if slow_server else None,
     ).start(timeout=400)
     try:
         health = await asyncio.to_thread(server.health)
         results: dict[str, Any] = {
             "calibration": health.get("calibration"),
-            "profile": "server in the slow profile (scripts/slow.sh)" if slow_server else "as is",
+            "profile": (
+                f"server in the slow profile (scripts/slow.sh, {slow_cpus:g} CPUs)"
+                if slow_server
+                else "as is"
+            ),
             "llm_engine": engine,
             "llm_model": model or "default",
             "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
@@ -234,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run the server (only) in the slow profile: AVX-512 off, 0.5 CPUs",
     )
     parser.add_argument(
+        "--slow-cpus",
+        type=float,
+        default=SLOW_CPUS,
+        help="the slow profile's CPU quota (scripts/slow.sh --cpus; default 0.5)",
+    )
+    parser.add_argument(
         "--engine", choices=LLM_ENGINES, default="auto", help="pipeline.llm_engine of the server"
     )
     parser.add_argument("--model", default="", help="pipeline.llm_model of the server")
@@ -242,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     isolate("benchmarks.realtime_bench", argv)
     print(f"machine: {this_machine().describe()}")
     started = time.monotonic()
-    results = asyncio.run(run(args.quick, args.slow_server, args.engine, args.model))
+    if args.slow_cpus <= 0:
+        parser.error("--slow-cpus must be > 0")
+    results = asyncio.run(
+        run(args.quick, args.slow_server, args.engine, args.model, args.slow_cpus)
+    )
     results["machine"] = this_machine().to_dict()
     results["commit"] = source_commit()
     results["wall_s"] = round(time.monotonic() - started, 1)
