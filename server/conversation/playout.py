@@ -17,6 +17,7 @@ from server.clock import Clock
 from server.conversation.outbound import BargeInReaction
 from server.conversation.reply import Replies
 from server.metrics import Metrics
+from server.runtime.media import samples_to_ms
 from server.runtime.session import Session
 
 LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
@@ -91,6 +92,16 @@ class Playout:
         queued = self._session.chunk(chunk_id).duration
         for event in self._lipsync.placed(chunk_id, position, queued):
             self._emit(event)
+
+    def on_cursor_held(self, samples: int) -> None:
+        """``samples`` (48 kHz) of media time passed on the link without the playback cursor:
+        the audio track woke too late and skipped them (server/rtc/tracks.py), or sent silence
+        while the client's audio had stopped (server/rtc/peer.py). The client heard a gap, and
+        the reply goes on from where it stopped. The media clock is now that much further
+        ahead of the cursor (the face follows the cursor), and the echo canceller's far end
+        gets the silence."""
+        self.base_ms -= samples_to_ms(samples)
+        self._played(np.zeros(samples, dtype=np.int16))
 
     def on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
         """The link's audio track sent a frame ``lateness_s`` late."""

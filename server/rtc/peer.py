@@ -100,7 +100,9 @@ class PeerSession:
         self._hears_audio = False  # the client sends audio (every 20 ms, silence too)
         self.stalled_frames = 0  # outbound frames held back while inbound audio had stopped
         playout = conversation.playout
-        self.audio_track = PacedAudioTrack(self.media_clock, self._pull_audio, playout.on_sent)
+        self.audio_track = PacedAudioTrack(
+            self.media_clock, self._pull_audio, playout.on_sent, playout.on_cursor_held
+        )
         self.video_track = (
             PacedVideoTrack(self.media_clock, playout.face_at, config.transport.video_fps)
             if config.transport.video and conversation.avatar is not None
@@ -225,6 +227,7 @@ class PeerSession:
         or for a resume on a new connection)."""
         if self._stalled():
             self.stalled_frames += 1
+            self.conversation.playout.on_cursor_held(n)
             return np.zeros(n, np.int16)
         return self.conversation.playout.pull_audio(n)
 

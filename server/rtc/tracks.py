@@ -4,11 +4,20 @@ Audio: 20 ms frames of 48 kHz mono s16, pts in samples (time base 1/48000). Vide
 frame rate, pts on the 90 kHz clock. Frame k of either track is due at ``t0 + k * duration`` of
 one shared clock, so the picture for time t goes out with the audio for time t. A track never
 waits on the buffer: on underrun it sends silence / the idle frame.
+
+A track that wakes late (the loop was held) sends the frames it owes back to back, up to
+``MAX_CATCH_UP_MS`` of them: a receiver's jitter buffer absorbs that much (its delay grows by
+it for a while). Later than that, it skips ahead on the media clock instead: the frames of the
+missed time are not sent (the receiver conceals a gap), and audio goes on from the sample
+where it stopped. A second of audio sent in a burst would be played that much later than the
+playback cursor says, or sped up, or dropped by the client; rendering a second of pictures
+at once would cost the most CPU just when the machine is behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -18,9 +27,18 @@ import numpy.typing as npt
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from server.runtime.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, VIDEO_TIME_BASE
+from server.runtime.media import (
+    AUDIO_TIME_BASE,
+    FRAME_SAMPLES,
+    MEDIA_RATE_HZ,
+    VIDEO_TIME_BASE,
+    samples_to_ms,
+)
+
+log = logging.getLogger(__name__)
 
 PCM = npt.NDArray[np.int16]
+MAX_CATCH_UP_MS = 200  # the most a late track sends in a burst; beyond it, it skips ahead
 
 
 class MediaClock:
@@ -65,17 +83,31 @@ class PacedAudioTrack(MediaStreamTrack):
         clock: MediaClock,
         source: AudioSource,
         on_sent: Callable[[int, float, PCM], None] | None = None,
+        on_skipped: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_sent(pts, lateness_s, pcm)``: a frame went out; ``on_skipped(samples)``: the
+        track skipped that much media time (whole frames) without pulling from ``source``."""
         super().__init__()
         self._clock = clock
         self._source = source
         self._on_sent = on_sent
+        self._on_skipped = on_skipped
         self._pts = 0
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
         lateness = await self._clock.wait_until(self._pts / MEDIA_RATE_HZ)
+        if lateness * 1000 > MAX_CATCH_UP_MS:
+            skipped = int(lateness * MEDIA_RATE_HZ) // FRAME_SAMPLES * FRAME_SAMPLES
+            self._pts += skipped
+            log.info(
+                "audio track woke %.0f ms late: %.0f ms of media time skipped, not sent in a burst",
+                lateness * 1000,
+                samples_to_ms(skipped),
+            )
+            if self._on_skipped is not None:
+                self._on_skipped(skipped)
         pcm = self._source(FRAME_SAMPLES)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = MEDIA_RATE_HZ
@@ -109,7 +141,10 @@ class PacedVideoTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         media_s = float(self._pts * VIDEO_TIME_BASE)
-        await self._clock.wait_until(media_s)
+        lateness = await self._clock.wait_until(media_s)
+        if lateness * 1000 > MAX_CATCH_UP_MS:  # the picture of now, not of the missed time
+            self._pts += int(lateness * 90_000) // self._ticks * self._ticks
+            media_s = float(self._pts * VIDEO_TIME_BASE)
         frame = await self._source(media_s * 1000)
         frame.pts = self._pts
         frame.time_base = VIDEO_TIME_BASE
