@@ -97,6 +97,7 @@ class Calibration:
     frame_ms: float
     predicted_voice_to_voice_ms: float
     capacity: int  # sessions in conversation at once
+    session_cores: float  # CPU (cores) one session in conversation needs on average
     fallbacks: tuple[str, ...]  # stages that failed to measure (reference figures used)
 
     def to_dict(self) -> dict[str, object]:
@@ -177,6 +178,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
         frame_ms=frame_ms,
         predicted_voice_to_voice_ms=predicted,
         capacity=capacity,
+        session_cores=per_session,
         fallbacks=tuple(fallbacks),
     )
 
@@ -184,7 +186,13 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
 def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, object]]:
     """``config`` with the settings it left unset (not in ``config.explicit``) chosen for
     this machine; returns it and what changed (dotted name -> new value). A setting follows
-    only stages that were measured: one that leans on a reference figure stays as it is."""
+    only stages that were measured: one that leans on a reference figure stays as it is.
+
+    The video's frame rate is cut until its frames fit ``VIDEO_SHARE`` of a core (of the
+    quota when less), and its size too when even ``MIN_FPS`` does not fit. Where not even one
+    session fits the CPU that sessions may plan on (``session_cores`` over ``cpus`` x
+    ``UTILISATION``), the video goes to its least (``MIN_FPS``, ``SMALLER_VIDEO``): in 0.5
+    CPUs that answered in 1.0 s against 1.6-2.3 s at 25 fps and 512x512 (BENCHMARKS.md)."""
     changed: dict[str, object] = {}
     explicit = config.explicit
     pc, tc = config.pipeline, config.transport
@@ -217,6 +225,16 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
             if not fits and unset("transport.video_width") and unset("transport.video_height"):
                 changed["transport.video_width"] = min(tc.video_width, SMALLER_VIDEO)
                 changed["transport.video_height"] = min(tc.video_height, SMALLER_VIDEO)
+    one_fits = calibration.session_cores <= calibration.cpus * UTILISATION
+    if tc.video and not one_fits and unset("transport.video_fps", *REFERENCE):
+        # not even one conversation fits the CPU that sessions may plan on: the video, the
+        # part that can give, goes to its least, and the reply's stages get what it leaves
+        if changed.get("transport.video_fps", tc.video_fps) != MIN_FPS:
+            changed["transport.video_fps"] = MIN_FPS
+        if unset("transport.video_width") and unset("transport.video_height"):
+            for name, size in (("width", tc.video_width), ("height", tc.video_height)):
+                if size > SMALLER_VIDEO:
+                    changed[f"transport.video_{name}"] = SMALLER_VIDEO
     if unset("transport.max_sessions", *REFERENCE) and calibration.capacity != tc.max_sessions:
         changed["transport.max_sessions"] = calibration.capacity
     return with_settings(config, changed), changed

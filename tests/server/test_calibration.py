@@ -141,3 +141,24 @@ def test_settings_follow_only_measured_stages() -> None:
     slow_llm = StageCosts(llm_first_token_ms=900.0, llm_tokens_per_s=7.0)
     _, changed = adapt(Config(), calibrate(slow_llm, Config(), 0.5))
     assert changed == {"pipeline.first_chunk_words": 3}
+
+
+def test_where_not_one_session_fits_the_video_goes_to_its_least() -> None:
+    """Frames cheap enough for the video's own budget, but a conversation's reply work that
+    leaves no room in 0.5 CPUs: the video gives way; on two cores it stays as it is."""
+    cheap_frames = dataclasses.replace(SLOW, frame_ms=2.5)
+    assert 2.5 * Config().transport.video_fps <= 0.25 * 0.5 * 1000  # the frames alone fit
+    small = calibrate(cheap_frames, Config(), 0.5)
+    assert small.session_cores > 0.5 * UTILISATION
+    config, changed = adapt(Config(), small)
+    assert config.transport.video_fps == 10
+    assert (config.transport.video_width, config.transport.video_height) == (384, 384)
+    assert calibrate(cheap_frames, config, 0.5).session_cores < small.session_cores
+    roomy = calibrate(cheap_frames, Config(), 2.0)
+    assert roomy.session_cores <= 2.0 * UTILISATION
+    assert "transport.video_fps" not in adapt(Config(), roomy)[1]
+    # an operator who chose the frame rate chose the video's cost: nothing about it changes
+    chosen = load_config(overrides={"transport.video_fps": 25})
+    kept, changed = adapt(chosen, calibrate(cheap_frames, chosen, 0.5))
+    assert kept.transport.video_fps == 25 and kept.transport.video_width == 512
+    assert "transport.video_width" not in changed
