@@ -16,9 +16,9 @@ assumes it owns the machine:
   one thread each;
 - VP8 encoding is aiortc's: one thread per track below 640x480;
 - the BLAS libraries loaded with numpy and OpenCV (OpenBLAS) get one thread
-  (``BLAS_THREADS``): the matrices multiplied here (mel filters, the avatar's transforms) are
-  small, and OpenBLAS's pool thread spins on a core after every call (about 10 % of a core
-  with one session, measured); ``limit_blas_threads`` applies it;
+  (``BLAS_THREADS``): the products computed here are small (BLAS work was under 0.1 % of the
+  server's CPU), and OpenBLAS's pool thread spins on a core after every call (7-14 % of a
+  core with one or two sessions, measured); ``limit_blas_threads`` applies it;
 - the engines' threads run ``engine_nice`` lower than the event loop and the media workers
   (``server.priority``): when both want a core, a frame leaves on time and a reply waits a
   little.
