@@ -216,25 +216,27 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
         words = max(MIN_FIRST_CHUNK_WORDS, min(pc.first_chunk_words, int(tokens / TOKENS_PER_WORD)))
         if words != pc.first_chunk_words:
             changed["pipeline.first_chunk_words"] = words
+
+    def smallest_video() -> None:
+        """The video at SMALLER_VIDEO at most, where the operator set neither side."""
+        if unset("transport.video_width") and unset("transport.video_height"):
+            changed["transport.video_width"] = min(tc.video_width, SMALLER_VIDEO)
+            changed["transport.video_height"] = min(tc.video_height, SMALLER_VIDEO)
+
     if tc.video and unset("transport.video_fps", "frame_ms"):
         budget_ms = VIDEO_SHARE * min(1.0, calibration.cpus) * 1000  # ms of CPU a second
         if calibration.frame_ms * tc.video_fps > budget_ms:
             fps = max(MIN_FPS, math.floor(budget_ms / calibration.frame_ms))
             changed["transport.video_fps"] = fps
-            fits = calibration.frame_ms * fps <= budget_ms
-            if not fits and unset("transport.video_width") and unset("transport.video_height"):
-                changed["transport.video_width"] = min(tc.video_width, SMALLER_VIDEO)
-                changed["transport.video_height"] = min(tc.video_height, SMALLER_VIDEO)
+            if calibration.frame_ms * fps > budget_ms:  # not even MIN_FPS fits
+                smallest_video()
     one_fits = calibration.session_cores <= calibration.cpus * UTILISATION
     if tc.video and not one_fits and unset("transport.video_fps", *REFERENCE):
         # not even one conversation fits the CPU that sessions may plan on: the video, the
         # part that can give, goes to its least, and the reply's stages get what it leaves
         if changed.get("transport.video_fps", tc.video_fps) != MIN_FPS:
             changed["transport.video_fps"] = MIN_FPS
-        if unset("transport.video_width") and unset("transport.video_height"):
-            for name, size in (("width", tc.video_width), ("height", tc.video_height)):
-                if size > SMALLER_VIDEO:
-                    changed[f"transport.video_{name}"] = SMALLER_VIDEO
+        smallest_video()
     if unset("transport.max_sessions", *REFERENCE) and calibration.capacity != tc.max_sessions:
         changed["transport.max_sessions"] = calibration.capacity
     return with_settings(config, changed), changed

@@ -41,6 +41,15 @@ PCM = npt.NDArray[np.int16]
 MAX_CATCH_UP_MS = 200  # the most a late track sends in a burst; beyond it, it skips ahead
 
 
+def skipped_ticks(lateness_s: float, rate_hz: int, frame_ticks: int) -> int:
+    """The media time (ticks of ``rate_hz``, whole frames of ``frame_ticks``) that a track
+    waking ``lateness_s`` late skips: none up to MAX_CATCH_UP_MS, else every whole frame of
+    the delay (the frame due now then goes out)."""
+    if lateness_s * 1000 <= MAX_CATCH_UP_MS:
+        return 0
+    return int(lateness_s * rate_hz) // frame_ticks * frame_ticks
+
+
 class MediaClock:
     """The session media clock: time 0 is when the first outbound frame is asked for (s)."""
 
@@ -98,8 +107,8 @@ class PacedAudioTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         lateness = await self._clock.wait_until(self._pts / MEDIA_RATE_HZ)
-        if lateness * 1000 > MAX_CATCH_UP_MS:
-            skipped = int(lateness * MEDIA_RATE_HZ) // FRAME_SAMPLES * FRAME_SAMPLES
+        skipped = skipped_ticks(lateness, MEDIA_RATE_HZ, FRAME_SAMPLES)
+        if skipped:
             self._pts += skipped
             log.info(
                 "audio track woke %.0f ms late: %.0f ms of media time skipped, not sent in a burst",
@@ -142,8 +151,9 @@ class PacedVideoTrack(MediaStreamTrack):
             raise MediaStreamError
         media_s = float(self._pts * VIDEO_TIME_BASE)
         lateness = await self._clock.wait_until(media_s)
-        if lateness * 1000 > MAX_CATCH_UP_MS:  # the picture of now, not of the missed time
-            self._pts += int(lateness * 90_000) // self._ticks * self._ticks
+        skipped = skipped_ticks(lateness, VIDEO_TIME_BASE.denominator, self._ticks)
+        if skipped:  # the picture of now, not of the missed time
+            self._pts += skipped
             media_s = float(self._pts * VIDEO_TIME_BASE)
         frame = await self._source(media_s * 1000)
         frame.pts = self._pts

@@ -43,13 +43,21 @@ class Source:
         return np.full(n, self.pulled, np.int16)
 
 
-async def test_a_short_delay_is_caught_up_frame_by_frame() -> None:
-    now, source = Clock(), Source()
+def audio_track(
+    now: Clock, source: Source
+) -> tuple[PacedAudioTrack, list[tuple[int, float]], list[int]]:
+    """The track, the (pts, lateness s) of every frame it sends, and what it skipped."""
     sent: list[tuple[int, float]] = []
     held: list[int] = []
     track = PacedAudioTrack(
         MediaClock(now), source, lambda pts, late, _pcm: sent.append((pts, late)), held.append
     )
+    return track, sent, held
+
+
+async def test_a_short_delay_is_caught_up_frame_by_frame() -> None:
+    now, source = Clock(), Source()
+    track, sent, held = audio_track(now, source)
     await track.recv()
     now.now = 3 * FRAME_S  # 60 ms held: frames 1-3 are owed, within MAX_CATCH_UP_MS
     frames = [await track.recv() for _ in range(3)]
@@ -60,11 +68,7 @@ async def test_a_short_delay_is_caught_up_frame_by_frame() -> None:
 
 async def test_a_long_stall_skips_ahead_and_the_reply_goes_on_from_its_sample() -> None:
     now, source = Clock(), Source()
-    sent: list[tuple[int, float]] = []
-    held: list[int] = []
-    track = PacedAudioTrack(
-        MediaClock(now), source, lambda pts, late, _pcm: sent.append((pts, late)), held.append
-    )
+    track, sent, held = audio_track(now, source)
     first = await track.recv()
     assert first.pts == 0
     now.now = 1.0  # the loop was held for a second
