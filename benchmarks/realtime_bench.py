@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from benchmarks import pct, source_commit
+from benchmarks.end_of_turn_bench import COMPLETE
 from benchmarks.netns import isolate
 from benchmarks.voice_bench import QUESTIONS, synthesize_questions
 from client.cli import ClientPeer
@@ -138,7 +139,15 @@ def summary(turns: list[dict[str, Any]], before: str, after: str) -> dict[str, A
         "audio_gaps_over_40ms": sum(g > 40 for g in gaps),
         "frame_lateness_ms_p99_at_most": None if lateness is None else lateness * 1000,
         "loop_lag_ms_p99_at_most": None if lag is None else lag * 1000,
+        "early_replies_played": sum(bool(t.get("early_reply")) for t in turns),
+        "early_replies_dropped": early_replies(after, "dropped") - early_replies(before, "dropped"),
     }
+
+
+def early_replies(metrics: str, outcome: str) -> int:
+    """Early replies (server/conversation/early.py) with ``outcome`` so far."""
+    line = f'avatar_early_replies_total{{outcome="{outcome}"}} '
+    return sum(int(float(x.rpartition(" ")[2])) for x in metrics.splitlines() if x.startswith(line))
 
 
 def underruns(metrics: str) -> int:
@@ -173,15 +182,20 @@ async def conversing(
     }
 
 
+QUESTION_SETS = {"everyday": QUESTIONS, "end-of-turn": COMPLETE}
+
+
 async def run(
     quick: bool,
     slow_server: bool,
     engine: str = "auto",
     model: str = "",
     slow_cpus: float = SLOW_CPUS,
+    question_set: str = "everyday",
+    settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
-    texts = QUESTIONS[:3] if quick else QUESTIONS[:6]
+    texts = QUESTION_SETS[question_set][: 3 if quick else 6]
     questions = synthesize_questions(texts)
     server = ServerProcess(
         {
@@ -190,6 +204,7 @@ async def run(
             "transport.max_sessions": "4",
             "pipeline.llm_engine": engine,
             "pipeline.llm_model": model,
+            **(settings or {}),
         },
         wrapper=[str(SLOW), "--cpus", str(slow_cpus), "--"] if slow_server else None,
     ).start(timeout=400)
@@ -204,6 +219,8 @@ async def run(
             ),
             "llm_engine": engine,
             "llm_model": model or "default",
+            "questions": question_set,
+            "settings": settings or {},
             "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
         }
         results["one_session"] = await conversing(server, [questions])
@@ -252,6 +269,20 @@ def main(argv: list[str] | None = None) -> int:
         "--engine", choices=LLM_ENGINES, default="auto", help="pipeline.llm_engine of the server"
     )
     parser.add_argument("--model", default="", help="pipeline.llm_model of the server")
+    parser.add_argument(
+        "--questions",
+        choices=sorted(QUESTION_SETS),
+        default="everyday",
+        help="what the user asks: everyday questions (voice_bench), or the complete utterances"
+        " of end_of_turn_bench, about half of which the end-of-turn model hears as unfinished",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server setting (dotted name), e.g. pipeline.early_reply=false; repeatable",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/realtime.json"))
     args = parser.parse_args(argv)
     isolate("benchmarks.realtime_bench", argv)
@@ -259,8 +290,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.slow_cpus <= 0:
         parser.error("--slow-cpus must be > 0")
+    if any("=" not in item for item in args.set):
+        parser.error("--set takes NAME=VALUE")
+    settings = dict(item.split("=", 1) for item in args.set)
     results = asyncio.run(
-        run(args.quick, args.slow_server, args.engine, args.model, args.slow_cpus)
+        run(
+            args.quick,
+            args.slow_server,
+            args.engine,
+            args.model,
+            args.slow_cpus,
+            args.questions,
+            settings,
+        )
     )
     results["machine"] = this_machine().to_dict()
     results["commit"] = source_commit()

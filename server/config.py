@@ -470,6 +470,11 @@ class PipelineConfig:
         min=50,
         max=10_000,
     )
+    early_reply: bool = _setting(
+        True,
+        "Begin the reply at a pause that may not end the turn yet (its words end a sentence):"
+        " played at once if the turn ends on the same words, else dropped unheard.",
+    )
     first_chunk_words: int = _setting(
         6, "Cut a reply's first chunk after this many words if no clause has ended.", min=1, max=100
     )

@@ -76,6 +76,12 @@ class Metrics:
             registry=r,
         )
         self.speech_starts = Counter("avatar_speech_starts", "Speech starts detected.", registry=r)
+        self.early_replies = Counter(
+            "avatar_early_replies",
+            "Replies begun at a pause before the turn ended, by outcome: adopted or dropped.",
+            ["outcome"],
+            registry=r,
+        )
         self.interjections = Counter(
             "avatar_interjections",
             "Voice over a reply that paused it, by verdict: resume (no interruption) or interrupt.",

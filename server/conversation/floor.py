@@ -17,10 +17,9 @@ path, or not (a cough, a click, "mm-hm"), and the reply resumes from the exact s
 paused. With ``vad.pause_first`` off (or ``interrupt_response`` off) confirmed speech stops the
 reply at once, as before.
 
-A sound that keeps pausing the reply and is never voice (a beeping phone, typing) is the room,
-not the user: after ``NOISY_LAPSES`` such pauses within ``NOISY_WINDOW_MS`` the gate alone no
-longer pauses the reply while gate onsets keep coming (``NOISY_HOLD_MS`` apart at most); the
-reply then pauses when the confirming model hears speech, and is judged as before.
+A sound that keeps pausing the reply and is never voice is the room (server/conversation/
+room.py). At a pause that may not end the turn yet, the reply may begin early (server/
+conversation/early.py).
 """
 
 from __future__ import annotations
@@ -50,10 +49,11 @@ from server.conversation.partials import MIN_PARTIAL_SAMPLES, Partials
 from server.conversation.playout import Playout
 from server.conversation.realtime_session import TurnSettings
 from server.conversation.reply import Replies
-from server.conversation.unfinished import Words, words_at_pause
+from server.conversation.room import RoomNoise
+from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
-from server.pipeline.seams import PrimedTranscripts, TurnPipeline, TurnTrace
+from server.pipeline.seams import PrimedTranscripts, ReportsLoad, TurnPipeline, TurnTrace
 from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind, VadState
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
@@ -65,9 +65,6 @@ log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
 WORDS_WAIT_MS = 600.0  # quiet (ms) up to which a complete-sounding turn waits for its words
-NOISY_LAPSES = 3  # pauses that proved no voice ...
-NOISY_WINDOW_MS = 5000.0  # ... within this long: the room is noisy
-NOISY_HOLD_MS = 5000.0  # it stays noisy while gate onsets come at most this far apart
 
 
 @dataclass(frozen=True)
@@ -142,15 +139,14 @@ class Floor:
         self.interrupted = 0  # pauses that were
         self.heard_words: deque[str] = deque(maxlen=8)  # recent interjections' transcripts
         self._resumed_in_speech = False  # resumed while the speech over it had only paused
-        self._lapses: deque[float] = deque(maxlen=NOISY_LAPSES)  # when pauses proved no voice
-        self._noisy_until = float("-inf")  # the gate alone pauses no reply until then (ms)
+        self.room = RoomNoise(clock, self._sid)
 
     # --- the detector's events ----------------------------------------------------------------
     async def on_vad(self, event: VadEvent) -> None:
         state = self._session.state
         replying = state in (TurnState.THINKING, TurnState.AGENT_SPEAKING)
         if event.kind is VadEventKind.ONSET:
-            if replying and self._pauses() and not self._noisy():
+            if replying and self._pauses() and not self.room.onset():
                 self._pause(event)
         elif event.kind is VadEventKind.START:
             self._metrics.speech_starts.inc()
@@ -159,7 +155,7 @@ class Floor:
                 pass  # the judge sees the speech on the next step
             elif replying and not self._settings().interrupt_response:
                 return  # speech over a reply is not heard (interrupt_response off)
-            elif replying and self._pauses() and self._in_noise() and self._pause(event):
+            elif replying and self._pauses() and self.room.in_noise() and self._pause(event):
                 pass  # a noisy room: paused at confirmed speech, judged from here
             else:
                 await self._speech_started(event.at_ms, event)
@@ -172,6 +168,8 @@ class Floor:
         or the pause's judgement moves on (``masked_ms``: since the residual echo gate last hid
         a frame from the detector)."""
         if self._session.state is TurnState.USER_SPEAKING:
+            if self._detector.quiet_ms == 0.0 and self._replies.early is not None:
+                await self._replies.drop_early("the user spoke on")
             await self._semantic_end()
             return
         detector = self._detector
@@ -218,32 +216,6 @@ class Floor:
         self._flush()
         return True
 
-    def _in_noise(self) -> bool:
-        """Whether the room is taken for noisy now."""
-        return self._clock.now_ms() < self._noisy_until
-
-    def _noisy(self) -> bool:
-        """Whether the room is noisy (a gate onset now): it stays so while onsets go on."""
-        if not self._in_noise():
-            return False
-        self._noisy_until = self._clock.now_ms() + NOISY_HOLD_MS
-        return True
-
-    def _lapsed(self) -> None:
-        """A pause proved no voice; the last NOISY_LAPSES within NOISY_WINDOW_MS: a noisy room."""
-        now = self._clock.now_ms()
-        self._lapses.append(now)
-        full = len(self._lapses) == NOISY_LAPSES
-        if full and now - self._lapses[0] <= NOISY_WINDOW_MS and now >= self._noisy_until:
-            self._noisy_until = now + NOISY_HOLD_MS
-            self._lapses.clear()
-            log.info(
-                "session %s: %d sounds over the reply were no voice: only confirmed speech"
-                " pauses it while such sounds go on",
-                self._sid,
-                NOISY_LAPSES,
-            )
-
     async def _judge_words(self, ask: AskWords) -> None:
         """Transcribe the interjection (from just before its onset) and let the judge decide."""
         back_ms = self._detector.position_ms - ask.from_ms + PREROLL_MS
@@ -276,7 +248,7 @@ class Floor:
             # words were then asked for) is not speech that could go on: the room's sound
             confirmed = self.judge.confirmed
             if not confirmed:
-                self._lapsed()
+                self.room.lapsed()
             self._resumed_in_speech = confirmed and self._detector.state is VadState.SPEECH
             self._session.resume_reply(decision.reason)
             self._flush()
@@ -378,8 +350,19 @@ class Floor:
             self._utterance.begin(back_ms)
             self._partials.reset()
             if self._pipeline is not None and self._config.pipeline.incremental:
-                run = self._partials.run(self._pipeline, self._ending)
+                run = self._partials.run(self._pipeline, self._ending, self._reply_early)
                 self._partials_task = self._spawn(run, "partials")
+
+    async def _reply_early(self) -> bool:
+        """Begin the reply at this pause (server/conversation/early.py) if its words end a
+        sentence and the turn gets a spoken reply; none while the engines have required work."""
+        settings, pipeline = self._settings(), self._pipeline
+        if not self._config.pipeline.early_reply or not settings.create_response:
+            return False
+        if settings.text_only or sounds_unfinished(self._partials.partial.text):
+            return False
+        busy = lambda: isinstance(pipeline, ReportsLoad) and pipeline.busy  # noqa: E731
+        return await self._replies.begin_early(self._session.epoch, busy)
 
     async def stop_partials(self) -> None:
         task, self._partials_task = self._partials_task, None

@@ -9,7 +9,8 @@ usually the final transcript (so the reply computes almost nothing). None for th
 of a decode begun in speech that returns in a pause: the pause's decode comes next and hears
 them too, and the turn may wait for it. None once the turn is ending (it sounds complete, and
 the latest partial heard all the speech and does not stop mid-sentence): the reply starts
-right after, and would first wait for it.
+right after, and would first wait for it. At a pause that may not end the turn yet, an early
+reply (server/conversation/early.py) may read the pause's words in place of their warm-up.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -129,6 +130,7 @@ class Partials:
         self.partial = Partial(0, "")
         self.stable = ""
         self._said = Said()  # what the warm-ups push
+        self._pause_words = Partial(0, "")  # the partial last taken for a pause's words
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
@@ -139,6 +141,7 @@ class Partials:
         self.partial = Partial(0, "")
         self.stable = ""
         self._said = Said()
+        self._pause_words = Partial(0, "")
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -149,23 +152,40 @@ class Partials:
         view = self._session.view()
         return replace(view, slack_ms=view.budget_ms * PARTIAL_SLACK_SHARE, waiting_since_ms=None)
 
-    async def run(self, pipeline: TurnPipeline, ending: Callable[[], bool]) -> None:
+    async def run(
+        self,
+        pipeline: TurnPipeline,
+        ending: Callable[[], bool],
+        early: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         """Decode until cancelled (the turn ended); a warm-up still running then is of no use
         to its reply and is cancelled too. ``ending()``: whether the turn ends as soon as its
-        silence is long enough (on the latest partial's words)."""
+        silence is long enough (on the latest partial's words). ``early()``: begin the reply
+        to the pause's words now (server/conversation/early.py); whether one runs, which
+        reads them in place of a warm-up."""
         try:
-            await self._decode_partials(pipeline, ending)
+            await self._decode_partials(pipeline, ending, early)
         finally:
             task, self._warming = self._warming, None
             await cancel(task)
 
-    async def _decode_partials(self, pipeline: TurnPipeline, ending: Callable[[], bool]) -> None:
+    async def _decode_partials(
+        self,
+        pipeline: TurnPipeline,
+        ending: Callable[[], bool],
+        early: Callable[[], Awaitable[bool]] | None,
+    ) -> None:
         session = self._session
         last_ms = self._clock.now_ms()
         while True:
             await asyncio.sleep(PARTIAL_TICK_S)
             since = self._clock.now_ms() - last_ms
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
+            pause_start = samples - int(quiet * 16)
+            heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
+            if quiet >= PAUSE_MS and heard_all and self.partial != self._pause_words:
+                await self._early_on_partial(ending, early)
+                continue
             if not partial_due(since, self._interval_ms, quiet, samples, self.partial.covered):
                 continue
             last_ms = self._clock.now_ms()
@@ -188,13 +208,17 @@ class Partials:
                 self.stable = stable
             # a decode begun in a pause heard all the speech: likely the final transcript
             paused = quiet >= PAUSE_MS
+            if paused:
+                self._pause_words = self.partial
             said = text.strip() if paused else self.stable
             now = Said(said, paused, heard)
             if said and now != self._said and (paused or len(said) > len(self._said.words)):
                 session.set_user_transcript(said)
                 ends = ending()
+                begun = paused and not ends and early is not None and await early()
                 if paused:
                     verdict = "the turn ends on them, no warm-up" if ends else "warmed"
+                    verdict = "an early reply reads them" if begun else verdict
                     log.debug(
                         "session %s: the pause's words after %.0f ms of quiet, decoded in"
                         " %.0f ms: %s",
@@ -203,6 +227,10 @@ class Partials:
                         self._clock.now_ms() - last_ms,
                         verdict,
                     )
+                if begun:
+                    # its prompt holds them: no warm-up (and the same words at a later pause,
+                    # the user having made a sound in between, begin it again if it was dropped)
+                    continue
                 if ends:
                     # the reply starts within a tick or two and reads these words in one
                     # pass; a warm-up begun now (or one running, going on to them: the
@@ -227,6 +255,20 @@ class Partials:
                         await self._warming  # done: its outcome was handled in _warm
                     warm = self._warm(pipeline, session.epoch)
                     self._warming = asyncio.get_running_loop().create_task(warm)
+
+    async def _early_on_partial(
+        self, ending: Callable[[], bool], early: Callable[[], Awaitable[bool]] | None
+    ) -> None:
+        """The last partial, begun before the pause was PAUSE_MS long, heard all the speech:
+        its words are the pause's, and no decode of the pause follows. An early reply may begin
+        on them (its warm-up ran as stable words)."""
+        self._pause_words = self.partial
+        if early is None:
+            return
+        self._session.set_user_transcript(self.partial.text.strip())
+        if not ending() and await early():
+            sid = self._session.session_id[:8]
+            log.debug("session %s: an early reply reads the last partial's words", sid)
 
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed

@@ -16,12 +16,13 @@ import numpy.typing as npt
 from server.avatar.lipsync import LipSync, cues_for
 from server.clock import Clock
 from server.config import Config
+from server.conversation.early import EarlyReply
 from server.conversation.outbound import ResponseTimings, TranscriptDelta, TranscriptionCompleted
 from server.conversation.partials import Partials, warm_context
 from server.conversation.protocol import error_event
 from server.conversation.realtime_session import TurnSettings
 from server.metrics import Metrics
-from server.pipeline.seams import ReplyRequest, TurnPipeline, TurnTrace
+from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnTrace
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.history import CacheClass
 from server.runtime.session import REPLYING, ChunkAudio, Session
@@ -96,6 +97,7 @@ class Replies:
         self._settings = settings or (lambda: TurnSettings.from_config(config))
         self.task: asyncio.Task[None] | None = None
         self.trace: TurnTrace | None = None
+        self.early: EarlyReply | None = None  # begun at the user's pause (early.py)
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
         self._room = asyncio.Event()  # set by every pull from the playback buffer
 
@@ -138,10 +140,84 @@ class Replies:
         )
 
     async def cancel(self) -> None:
-        """Stop the reply task (its LLM stream is closed: the engine aborts the request)."""
+        """Stop the reply task (its LLM stream is closed: the engine aborts the request), and
+        drop an early reply."""
         self.trace = None
         task, self.task = self.task, None
         await cancel(task)
+        await self.drop_early("interrupted")
+
+    # --- an early reply (server/conversation/early.py) ------------------------------------------
+    async def begin_early(self, epoch: int, busy: Callable[[], bool]) -> bool:
+        """Begin the reply to the user's words as history holds them now (a pause that may not
+        end the turn yet), unless one for the same request runs already; none while the
+        engines have required work (``busy``: other sessions' replies go first). Whether one
+        runs now."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            return False
+        request = self._request(epoch)
+        if self.early is not None and self.early.answers(request):
+            return True
+        await self.drop_early("the words changed")
+        if busy():
+            return False
+        trace = TurnTrace(endpoint_ms=self._clock.now_ms(), early=True)
+        early = EarlyReply(request, trace, aiter(pipeline.reply(request, trace)))
+        early.task = self._spawn(self._prepare(pipeline, early), "early-reply")
+        self.early = early
+        log.debug("session %s: early reply begun", self._session.session_id[:8])
+        return True
+
+    async def drop_early(self, why: str) -> None:
+        """Drop the early reply, if any: nothing of it was heard."""
+        early, self.early = self.early, None
+        if early is not None:
+            await self._close_early(early, why)
+
+    async def _close_early(self, early: EarlyReply, why: str) -> None:
+        await early.close()
+        self._metrics.early_replies.labels("dropped").inc()
+        log.debug("session %s: early reply dropped: %s", self._session.session_id[:8], why)
+
+    async def _prepare(self, pipeline: TurnPipeline, early: EarlyReply) -> None:
+        """The early reply's first sentence and its speech; a failure only marks it (the
+        turn's reply then starts afresh, and meets the failure itself if it lasts)."""
+        limit_s = self._config.pipeline.stage_timeout_s
+        try:
+            async with asyncio.timeout(limit_s):
+                early.first = await anext(early.sentences, None)
+                if early.first is None:
+                    return
+                conditions = early.request.conditions
+                # nobody waits for it yet: it goes after work someone waits for, as partials do
+                tag = JobTag(early.request.session_id, early.request.epoch, self._partials.view)
+                early.audio = await pipeline.synthesize(early.first, conditions, tag)
+            early.trace.first_tts_ms = self._clock.now_ms()
+        except Exception as exc:  # StaleWork, a timeout, an engine's error
+            early.failed = True
+            log.info("session %s: early reply failed: %r", self._session.session_id[:8], exc)
+
+    async def _adopt(self, early: EarlyReply | None, request: ReplyRequest, reply: _Reply) -> bool:
+        """Whether the turn's reply goes on from ``early`` (prepared by now); its trace then
+        becomes the reply's, with the endpoint and the final transcript's time."""
+        if early is None:
+            return False
+        if reply.instructions is not None or reply.text_only or not early.answers(request):
+            return False
+        if early.task is not None:
+            async with asyncio.timeout(self._config.pipeline.stage_timeout_s):
+                await early.task
+        if early.failed:
+            return False
+        trace = early.trace
+        trace.endpoint_ms, trace.asr_final_ms = reply.trace.endpoint_ms, reply.trace.asr_final_ms
+        trace.prefill_cached_tokens = reply.trace.prefill_cached_tokens
+        if self.trace is reply.trace:
+            self.trace = trace
+        self._metrics.early_replies.labels("adopted").inc()
+        log.debug("session %s: early reply adopted", self._session.session_id[:8])
+        return True
 
     async def _wait_for_room(self) -> None:
         """Stop pulling reply text while the lookahead budget is full; go on as it drains."""
@@ -159,6 +235,7 @@ class Replies:
         session = self._session
         epoch, trace = reply.epoch, reply.trace
         limit_s = self._config.pipeline.stage_timeout_s  # each engine call: ASR, text, TTS
+        early, self.early = self.early, None  # this turn's, begun at its pause
         try:
             if utterance is not None:
                 incremental = self._config.pipeline.incremental
@@ -180,7 +257,7 @@ class Replies:
             if not session.start_response(epoch, "text" if reply.text_only else "audio"):
                 return
             self._flush()
-            await self._speak(pipeline, reply, limit_s)
+            await self._speak(pipeline, reply, limit_s, early)
             session.finish_response(epoch)
             if self._config.pipeline.incremental:
                 self._spawn(self._warm_when_played(pipeline, epoch), "window-warm-up")
@@ -198,6 +275,10 @@ class Replies:
             session.finish_response(epoch, ResponseStatus.FAILED)
         finally:
             self._flush()
+            if early is not None:
+                await early.close()  # its stream ended, or it was not adopted
+                if not early.adopted:
+                    self._metrics.early_replies.labels("dropped").inc()
 
     async def _warm_when_played(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Once the reply has played out, the recent window moves on if it is nearly full
@@ -215,15 +296,27 @@ class Replies:
         if session.history.make_room(self._config.runtime.recent_window_tokens):
             await warm_context(pipeline, self._request(epoch), self._metrics)
 
-    async def _speak(self, pipeline: TurnPipeline, reply: _Reply, limit_s: float) -> None:
+    async def _speak(
+        self, pipeline: TurnPipeline, reply: _Reply, limit_s: float, early: EarlyReply | None
+    ) -> None:
         """Each sentence of the reply: opened as a chunk, synthesised, queued for playback as
-        the lookahead budget allows (a text reply's chunks are committed as they are sent)."""
+        the lookahead budget allows (a text reply's chunks are committed as they are sent).
+        An ``early`` reply that asks the same is adopted: its sentences, its first one's
+        speech."""
         session = self._session
         epoch, trace = reply.epoch, reply.trace
         request = with_instructions(self._request(epoch), reply.instructions)
         if reply.text_only:
             request = replace(request, view=None)  # no playback to run dry: whole sentences
-        sentences = aiter(pipeline.reply(request, trace))
+        ready: SpeechAudio | None = None  # the early reply's first sentence, spoken ...
+        voice = request.conditions  # ... with these conditions
+        if early is not None and await self._adopt(early, request, reply):
+            early.adopted = True
+            trace, ready, sentences = early.trace, early.audio, aiter(early.rest())
+        else:
+            if early is not None:
+                await early.close()  # before this reply's request: the slot is the session's
+            sentences = aiter(pipeline.reply(request, trace))
         while True:
             async with asyncio.timeout(limit_s):
                 sentence = await anext(sentences, None)
@@ -240,8 +333,12 @@ class Replies:
             if reply.text_only:
                 session.deliver_text(chunk)
                 continue
-            async with asyncio.timeout(limit_s):
-                audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
+            if ready is not None and session.conditions == voice:
+                audio = ready  # the early reply's first sentence (the same voice)
+            else:
+                async with asyncio.timeout(limit_s):
+                    audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
+            ready = None
             if trace.first_tts_ms is None:
                 trace.first_tts_ms = self._clock.now_ms()
             cues = cues_for(audio.phonemes, audio.pcm)

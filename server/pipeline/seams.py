@@ -92,12 +92,14 @@ class TurnTrace:
     cached_tokens: int = 0  # prefix-cache tokens reused by the reply's prompt
     prompt_tokens: int = 0
     prefill_cached_tokens: int = 0  # best warm-up hit while the user spoke
+    early: bool = False  # begun at a pause, before the endpoint (server/conversation/early.py)
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        """Stage latencies in ms after the endpoint, and the token counts."""
+    def as_dict(self) -> dict[str, float | int | bool | None]:
+        """Stage latencies in ms after the endpoint (0: done before it, by an early reply),
+        the token counts, and whether the reply was an early one."""
 
         def since(t: float | None) -> float | None:
-            return None if t is None else round(t - self.endpoint_ms, 1)
+            return None if t is None else round(max(0.0, t - self.endpoint_ms), 1)
 
         return {
             "asr_final_ms": since(self.asr_final_ms),
@@ -108,6 +110,7 @@ class TurnTrace:
             "cached_tokens": self.cached_tokens,
             "prompt_tokens": self.prompt_tokens,
             "prefill_cached_tokens": self.prefill_cached_tokens,
+            "early_reply": self.early,
         }
 
 

@@ -205,14 +205,15 @@ def rig_with(
     probability: float = 0.9,
     interval_ms: int | None = None,
     recogniser: Partials | None = None,
+    more: dict[str, str] | None = None,
 ) -> tuple[Rig, Partials]:
     """An utterance the end-of-turn model calls complete (it says 0.9) whose partial
     transcripts say ``partial`` (``speaking`` while the voice is on), every ``interval_ms``
-    (None: the default); the partial loop looks every event-loop turn (the rig's clock is
-    fake)."""
+    (None: the default), with ``more`` settings; the partial loop looks every event-loop turn
+    (the rig's clock is fake)."""
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 0.0)
     recogniser = recogniser or Partials(partial, speaking)
-    settings = {"pipeline.incremental": "true"}
+    settings = {"pipeline.incremental": "true", **(more or {})}
     if interval_ms is not None:
         settings["pipeline.partial_interval_ms"] = str(interval_ms)
     rig = Rig(
@@ -372,7 +373,10 @@ async def test_stable_words_that_come_back_in_a_pause_are_left_to_the_pause(
 async def test_a_pause_that_may_not_end_the_turn_is_warmed(
     monkeypatch: pytest.MonkeyPatch, partial: str, probability: float
 ) -> None:
-    rig, recogniser = rig_with(monkeypatch, partial, "I would like", probability)
+    # without an early reply, which would read the complete words in place of a warm-up
+    # (tests/server/test_early_reply.py)
+    no_early = {"pipeline.early_reply": "false"}
+    rig, recogniser = rig_with(monkeypatch, partial, "I would like", probability, more=no_early)
     try:
         await speak(rig, 40)
         await rig.tick(15)  # the pause: its decode, and its warm-up

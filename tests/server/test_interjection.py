@@ -21,7 +21,6 @@ from models.tts import split_sentences
 from server.clock import FakeClock
 from server.config import load_config
 from server.conversation.conversation import Conversation
-from server.conversation.floor import NOISY_HOLD_MS, NOISY_LAPSES
 from server.conversation.interjection import (
     INTERJECTION_CONTEXT,
     AskWords,
@@ -33,6 +32,7 @@ from server.conversation.interjection import (
     Verdict,
     is_backchannel,
 )
+from server.conversation.room import NOISY_HOLD_MS, NOISY_LAPSES
 from server.metrics import Metrics
 from server.pipeline.echo import EchoPath
 from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnTrace

@@ -54,16 +54,17 @@ class ScriptedAsr:
     """The question's first words, as many as the audio heard allows; records the prefixes
     (stable words) the peer asked it to continue from."""
 
-    def __init__(self) -> None:
+    def __init__(self, mark: str = "") -> None:
         self.prefixes: list[str] = []
         self.called_at: list[float] = []  # time.monotonic() of each call
+        self.mark = mark  # written after the question's last word
 
     def transcribe(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> str:
         self.prefixes.append(prefix)
         self.called_at.append(time.monotonic())
         words = QUESTION.split()
         heard = min(len(words), int(len(pcm) / 16 // WORD_MS))
-        return " ".join(words[:heard])
+        return " ".join(words[:heard]) + (self.mark if heard == len(words) else "")
 
 
 @dataclass(frozen=True)
@@ -160,17 +161,21 @@ def prompts() -> ChatPrompts:
 
 
 @contextlib.asynccontextmanager
-async def serving(llm: RecordingLlm) -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
-    """The real app on loopback, its voice pipeline on ``llm``, the scripted ASR and a tone TTS."""
+async def serving(
+    llm: RecordingLlm, asr: ScriptedAsr | None = None, settings: dict[str, str] | None = None
+) -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
+    """The real app on loopback (with ``settings``), its voice pipeline on ``llm``, the
+    scripted ASR (``asr``, or one that writes no final mark) and a tone TTS."""
     config = load_config(
         overrides={
             "transport.video": "false",
             "transport.ice_host_addresses": "127.0.0.1",
             "pipeline.incremental": "true",
             "pipeline.partial_interval_ms": "200",
+            **(settings or {}),
         }
     )
-    asr = ScriptedAsr()
+    asr = asr or ScriptedAsr()
     pipeline = VoicePipeline(
         asr, llm, ToneTts(), split_sentences, max_tokens=20, first_chunk_words=6
     )
@@ -280,3 +285,33 @@ async def test_the_recogniser_keeps_decoding_while_a_warm_up_runs(peers: list[Pe
         len(asr.called_at),
     )
     assert len(during) >= 2, (llm.warm_ups, asr.called_at)
+
+
+async def test_a_pause_before_the_endpoint_begins_the_reply_the_endpoint_plays(
+    peers: list[Peer],
+) -> None:
+    """The pause's words end a sentence, and the turn ends only after the fixed silence (no
+    end-of-turn model): the reply to them begins at the pause, before the endpoint, and the
+    endpoint adopts it (server/conversation/early.py). One LLM stream, begun before the
+    server said the speech stopped, on the final transcript's prompt."""
+    llm = RecordingLlm()
+    settings = {"vad.semantic": "false"}
+    async with serving(llm, ScriptedAsr(mark="."), settings) as (url, _, _asr):
+        peer = Peer(url, video=False)
+        peers.append(peer)
+        await peer.connect()
+        peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(1200)]))
+        stopped = await peer.wait_event("input_audio_buffer.speech_stopped", timeout=30)
+        stopped_at = next(t for t, e in peer.events if e is stopped)
+        timings = await peer.wait_event("response.timings", timeout=30)
+        done = await peer.wait_event("response.done", timeout=30)
+        assert done["status"] == "completed"
+        final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
+        assert final["transcript"] == QUESTION + "."
+        await peer.close()
+    (reply,) = [c for c in llm.calls if c.kind == "stream"]
+    assert reply.at < stopped_at and _words(reply.messages) == QUESTION + "."
+    assert timings["early_reply"] is True
+    assert timings["llm_first_token_ms"] == 0.0 and timings["first_tts_ms"] == 0.0
+    # no warm-up after it: it read the pause's words itself
+    assert all(c.at < reply.at for c in llm.calls if c.kind == "prefill_open")

@@ -463,8 +463,10 @@ def test_response_timings_describe_the_reply_only() -> None:
         "cached_tokens",
         "prompt_tokens",
         "prefill_cached_tokens",
+        "early_reply",
     }
     assert (timings["llm_first_token_ms"], timings["cached_tokens"]) == (250.0, 64)
+    assert timings["early_reply"] is False
 
 
 def test_a_partial_is_due_after_an_interval_or_at_once_at_a_pause() -> None:
