@@ -162,7 +162,7 @@ class Replies:
         await self.drop_early("the words changed")
         if busy():
             return False
-        trace = TurnTrace(endpoint_ms=self._clock.now_ms(), early=True)
+        trace = TurnTrace(endpoint_ms=self._clock.now_ms(), early=True, held=True)
         early = EarlyReply(request, trace, aiter(pipeline.reply(request, trace)))
         early.task = self._spawn(self._prepare(pipeline, early), "early-reply")
         self.early = early
@@ -187,7 +187,7 @@ class Replies:
         try:
             async with asyncio.timeout(limit_s):
                 early.first = await anext(early.sentences, None)
-                if early.first is None:
+                if early.first is None or early.trace.shed:
                     return
                 conditions = early.request.conditions
                 # nobody waits for it yet: it goes after work someone waits for, as partials do
@@ -208,9 +208,10 @@ class Replies:
         if early.task is not None:
             async with asyncio.timeout(self._config.pipeline.stage_timeout_s):
                 await early.task
-        if early.failed:
+        if early.failed or early.trace.shed:
             return False
         trace = early.trace
+        trace.held = False  # someone waits for it now
         trace.endpoint_ms, trace.asr_final_ms = reply.trace.endpoint_ms, reply.trace.asr_final_ms
         trace.prefill_cached_tokens = reply.trace.prefill_cached_tokens
         if self.trace is reply.trace:

@@ -93,6 +93,8 @@ class TurnTrace:
     prompt_tokens: int = 0
     prefill_cached_tokens: int = 0  # best warm-up hit while the user spoke
     early: bool = False  # begun at a pause, before the endpoint (server/conversation/early.py)
+    held: bool = False  # an early reply not adopted (yet): optional work
+    shed: bool = False  # an early reply whose request was ended for required work
 
     def as_dict(self) -> dict[str, float | int | bool | None]:
         """Stage latencies in ms after the endpoint (0: done before it, by an early reply),

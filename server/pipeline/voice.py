@@ -123,7 +123,7 @@ class VoicePipeline:
         # False: prefill() warms nothing (partial transcripts without LLM warm-ups: an ablation)
         self.warm_prefix = True
         self._ids = itertools.count(1)
-        self._replying = 0  # replies whose text is being written now
+        self._writing: dict[str, TurnTrace] = {}  # request id -> trace: replies being written
         self.speech_time = SpeechTime(SPEECH_MS_PER_CHAR)  # from the warm-up, then each chunk
 
     def tune(self, settings: PipelineConfig) -> None:
@@ -189,6 +189,21 @@ class VoicePipeline:
         queued = self.asr_queue.required_waiting + self.tts_queue.required_waiting
         return self._replying > 0 or queued > 0
 
+    @property
+    def _replying(self) -> int:
+        """Replies being written that someone waits for (not early replies still held)."""
+        return sum(not trace.held for trace in self._writing.values())
+
+    async def _shed_held(self) -> None:
+        """A reply someone waits for begins: early replies nobody has adopted yet
+        (server/conversation/early.py) are optional work, so their requests end; the turn's
+        own reply starts afresh if its turn ends on their words."""
+        for rid, trace in list(self._writing.items()):
+            if trace.held and not trace.shed:
+                trace.shed = True
+                log.debug("reply %s: an early reply, shed for a reply someone waits for", rid)
+                await self._llm.abort(rid)
+
     async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         """Warm the prefix cache; a warm-up is an optimisation, so a failed one only logs, and
         it is shed (ShedWork) while a reply is being written: it would slow that reply.
@@ -226,7 +241,9 @@ class VoicePipeline:
         stream = self._llm.stream(
             to_messages(request.context), rid, self._max_tokens, cache_salt=salt
         )
-        self._replying += 1
+        if not trace.held:
+            await self._shed_held()
+        self._writing[rid] = trace
         said = ""
         try:
             async for delta in stream:
@@ -241,12 +258,14 @@ class VoicePipeline:
                     if trace.first_chunk_text_ms is None:
                         trace.first_chunk_text_ms = self._clock.now_ms()
                     yield chunk
+            if trace.shed:  # aborted: what it wrote is no reply
+                raise ShedWork(f"llm: early reply {rid} shed")
             for chunk in cutter.flush():
                 if trace.first_chunk_text_ms is None:
                     trace.first_chunk_text_ms = self._clock.now_ms()
                 yield chunk
         finally:
-            self._replying -= 1
+            self._writing.pop(rid, None)
             if cutter.starved_cuts:
                 log.debug(
                     "reply %s: %d chunks cut short, the playback running low",

@@ -178,16 +178,20 @@ async def test_the_user_speaking_on_drops_the_early_reply_unheard(
         await rig.conversation.close()
 
 
-async def test_an_early_reply_that_asks_otherwise_is_closed_before_the_turns_own(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("why", ["other words", "shed"])
+async def test_an_early_reply_not_adopted_is_closed_before_the_turns_own(
+    monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
     rig, llm = early_rig(monkeypatch)
     try:
         await speak(rig, 40)
         await pause(rig)
         early = rig.conversation.replies.early
-        assert early is not None  # as if it had answered other words:
-        early.request = replace(early.request, context=early.request.context[:-1])
+        assert early is not None
+        if why == "other words":  # as if it had answered them
+            early.request = replace(early.request, context=early.request.context[:-1])
+        else:  # as the pipeline sheds it for another session's reply (test_voice.py)
+            early.trace.shed = True
         await quiet_until_the_turn_ends(rig, limit=100)
         for _ in range(5):
             await rig.tick()

@@ -328,6 +328,64 @@ async def test_prefix_warm_ups_are_shed_while_a_reply_is_written() -> None:
         await pipeline.close()
 
 
+class _AbortingLlm(_HeldLlm):
+    """The held LLM, whose ``abort`` ends a request's stream where it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted: list[str] = []
+        self._ended: dict[str, asyncio.Event] = {}
+
+    async def stream(
+        self, messages: Any, request_id: str, max_tokens: int, *, cache_salt: str | None = None
+    ) -> Any:
+        ended = self._ended.setdefault(request_id, asyncio.Event())
+        self.writing.set()
+        yield "Hello"
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.release, ended)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if not ended.is_set():
+            yield " there."
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self._ended.setdefault(request_id, asyncio.Event()).set()
+
+
+async def test_a_reply_someone_waits_for_sheds_a_held_early_reply() -> None:
+    engines = _AbortingLlm()
+    pipeline = _pipeline(engines)
+    conditions = Conditions("p", "joe", "a")
+    mine, theirs = (
+        ReplyRequest("s" * 32, 0, (), conditions),
+        ReplyRequest("t" * 32, 0, (), conditions),
+    )
+    early = TurnTrace(endpoint_ms=0, early=True, held=True)
+
+    async def consume(request: ReplyRequest, trace: TurnTrace) -> str:
+        return "".join([chunk async for chunk in pipeline.reply(request, trace)])
+
+    try:
+        held = asyncio.create_task(consume(mine, early))
+        await asyncio.wait_for(engines.writing.wait(), 5)
+        # an early reply nobody waits for yet is optional work: it sheds nothing
+        assert not pipeline.busy
+        await pipeline.prefill(theirs)
+        assert engines.prefills == 1
+        wanted = asyncio.create_task(consume(theirs, TurnTrace(endpoint_ms=0)))
+        with pytest.raises(ShedWork):
+            await asyncio.wait_for(held, 5)  # what it wrote is no reply
+        assert early.shed and engines.aborted == [f"{'s' * 8}-e0-1"]
+        engines.release.set()
+        assert await asyncio.wait_for(wanted, 5) == "Hello there."
+    finally:
+        await pipeline.close()
+
+
 def test_cache_salts_scope_owners_or_sessions_and_hide_both() -> None:
     salts = CacheSalts(b"k" * 32)
     ctx: tuple[ContextEntry, ...] = ()
