@@ -26,6 +26,7 @@ from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnT
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.history import CacheClass
 from server.runtime.session import REPLYING, ChunkAudio, Session
+from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, StaleWork
@@ -190,8 +191,13 @@ class Replies:
                 if early.first is None or early.trace.shed:
                     return
                 conditions = early.request.conditions
-                # nobody waits for it yet: it goes after work someone waits for, as partials do
-                tag = JobTag(early.request.session_id, early.request.epoch, self._partials.view)
+
+                def view() -> SessionView:
+                    """Until adopted nobody waits for it: after work someone waits for, as
+                    partials go; adopted, as the session's reply."""
+                    return self._partials.view() if early.trace.held else self._session.view()
+
+                tag = JobTag(early.request.session_id, early.request.epoch, view)
                 early.audio = await pipeline.synthesize(early.first, conditions, tag)
             early.trace.first_tts_ms = self._clock.now_ms()
         except Exception as exc:  # StaleWork, a timeout, an engine's error
