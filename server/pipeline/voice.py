@@ -191,8 +191,9 @@ class VoicePipeline:
 
     @property
     def _replying(self) -> int:
-        """Replies being written that someone waits for (not early replies still held)."""
-        return sum(not trace.held for trace in self._writing.values())
+        """Replies being written, early ones too: optional work (warm-ups, another session's
+        early reply) waits while they are."""
+        return len(self._writing)
 
     async def _shed_held(self) -> None:
         """A reply someone waits for begins: early replies nobody has adopted yet
