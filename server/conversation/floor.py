@@ -355,11 +355,16 @@ class Floor:
 
     async def _reply_early(self) -> bool:
         """Begin the reply at this pause (server/conversation/early.py) if its words end a
-        sentence and the turn gets a spoken reply; none while the engines have required work."""
+        sentence, the turn gets a spoken reply and waits on: the end-of-turn model heard it
+        as unfinished, or none judges (a fixed silence). Not while that model has yet to
+        judge: a turn it calls complete ends at once. None while the engines are busy."""
         settings, pipeline = self._settings(), self._pipeline
         if not self._config.pipeline.early_reply or not settings.create_response:
             return False
         if settings.text_only or sounds_unfinished(self._partials.partial.text):
+            return False
+        judges = settings.complete_wait_ms is not None and self._detector.completeness
+        if judges and self._complete is None:
             return False
         busy = lambda: isinstance(pipeline, ReportsLoad) and pipeline.busy  # noqa: E731
         return await self._replies.begin_early(self._session.epoch, busy)

@@ -131,6 +131,7 @@ class Partials:
         self.stable = ""
         self._said = Said()  # what the warm-ups push
         self._pause_words = Partial(0, "")  # the partial last taken for a pause's words
+        self._early_for = Partial(0, "")  # the partial an early reply was begun on
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
@@ -142,6 +143,7 @@ class Partials:
         self.stable = ""
         self._said = Said()
         self._pause_words = Partial(0, "")
+        self._early_for = Partial(0, "")
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -186,6 +188,8 @@ class Partials:
             if quiet >= PAUSE_MS and heard_all and self.partial != self._pause_words:
                 await self._early_on_partial(ending, early)
                 continue
+            if quiet >= PAUSE_MS and heard_all and early is not None and not ending():
+                await self._early_again(early)  # the end-of-turn model may have judged since
             if not partial_due(since, self._interval_ms, quiet, samples, self.partial.covered):
                 continue
             last_ms = self._clock.now_ms()
@@ -216,6 +220,7 @@ class Partials:
                 session.set_user_transcript(said)
                 ends = ending()
                 begun = paused and not ends and early is not None and await early()
+                self._early_for = self.partial if begun else self._early_for
                 if paused:
                     verdict = "the turn ends on them, no warm-up" if ends else "warmed"
                     verdict = "an early reply reads them" if begun else verdict
@@ -267,8 +272,16 @@ class Partials:
             return
         self._session.set_user_transcript(self.partial.text.strip())
         if not ending() and await early():
+            self._early_for = self.partial
             sid = self._session.session_id[:8]
             log.debug("session %s: an early reply reads the last partial's words", sid)
+
+    async def _early_again(self, early: Callable[[], Awaitable[bool]]) -> None:
+        """The pause's words are known and no early reply reads them yet: ask again (it
+        begins once the end-of-turn model has heard the pause as unfinished)."""
+        known = self._pause_words == self.partial
+        if known and self._early_for != self.partial and await early():
+            self._early_for = self.partial
 
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed

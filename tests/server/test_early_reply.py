@@ -233,3 +233,22 @@ async def test_no_early_reply_where_the_words_or_the_settings_say_so(
         assert llm.asked == [] and llm.warmed[-1] == partial  # warmed as before
     finally:
         await rig.conversation.close()
+
+
+async def test_no_early_reply_where_the_end_of_turn_model_calls_the_pause_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the turn ends on the pause's words at once: an early reply would gain nothing, and
+    # would keep other sessions' optional work waiting
+    rig, llm = early_rig(monkeypatch, probability=0.9)
+    try:
+        await speak(rig, 40)
+        await quiet_until_the_turn_ends(rig, limit=100)
+        for _ in range(5):
+            await rig.tick()
+        assert llm.asked == [PARIS] and played(rig) >= 1  # the turn's own reply
+        metrics = rig.conversation.metrics.early_replies
+        assert metrics.labels("adopted")._value.get() == 0
+        assert metrics.labels("dropped")._value.get() == 0
+    finally:
+        await rig.conversation.close()
