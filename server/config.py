@@ -472,7 +472,8 @@ class PipelineConfig:
     )
     early_reply: bool = _setting(
         True,
-        "Begin the reply at a pause that may not end the turn yet (its words end a sentence):"
+        "Begin the reply at a pause where the turn waits on (its words end a sentence, heard as"
+        " unfinished or a fixed silence):"
         " played at once if the turn ends on the same words, else dropped unheard.",
     )
     first_chunk_words: int = _setting(

@@ -18,7 +18,7 @@ paused. With ``vad.pause_first`` off (or ``interrupt_response`` off) confirmed s
 reply at once, as before.
 
 A sound that keeps pausing the reply and is never voice is the room (server/conversation/
-room.py). At a pause that may not end the turn yet, the reply may begin early (server/
+room.py). At a pause where the turn waits on, the reply may begin early (server/
 conversation/early.py).
 """
 

@@ -9,7 +9,7 @@ usually the final transcript (so the reply computes almost nothing). None for th
 of a decode begun in speech that returns in a pause: the pause's decode comes next and hears
 them too, and the turn may wait for it. None once the turn is ending (it sounds complete, and
 the latest partial heard all the speech and does not stop mid-sentence): the reply starts
-right after, and would first wait for it. At a pause that may not end the turn yet, an early
+right after, and would first wait for it. At a pause where the turn waits on, an early
 reply (server/conversation/early.py) may read the pause's words in place of their warm-up.
 """
 
