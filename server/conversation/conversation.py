@@ -42,13 +42,7 @@ from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.echo import EchoPath
-from server.pipeline.seams import (
-    ReplyRequest,
-    ReportsLoad,
-    SessionScoped,
-    TurnPipeline,
-    TurnTrace,
-)
+from server.pipeline.seams import ReplyRequest, ReportsLoad, SessionScoped, TurnPipeline, TurnTrace
 from server.pipeline.turn_detector import TurnDetector, VadEvent
 from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
@@ -182,6 +176,7 @@ class Conversation:
     async def close(self) -> None:
         """Stop everything this conversation runs; the engines forget it."""
         await self._tasks.stop(self.partials.abandon_decode())
+        await self.replies.drop_early("the conversation closed")  # its LLM request ends
         if isinstance(self.pipeline, SessionScoped):
             self.pipeline.forget(self.session_id)
         for stage, count in self.session.stale_dropped.items():

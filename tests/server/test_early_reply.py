@@ -252,3 +252,14 @@ async def test_no_early_reply_where_the_end_of_turn_model_calls_the_pause_comple
         assert metrics.labels("dropped")._value.get() == 0
     finally:
         await rig.conversation.close()
+
+
+async def test_closing_the_conversation_ends_the_early_replys_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rig, llm = early_rig(monkeypatch)
+    await speak(rig, 40)
+    await pause(rig)
+    assert llm.asked == [PARIS] and llm.closed == 0  # begun; its first sentence is spoken
+    await rig.conversation.close()
+    assert llm.closed == 1 and rig.conversation.replies.early is None
