@@ -150,10 +150,9 @@ class Replies:
 
     # --- an early reply (server/conversation/early.py) ------------------------------------------
     async def begin_early(self, epoch: int, busy: Callable[[], bool]) -> bool:
-        """Begin the reply to the user's words as history holds them now (a pause that may not
-        end the turn yet), unless one for the same request runs already; none while the
-        engines have required work (``busy``: other sessions' replies go first). Whether one
-        runs now."""
+        """Begin the reply to the user's words as history holds them now (a pause where the
+        turn waits on), unless one for the same request runs already; none while the engines
+        are ``busy`` (other sessions' replies go first). Whether one runs now."""
         pipeline = self._pipeline
         if pipeline is None:
             return False
@@ -211,13 +210,13 @@ class Replies:
             return False
         if reply.instructions is not None or reply.text_only or not early.answers(request):
             return False
+        early.trace.held = False  # someone waits for it now: no longer shed, its speech first
         if early.task is not None:
             async with asyncio.timeout(self._config.pipeline.stage_timeout_s):
                 await early.task
         if early.failed or early.trace.shed:
             return False
         trace = early.trace
-        trace.held = False  # someone waits for it now
         trace.endpoint_ms, trace.asr_final_ms = reply.trace.endpoint_ms, reply.trace.asr_final_ms
         trace.prefill_cached_tokens = reply.trace.prefill_cached_tokens
         if self.trace is reply.trace:
