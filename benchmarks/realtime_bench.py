@@ -148,14 +148,13 @@ def summary(turns: list[dict[str, Any]], before: str, after: str) -> dict[str, A
         "frame_lateness_ms_p99_at_most": None if lateness is None else lateness * 1000,
         "loop_lag_ms_p99_at_most": None if lag is None else lag * 1000,
         "early_replies_played": sum(bool(t.get("early_reply")) for t in turns),
-        "early_replies_dropped": early_replies(after, "dropped") - early_replies(before, "dropped"),
+        "early_replies_dropped": dropped(after) - dropped(before),
     }
 
 
-def early_replies(metrics: str, outcome: str) -> int:
-    """Early replies (server/conversation/early.py) with ``outcome`` so far."""
-    line = f'avatar_early_replies_total{{outcome="{outcome}"}} '
-    return sum(int(float(x.rpartition(" ")[2])) for x in metrics.splitlines() if x.startswith(line))
+def dropped(metrics: str) -> int:
+    """Early replies (server/conversation/early.py) dropped so far."""
+    return int(metric_value(metrics, "avatar_early_replies_total", 'outcome="dropped"'))
 
 
 def underruns(metrics: str) -> int:

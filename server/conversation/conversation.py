@@ -42,7 +42,7 @@ from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.echo import EchoPath
-from server.pipeline.seams import ReplyRequest, ReportsLoad, SessionScoped, TurnPipeline, TurnTrace
+from server.pipeline.seams import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace, engines_busy
 from server.pipeline.turn_detector import TurnDetector, VadEvent
 from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
@@ -382,7 +382,7 @@ class Conversation:
 
     def _engines_busy(self) -> bool:
         """The shared engines have required work (any session's): shed optional work."""
-        return isinstance(self.pipeline, ReportsLoad) and self.pipeline.busy
+        return engines_busy(self.pipeline)
 
     # --- diagnostics ----------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

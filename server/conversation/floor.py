@@ -53,7 +53,7 @@ from server.conversation.room import RoomNoise
 from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
-from server.pipeline.seams import PrimedTranscripts, ReportsLoad, TurnPipeline, TurnTrace
+from server.pipeline.seams import PrimedTranscripts, TurnPipeline, TurnTrace
 from server.pipeline.turn_detector import TurnDetector, VadEvent, VadEventKind, VadState
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
@@ -358,7 +358,7 @@ class Floor:
         sentence, the turn gets a spoken reply and waits on: the end-of-turn model heard it
         as unfinished, or none judges (a fixed silence). Not while that model has yet to
         judge: a turn it calls complete ends at once. None while the engines are busy."""
-        settings, pipeline = self._settings(), self._pipeline
+        settings = self._settings()
         if not self._config.pipeline.early_reply or not settings.create_response:
             return False
         if settings.text_only or sounds_unfinished(self._partials.partial.text):
@@ -366,8 +366,7 @@ class Floor:
         judges = settings.complete_wait_ms is not None and self._detector.completeness
         if judges and self._complete is None:
             return False
-        busy = lambda: isinstance(pipeline, ReportsLoad) and pipeline.busy  # noqa: E731
-        return await self._replies.begin_early(self._session.epoch, busy)
+        return await self._replies.begin_early(self._session.epoch)
 
     async def stop_partials(self) -> None:
         task, self._partials_task = self._partials_task, None

@@ -185,11 +185,13 @@ class Partials:
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
             pause_start = samples - int(quiet * 16)
             heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
-            if quiet >= PAUSE_MS and heard_all and self.partial != self._pause_words:
-                await self._early_on_partial(ending, early)
-                continue
-            if quiet >= PAUSE_MS and heard_all and early is not None and not ending():
-                await self._early_again(early)  # the end-of-turn model may have judged since
+            if early is not None and quiet >= PAUSE_MS and heard_all:  # the pause's words
+                if self.partial != self._pause_words:
+                    await self._early_on_partial(ending, early)
+                    continue
+                # none reads them yet: ask again (the end-of-turn model may have judged since)
+                if self._early_for != self.partial and not ending() and await early():
+                    self._early_for = self.partial
             if not partial_due(since, self._interval_ms, quiet, samples, self.partial.covered):
                 continue
             last_ms = self._clock.now_ms()
@@ -262,26 +264,17 @@ class Partials:
                     self._warming = asyncio.get_running_loop().create_task(warm)
 
     async def _early_on_partial(
-        self, ending: Callable[[], bool], early: Callable[[], Awaitable[bool]] | None
+        self, ending: Callable[[], bool], early: Callable[[], Awaitable[bool]]
     ) -> None:
         """The last partial, begun before the pause was PAUSE_MS long, heard all the speech:
         its words are the pause's, and no decode of the pause follows. An early reply may begin
         on them (its warm-up ran as stable words)."""
         self._pause_words = self.partial
-        if early is None:
-            return
         self._session.set_user_transcript(self.partial.text.strip())
         if not ending() and await early():
             self._early_for = self.partial
             sid = self._session.session_id[:8]
             log.debug("session %s: an early reply reads the last partial's words", sid)
-
-    async def _early_again(self, early: Callable[[], Awaitable[bool]]) -> None:
-        """The pause's words are known and no early reply reads them yet: ask again (it
-        begins once the end-of-turn model has heard the pause as unfinished)."""
-        known = self._pause_words == self.partial
-        if known and self._early_for != self.partial and await early():
-            self._early_for = self.partial
 
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed

@@ -22,7 +22,13 @@ from server.conversation.partials import Partials, warm_context
 from server.conversation.protocol import error_event
 from server.conversation.realtime_session import TurnSettings
 from server.metrics import Metrics
-from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnTrace
+from server.pipeline.seams import (
+    ReplyRequest,
+    SpeechAudio,
+    TurnPipeline,
+    TurnTrace,
+    engines_busy,
+)
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.history import CacheClass
 from server.runtime.session import REPLYING, ChunkAudio, Session
@@ -149,10 +155,10 @@ class Replies:
         await self.drop_early("interrupted")
 
     # --- an early reply (server/conversation/early.py) ------------------------------------------
-    async def begin_early(self, epoch: int, busy: Callable[[], bool]) -> bool:
+    async def begin_early(self, epoch: int) -> bool:
         """Begin the reply to the user's words as history holds them now (a pause where the
         turn waits on), unless one for the same request runs already; none while the engines
-        are ``busy`` (other sessions' replies go first). Whether one runs now."""
+        are busy (other sessions' replies go first). Whether one runs now."""
         pipeline = self._pipeline
         if pipeline is None:
             return False
@@ -160,7 +166,7 @@ class Replies:
         if self.early is not None and self.early.answers(request):
             return True
         await self.drop_early("the words changed")
-        if busy():
+        if engines_busy(pipeline):
             return False
         trace = TurnTrace(endpoint_ms=self._clock.now_ms(), early=True, held=True)
         early = EarlyReply(request, trace, aiter(pipeline.reply(request, trace)))
@@ -173,9 +179,9 @@ class Replies:
         """Drop the early reply, if any: nothing of it was heard."""
         early, self.early = self.early, None
         if early is not None:
-            await self._close_early(early, why)
+            await self._drop(early, why)
 
-    async def _close_early(self, early: EarlyReply, why: str) -> None:
+    async def _drop(self, early: EarlyReply, why: str) -> None:
         await early.close()
         self._metrics.early_replies.labels("dropped").inc()
         log.debug("session %s: early reply dropped: %s", self._session.session_id[:8], why)
@@ -281,10 +287,10 @@ class Replies:
             session.finish_response(epoch, ResponseStatus.FAILED)
         finally:
             self._flush()
-            if early is not None:
-                await early.close()  # its stream ended, or it was not adopted
-                if not early.adopted:
-                    self._metrics.early_replies.labels("dropped").inc()
+            if early is not None and early.adopted:
+                await early.close()  # its stream ended (or the reply was cancelled)
+            elif early is not None:
+                await self._drop(early, "its turn's reply asked otherwise")
 
     async def _warm_when_played(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Once the reply has played out, the recent window moves on if it is nearly full

@@ -208,6 +208,11 @@ class ReportsLoad(Protocol):
     def busy(self) -> bool: ...
 
 
+def engines_busy(pipeline: object) -> bool:
+    """Whether ``pipeline`` reports required work (any session's): optional work waits."""
+    return isinstance(pipeline, ReportsLoad) and pipeline.busy
+
+
 @runtime_checkable
 class Tunable(Protocol):
     """A pipeline that takes settings chosen after it was built (the calibration's)."""

@@ -80,6 +80,12 @@ async def pause(rig: Rig, frames: int = 15) -> None:
     await asyncio.sleep(0.01)
 
 
+def outcomes(rig: Rig) -> tuple[int, int]:
+    """Early replies adopted and dropped so far (/metrics)."""
+    counter = rig.conversation.metrics.early_replies
+    return int(counter.labels("adopted")._value.get()), int(counter.labels("dropped")._value.get())
+
+
 def played(rig: Rig) -> int:
     """Frames of reply audio the track has sent."""
     return sum(1 for frame in rig.heard if frame.any())
@@ -127,8 +133,7 @@ async def test_the_turn_that_ends_on_the_same_words_plays_the_early_reply_at_onc
     try:
         await speak(rig, 40)
         await quiet_until_the_turn_ends(rig, limit=100)
-        for _ in range(3):  # the reply task adopts it; the track pulls its first frame
-            await rig.tick()
+        await rig.tick(3)  # the reply task adopts it; the track pulls its first frame
         assert played(rig) >= 1
         assert llm.asked == [PARIS]  # one stream: the early one went on
         trace = rig.conversation.replies.trace  # the reply's (response.timings)
@@ -137,15 +142,12 @@ async def test_the_turn_that_ends_on_the_same_words_plays_the_early_reply_at_onc
         assert timings["early_reply"] is True
         # its first token and its first sentence's speech came before the endpoint
         assert timings["llm_first_token_ms"] == 0.0 and timings["first_tts_ms"] == 0.0
-        for _ in range(120):  # both sentences (1 s each) play out
-            await rig.tick()
+        await rig.tick(120)  # both sentences (1 s each) play out
         assert llm.spoken == ["Once upon a time.", "The end."] and llm.closed == 1
         history = rig.conversation.session.history.turns
         said = [(turn.role, turn.text) for turn in history]
         assert said == [(Role.USER, PARIS), (Role.ASSISTANT, "Once upon a time. The end.")]
-        metrics = rig.conversation.metrics.early_replies
-        assert metrics.labels("adopted")._value.get() == 1
-        assert metrics.labels("dropped")._value.get() == 0
+        assert outcomes(rig) == (1, 0)
     finally:
         await rig.conversation.close()
 
@@ -164,16 +166,13 @@ async def test_the_user_speaking_on_drops_the_early_reply_unheard(
         await rig.tick(20)
         rig.voice.on = False
         await quiet_until_the_turn_ends(rig, limit=100)
-        for _ in range(120):
-            await rig.tick()
+        await rig.tick(120)
         # the second pause began a second early reply, which the turn's end adopted
         assert llm.asked == [PARIS, PARIS] and llm.closed == 2
         assert llm.spoken == ["Once upon a time.", "Once upon a time.", "The end."]
         history = rig.conversation.session.history.turns
         assert [turn.role for turn in history] == [Role.USER, Role.ASSISTANT]
-        metrics = rig.conversation.metrics.early_replies
-        assert metrics.labels("dropped")._value.get() == 1
-        assert metrics.labels("adopted")._value.get() == 1
+        assert outcomes(rig) == (1, 1)
     finally:
         await rig.conversation.close()
 
@@ -193,8 +192,7 @@ async def test_an_early_reply_not_adopted_is_closed_before_the_turns_own(
         else:  # as the pipeline sheds it for another session's reply (test_voice.py)
             early.trace.shed = True
         await quiet_until_the_turn_ends(rig, limit=100)
-        for _ in range(5):
-            await rig.tick()
+        await rig.tick(5)
         # the session's LLM slot runs one request at a time: the early one ends first
         assert llm.streams[:3] == ["open", "closed", "open"] and played(rig) >= 1
         assert llm.asked == [PARIS, PARIS]
@@ -208,8 +206,7 @@ async def test_typed_text_drops_the_early_reply(monkeypatch: pytest.MonkeyPatch)
         await speak(rig, 40)
         await pause(rig)
         await rig.conversation.typed_text("Tell me a story.")
-        for _ in range(5):
-            await rig.tick()
+        await rig.tick(5)
         assert llm.asked == [PARIS, "Tell me a story."]  # the typed text's own reply
         assert llm.closed >= 1 and played(rig) >= 1
     finally:
@@ -244,12 +241,9 @@ async def test_no_early_reply_where_the_end_of_turn_model_calls_the_pause_comple
     try:
         await speak(rig, 40)
         await quiet_until_the_turn_ends(rig, limit=100)
-        for _ in range(5):
-            await rig.tick()
+        await rig.tick(5)
         assert llm.asked == [PARIS] and played(rig) >= 1  # the turn's own reply
-        metrics = rig.conversation.metrics.early_replies
-        assert metrics.labels("adopted")._value.get() == 0
-        assert metrics.labels("dropped")._value.get() == 0
+        assert outcomes(rig) == (0, 0)
     finally:
         await rig.conversation.close()
 

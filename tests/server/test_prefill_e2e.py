@@ -200,20 +200,36 @@ def _words(messages: list[Message]) -> str:
     return messages[-1]["content"]
 
 
+async def asking(url: str, peers: list[Peer], quiet_ms: int = 300) -> Peer:
+    """A peer that connected and asks QUESTION, then is quiet for ``quiet_ms``."""
+    peer = Peer(url, video=False)
+    peers.append(peer)
+    await peer.connect()
+    peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(quiet_ms)]))
+    return peer
+
+
+async def stopped_at(peer: Peer) -> float:
+    """When (``time.monotonic()``) the server's speech_stopped event reached ``peer``."""
+    stopped = await peer.wait_event("input_audio_buffer.speech_stopped", timeout=30)
+    return next(t for t, e in peer.events if e is stopped)
+
+
+async def answered(peer: Peer, transcript: str = QUESTION) -> None:
+    """The reply to ``transcript`` (the final transcript) played to its end."""
+    done = await peer.wait_event("response.done", timeout=30)
+    assert done["status"] == "completed"
+    final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
+    assert final["transcript"] == transcript
+
+
 async def test_the_partial_loop_warms_the_prompt_the_reply_extends(
     server: tuple[str, RecordingLlm, ScriptedAsr], peers: list[Peer], prompts: ChatPrompts
 ) -> None:
     url, llm, asr = server
-    peer = Peer(url, video=False)
-    peers.append(peer)
-    await peer.connect()
-    peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(300)]))
-    stopped = await peer.wait_event("input_audio_buffer.speech_stopped", timeout=30)
-    stopped_at = next(t for t, e in peer.events if e is stopped)
-    done = await peer.wait_event("response.done", timeout=30)
-    assert done["status"] == "completed"
-    final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
-    assert final["transcript"] == QUESTION
+    peer = await asking(url, peers)
+    stopped = await stopped_at(peer)
+    await answered(peer)
 
     warm_ups = [c for c in llm.calls if c.kind == "prefill_open"]
     (reply,) = [c for c in llm.calls if c.kind == "stream"]
@@ -224,7 +240,7 @@ async def test_the_partial_loop_warms_the_prompt_the_reply_extends(
     assert llm.calls.index(persona) < llm.calls.index(warm_ups[0])
     assert len(warm_ups) >= 3, llm.calls
     # while the user spoke (before the endpoint's event left the server), before the reply
-    assert all(c.at < stopped_at for c in warm_ups)
+    assert all(c.at < stopped for c in warm_ups)
     assert llm.calls.index(reply) > llm.calls.index(warm_ups[-1])
     # each warm-up holds the stable words the peer was told of, growing with the speech; the
     # last one the whole partial decoded in the pause before the endpoint, the final transcript
@@ -266,14 +282,8 @@ async def test_the_recogniser_keeps_decoding_while_a_warm_up_runs(peers: list[Pe
     final transcript, and waiting for the LLM would leave the endpoint to decode it again."""
     llm = SlowWarmUpLlm()
     async with serving(llm) as (url, _, asr):
-        peer = Peer(url, video=False)
-        peers.append(peer)
-        await peer.connect()
-        peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(300)]))
-        done = await peer.wait_event("response.done", timeout=30)
-        assert done["status"] == "completed"
-        final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
-        assert final["transcript"] == QUESTION
+        peer = await asking(url, peers)
+        await answered(peer)
         await peer.close()
     assert llm.warm_ups, "no warm-up began"
     during = [t for t in asr.called_at if any(a < t < b for a, b in llm.warm_ups)]
@@ -297,20 +307,13 @@ async def test_a_pause_before_the_endpoint_begins_the_reply_the_endpoint_plays(
     llm = RecordingLlm()
     settings = {"vad.semantic": "false"}
     async with serving(llm, ScriptedAsr(mark="."), settings) as (url, _, _asr):
-        peer = Peer(url, video=False)
-        peers.append(peer)
-        await peer.connect()
-        peer.mic.play(np.concatenate([silence(500), speak(QUESTION), silence(1200)]))
-        stopped = await peer.wait_event("input_audio_buffer.speech_stopped", timeout=30)
-        stopped_at = next(t for t, e in peer.events if e is stopped)
+        peer = await asking(url, peers, quiet_ms=1200)
+        stopped = await stopped_at(peer)
         timings = await peer.wait_event("response.timings", timeout=30)
-        done = await peer.wait_event("response.done", timeout=30)
-        assert done["status"] == "completed"
-        final = await peer.wait_event("conversation.item.input_audio_transcription.completed")
-        assert final["transcript"] == QUESTION + "."
+        await answered(peer, QUESTION + ".")
         await peer.close()
     (reply,) = [c for c in llm.calls if c.kind == "stream"]
-    assert reply.at < stopped_at and _words(reply.messages) == QUESTION + "."
+    assert reply.at < stopped and _words(reply.messages) == QUESTION + "."
     assert timings["early_reply"] is True
     assert timings["llm_first_token_ms"] == 0.0 and timings["first_tts_ms"] == 0.0
     # no warm-up after it: it read the pause's words itself

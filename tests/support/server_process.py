@@ -207,14 +207,15 @@ class ServerProcess:
         return code
 
 
-def metric_value(text: str, name: str) -> float:
-    """Sum of a metric's samples named exactly ``name`` (labels ignored) in Prometheus text."""
+def metric_value(text: str, name: str, label: str = "") -> float:
+    """Sum of a metric's samples named exactly ``name`` in Prometheus text, of those whose
+    labels hold ``label`` (such as ``outcome="dropped"``; empty: all of them)."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith("#"):
             continue
         key, _, value = line.rpartition(" ")
-        if key.split("{")[0] == name:
+        if key.split("{")[0] == name and label in key.partition("{")[2]:
             total += float(value)
     return total
 
