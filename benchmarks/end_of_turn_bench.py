@@ -15,8 +15,9 @@ floor), in three passes:
 2. **recognised**: semantic, in a conversation with the embedded voice pipeline's partial
    transcripts and LLM warm-ups running as in a call (no replies: ``create_response`` off),
    ``vad.unfinished_words`` off;
-3. **words**: the same with ``vad.unfinished_words`` on: a turn that sounds complete waits for
-   the partial transcript of its pause, and words that stop mid-sentence keep it open.
+3. **words**: the same with ``vad.unfinished_words`` on (the default): the turn waits for the
+   partial transcript of its pause and the LLM's verdict on those words (``vad.sentence_end``:
+   how likely they are a whole sentence), which decides with Smart Turn's.
 
 Reported for each: the silence from the end of speech to the turn's end on complete utterances
 (p50, p90; goal <= 250 ms) and the share of incomplete ones cut off at their pause (goal <= 5 %),
@@ -31,7 +32,15 @@ synthesis of each utterance on the same machine load:
 - ``hearings`` ("words_once"): Smart Turn hears a pause only at 60 ms of quiet, not again at
   200 ms with a stricter bar (``floor.HEARINGS``; before 2026-12-03);
 - ``pause-warm`` ("words_pause_warm"): the stable words of a decode begun in speech are warmed
-  even when it returns in a pause, beside the pause's decode (before 2026-12-03).
+  even when it returns in a pause, beside the pause's decode (before 2026-12-03);
+- ``words-wait`` ("words_wait_900"): the turn waits up to 900 ms of quiet for the pause's
+  words, not 600;
+- ``sentence-end`` ("words_no_llm"): no LLM verdict on the words: Smart Turn and the list of
+  words that end no sentence decide (``vad.sentence_end=false``; before 2026-12-04);
+- ``pause-60`` ("words_pause_60"): the partial loop decodes the pause after 60 ms of quiet,
+  not 100 (``PAUSE_MS``).
+
+Per utterance the rows also keep Smart Turn's probabilities and the LLM's verdicts (p, ms).
 
 The LLM alternative (``--llm``): the default LLM's probability that the user's message ends
 after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
@@ -334,15 +343,22 @@ def warm_in_pause(conv: Conversation) -> None:
     conv.partials.warm_in_pause = True
 
 
+def decode_at_60_ms(conv: Conversation) -> None:
+    conv.partials.pause_ms = 60.0
+
+
 def longer_wait_for_words(conv: Conversation) -> None:
     conv.floor.words_wait_ms = LONGER_WORDS_WAIT_MS
 
 
 LONGER_WORDS_WAIT_MS = 900.0
-ABLATIONS = {
-    "hearings": ("words_once", once),
-    "pause-warm": ("words_pause_warm", warm_in_pause),
-    "words-wait": ("words_wait_900", longer_wait_for_words),
+Part = Callable[[Conversation], None] | None
+ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
+    "hearings": ("words_once", once, {}),
+    "pause-warm": ("words_pause_warm", warm_in_pause, {}),
+    "words-wait": ("words_wait_900", longer_wait_for_words, {}),
+    "sentence-end": ("words_no_llm", None, {"vad.sentence_end": "false"}),
+    "pause-60": ("words_pause_60", decode_at_60_ms, {}),
 }
 
 
@@ -373,9 +389,9 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
     ]
     alone = False  # the conversations of a pass hear each utterance together, not in turn
     if ablate is not None:  # in turn, so that they do not share the recogniser
-        name, part = ABLATIONS[ablate]
+        name, part, more = ABLATIONS[ablate]
         passes = [[Mode("words", model, pipeline, words),
-                   Mode(name, model, pipeline, words, ablate=part)]]  # fmt: skip
+                   Mode(name, model, pipeline, {**words, **more}, ablate=part)]]  # fmt: skip
         alone = True
     try:
         for stage in passes:
@@ -401,6 +417,9 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
                         turns = conv.floor.turn_probabilities
                         row[f"{m.name}_probabilities"] = list(turns)
                         turns.clear()
+                    if conv.partials.verdicts:  # the LLM's on the words at pauses: (p, ms)
+                        row[f"{m.name}_sentence_ends"] = list(conv.partials.verdicts)
+                        conv.partials.verdicts.clear()
                 print(json.dumps({k: row[k] for k in ("text", *(m.name for m in stage))}))
             for conv in convs:
                 await conv.close()

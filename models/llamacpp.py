@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 EOT_TOP_TOKENS = 20  # top tokens returned with an end-of-turn probability
+SENTENCE_END = ".?!"  # a token beginning with one of these ends a sentence
 SHARED_PREFIX_FILE = "shared-prefix.bin"  # in the engine's private folder
 SHARED_SCOPE = "\x00shared-prefix"  # the slot scope that computes it (no cache_salt is this)
 SLOT_ACTION_TIMEOUT_S = 30.0  # a save or restore waits for the batch running before it
@@ -248,21 +249,41 @@ class LlamaCppEngine:
     ) -> float:
         """The probability (0-1) that the user's last message ends after its words: the
         model's end-of-turn token right after them (one token, in the scope's slot, whose
-        prompt is the chat as said so far)."""
-        if self._closed:
-            raise LlmError("the engine is closed")
+        prompt is the chat as said so far). It reads the words' final mark more than the
+        words (BENCHMARKS.md); ``sentence_end_probability`` reads the words."""
         if self.chat.eos_token_id < 0:
             raise LlmError(f"{self.model_path.name} names no end-of-turn token")
+        found = await self._next_token(messages, cache_salt)
+        return _token_probability(found, self.chat.eos_token_id)
+
+    async def sentence_end_probability(
+        self, messages: Sequence[Message], *, cache_salt: str | None = None
+    ) -> float:
+        """The probability (0-1) that the user's last message is a whole sentence: with its
+        final mark taken away ("What is the capital of France"), the model's probability that
+        a sentence-final mark (. ? !) comes next. A fragment ("I would like to go to") gets
+        next to none. One token in the scope's slot, after the chat as said so far (which
+        the warm-ups of the words computed); the reply's prompt shares all of it but the
+        mark."""
+        *before, last = messages
+        words = {**last, "content": unmarked(last["content"])}
+        found = await self._next_token([*before, words], cache_salt)
+        return mark_probability(found)
+
+    async def _next_token(self, messages: Sequence[Message], cache_salt: str | None) -> list[Any]:
+        """llama.cpp's answer, with the top tokens' probabilities, for the one token after
+        the chat whose last message is left open."""
+        if self._closed:
+            raise LlmError("the engine is closed")
         check_salt(cache_salt)
         prompt = self.chat.render_user_open(messages)
         lease = await self._lease(cache_salt if cache_salt is not None else "")
         try:
             reuse = await self._starts_from(lease)
             body = self._body(prompt, 1, lease.slot, reuse)
-            found = await self._unstreamed({**body, "logprobs": EOT_TOP_TOKENS})
+            return await self._unstreamed({**body, "logprobs": EOT_TOP_TOKENS})
         finally:
             await self._release(lease.slot)
-        return _token_probability(found, self.chat.eos_token_id)
 
     async def share_prefix(self, messages: Sequence[Message]) -> int:
         """Compute the chat text before the first user message's words once (``messages``:
@@ -530,9 +551,9 @@ class _Tally:
         )
 
 
-def _token_probability(responses: list[Any], token_id: int) -> float:
-    """The probability of ``token_id`` as the first generated token (0 when it is not among
-    the top tokens returned); LlmError for an error response."""
+def _top_tokens(responses: list[Any]) -> list[dict[str, Any]]:
+    """The top tokens (with ``id``, ``token`` and ``logprob``) of the first generated token;
+    LlmError for an error response or none."""
     for response in responses:
         if not isinstance(response, dict):
             continue
@@ -540,11 +561,33 @@ def _token_probability(responses: list[Any], token_id: int) -> float:
             raise LlmError(f"llama.cpp: {response['error']}")
         for choice in response.get("choices", []):
             content = (choice.get("logprobs") or {}).get("content") or []
-            for top in content[0].get("top_logprobs", []) if content else []:
-                if top.get("id") == token_id:
-                    return math.exp(float(top["logprob"]))
-            return 0.0
+            return list(content[0].get("top_logprobs", [])) if content else []
     raise LlmError("llama.cpp returned no token probabilities")
+
+
+def _token_probability(responses: list[Any], token_id: int) -> float:
+    """The probability of ``token_id`` as the first generated token (0 when it is not among
+    the top tokens returned); LlmError for an error response."""
+    for top in _top_tokens(responses):
+        if top.get("id") == token_id:
+            return math.exp(float(top["logprob"]))
+    return 0.0
+
+
+def mark_probability(responses: list[Any]) -> float:
+    """The probability that the first generated token ends a sentence: the top tokens that
+    begin with ". ? !" (after spaces), but not an ellipsis ("..."), which trails off."""
+    total = 0.0
+    for top in _top_tokens(responses):
+        text = str(top.get("token", "")).strip()
+        if text and text[0] in SENTENCE_END and not text.startswith(".."):
+            total += math.exp(float(top["logprob"]))
+    return min(1.0, total)
+
+
+def unmarked(words: str) -> str:
+    """``words`` without the marks and spaces at their end ("Paris?" -> "Paris")."""
+    return words.rstrip(" \t\n.?!,;:…")
 
 
 def _start_server(

@@ -355,6 +355,28 @@ class VadConfig:
         "waits for the partial transcript of the pause; English words that stop mid-sentence "
         "('... go to', '... and') keep it open for incomplete_silence_ms.",
     )
+    sentence_end: bool = _setting(
+        True,
+        "With unfinished_words and an LLM that can tell (llama.cpp), the words at a pause are "
+        "judged by the LLM: the probability that a sentence-final mark follows them, their own "
+        "mark taken away. That verdict decides in place of the list of words that end no "
+        "sentence.",
+    )
+    sentence_end_probability: float = _setting(
+        0.2,
+        "The LLM's sentence-end probability (0-1) at or above which a turn ends after "
+        "complete_silence_ms even where the end-of-turn model heard it unfinished.",
+        min=0.0,
+        max=1.0,
+    )
+    sentence_end_with_model: float = _setting(
+        0.05,
+        "The LLM's sentence-end probability (0-1) at or above which a turn the end-of-turn "
+        "model called complete ends after complete_silence_ms (below it, the turn waits "
+        "incomplete_silence_ms).",
+        min=0.0,
+        max=1.0,
+    )
     onset_ms: int = _setting(
         40,
         "Audio (ms) the gate alone calls voice that pauses a reply at once, before the "

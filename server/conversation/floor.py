@@ -50,7 +50,7 @@ from server.conversation.playout import Playout
 from server.conversation.realtime_session import TurnSettings
 from server.conversation.reply import Replies
 from server.conversation.room import RoomNoise
-from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
+from server.conversation.unfinished import Bars, Words, sounds_unfinished, words_at_pause
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.seams import PrimedTranscripts, TurnPipeline, TurnTrace
@@ -281,11 +281,11 @@ class Floor:
             self._probing = True
             self._probes += 1
             self._spawn(self._probe(self._probe_gen, audio, hearing), "end-of-turn")
-        if self._complete and quiet >= wait:
+        if self._complete is not None and quiet >= wait:  # the model judged: now the words
             words = self._words(quiet)
-            if words is Words.WAIT:
-                return
-            if words is Words.UNFINISHED:  # the detector's longer wait holds
+            if words is Words.WAIT or (words is Words.UNFINISHED and not self._complete):
+                return  # the detector's longer wait holds (the model may hear it again)
+            if words is Words.UNFINISHED:
                 self._complete, self._probes = False, len(self.hearings)  # the words outrank it
                 log.debug("session %s: the words at the pause sound unfinished", self._sid)
                 return
@@ -299,19 +299,22 @@ class Floor:
         model called the utterance complete, and the latest partial transcript heard all the
         speech and does not stop mid-sentence (or none is awaited)."""
         quiet = self._detector.quiet_ms
-        return self._complete is True and quiet > 0 and self._words(quiet) is Words.END
+        return self._complete is not None and quiet > 0 and self._words(quiet) is Words.END
 
     def _words(self, quiet_ms: float) -> Words:
-        """What the partial loop's transcript of this pause says (server/conversation/
-        unfinished.py); nothing against ending the turn where no partials run."""
+        """What the partial loop's transcript of this pause and the LLM's verdict on it say,
+        with the end-of-turn model's (server/conversation/unfinished.py); where no partials
+        run, the model alone."""
+        complete = bool(self._complete)
         if self._partials_task is None or not self._config.vad.unfinished_words:
-            return Words.END
+            return Words.END if complete else Words.UNFINISHED
         partial, samples = self._partials.partial, self._utterance.samples
         pause_start = samples - int(quiet_ms * 16)
-        coming = samples >= MIN_PARTIAL_SAMPLES
-        return words_at_pause(
-            partial.covered, partial.text, pause_start, quiet_ms, coming, self.words_wait_ms
-        )
+        coming, vad = samples >= MIN_PARTIAL_SAMPLES, self._config.vad
+        bars = Bars(vad.sentence_end_probability, vad.sentence_end_with_model)
+        verdict, wait_ms = self._partials.verdict, self.words_wait_ms
+        return words_at_pause(partial.covered, partial.text, pause_start, quiet_ms, coming,
+                              wait_ms, verdict, complete, bars)  # fmt: skip
 
     async def _probe(self, gen: int, audio: npt.NDArray[np.int16], hearing: Hearing) -> None:
         """The end-of-turn model hears the utterance (in a worker thread)."""
@@ -350,7 +353,10 @@ class Floor:
             self._utterance.begin(back_ms)
             self._partials.reset()
             if self._pipeline is not None and self._config.pipeline.incremental:
-                run = self._partials.run(self._pipeline, self._ending, self._reply_early)
+                vad, model = self._config.vad, self._detector.completeness
+                semantic = model is not None and self._settings().complete_wait_ms is not None
+                judge = semantic and vad.unfinished_words and vad.sentence_end
+                run = self._partials.run(self._pipeline, self._ending, self._reply_early, judge)
                 self._partials_task = self._spawn(run, "partials")
 
     async def _reply_early(self) -> bool:
@@ -361,7 +367,10 @@ class Floor:
         settings = self._settings()
         if not self._config.pipeline.early_reply or not settings.create_response:
             return False
-        if settings.text_only or sounds_unfinished(self._partials.partial.text):
+        judged, words = self._partials.judged(), self._partials.partial.text
+        bar = self._config.vad.sentence_end_with_model
+        unfinished = sounds_unfinished(words) if judged is None else judged < bar
+        if settings.text_only or unfinished:
             return False
         judges = settings.complete_wait_ms is not None and self._detector.completeness
         if judges and self._complete is None:

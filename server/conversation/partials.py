@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
@@ -27,10 +28,11 @@ import numpy.typing as npt
 
 from server.clock import Clock
 from server.conversation.outbound import TranscriptionDelta
+from server.conversation.unfinished import PENDING, SentenceEnd
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.repetition import normalise_word
-from server.pipeline.seams import ReplyRequest, TurnPipeline
+from server.pipeline.seams import JudgesWords, ReplyRequest, TurnPipeline
 from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
 from server.runtime.session import Session
 from server.runtime.session_view import SessionView
@@ -64,10 +66,15 @@ class Said:
 
 
 def partial_due(
-    since_last_ms: float, interval_ms: float, quiet_ms: float, samples: int, covered: int
+    since_last_ms: float,
+    interval_ms: float,
+    quiet_ms: float,
+    samples: int,
+    covered: int,
+    pause_ms: float = PAUSE_MS,
 ) -> bool:
     """Whether the partial loop decodes now: an interval after the last partial began, or at
-    once when the speaker paused (quiet for PAUSE_MS) after audio the last partial did not
+    once when the speaker paused (quiet for ``pause_ms``) after audio the last partial did not
     hear, so that the decode hearing all the speech runs during the end-of-turn wait and is
     the final transcript at the endpoint. Never when all the audio the last partial did not
     hear is silence (the end-of-turn wait): that decode would find nothing new and hold the
@@ -78,7 +85,7 @@ def partial_due(
     pause_start = samples - int(quiet_ms * 16)
     if covered >= pause_start:
         return False
-    return since_last_ms >= interval_ms or quiet_ms >= PAUSE_MS
+    return since_last_ms >= interval_ms or quiet_ms >= pause_ms
 
 
 def stable_words(previous: str, current: str) -> str:
@@ -132,10 +139,13 @@ class Partials:
         self._said = Said()  # what the warm-ups push
         self._pause_words = Partial(0, "")  # the partial last taken for a pause's words
         self._early_for = Partial(0, "")  # the partial an early reply was begun on
+        self.verdict: SentenceEnd | None = None  # the LLM's on the pause's words
+        self.verdicts: deque[tuple[float | None, float]] = deque(maxlen=16)  # (p, ms) recent
         self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
         self.warm_in_pause = False  # warm stable words that came back in a pause (ablation)
+        self.pause_ms = PAUSE_MS  # quiet (ms) after which the words heard are the pause's
 
     def reset(self) -> None:
         """A new user turn: nothing heard yet."""
@@ -144,6 +154,14 @@ class Partials:
         self._said = Said()
         self._pause_words = Partial(0, "")
         self._early_for = Partial(0, "")
+        self.verdict = None
+
+    def judged(self) -> float | None:
+        """The LLM's sentence-end probability for the latest partial's words (None: none)."""
+        verdict = self.verdict
+        if verdict is None or verdict.text != self.partial.text.strip():
+            return None
+        return verdict.probability
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -159,14 +177,17 @@ class Partials:
         pipeline: TurnPipeline,
         ending: Callable[[], bool],
         early: Callable[[], Awaitable[bool]] | None = None,
+        judge: bool = False,
     ) -> None:
         """Decode until cancelled (the turn ended); a warm-up still running then is of no use
         to its reply and is cancelled too. ``ending()``: whether the turn ends as soon as its
         silence is long enough (on the latest partial's words). ``early()``: begin the reply
         to the pause's words now (server/conversation/early.py); whether one runs, which
-        reads them in place of a warm-up."""
+        reads them in place of a warm-up. ``judge``: ask the LLM whether the words at each
+        pause are a whole sentence (``verdict``) before ``ending()`` is asked."""
+        judges = judge and isinstance(pipeline, JudgesWords)
         try:
-            await self._decode_partials(pipeline, ending, early)
+            await self._decode_partials(pipeline, ending, early, judges)
         finally:
             task, self._warming = self._warming, None
             await cancel(task)
@@ -176,6 +197,7 @@ class Partials:
         pipeline: TurnPipeline,
         ending: Callable[[], bool],
         early: Callable[[], Awaitable[bool]] | None,
+        judges: bool,
     ) -> None:
         session = self._session
         last_ms = self._clock.now_ms()
@@ -185,14 +207,15 @@ class Partials:
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
             pause_start = samples - int(quiet * 16)
             heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
-            if early is not None and quiet >= PAUSE_MS and heard_all:  # the pause's words
+            if early is not None and quiet >= self.pause_ms and heard_all:  # the pause's words
                 if self.partial != self._pause_words:
-                    await self._early_on_partial(ending, early)
+                    await self._early_on_partial(pipeline, ending, early, judges)
                     continue
                 # none reads them yet: ask again (the end-of-turn model may have judged since)
                 if self._early_for != self.partial and not ending() and await early():
                     self._early_for = self.partial
-            if not partial_due(since, self._interval_ms, quiet, samples, self.partial.covered):
+            covered = self.partial.covered
+            if not partial_due(since, self._interval_ms, quiet, samples, covered, self.pause_ms):
                 continue
             last_ms = self._clock.now_ms()
             audio = self._utterance.audio()
@@ -213,13 +236,15 @@ class Partials:
             if len(stable) > len(self.stable):
                 self.stable = stable
             # a decode begun in a pause heard all the speech: likely the final transcript
-            paused = quiet >= PAUSE_MS
+            paused = quiet >= self.pause_ms
             if paused:
                 self._pause_words = self.partial
             said = text.strip() if paused else self.stable
             now = Said(said, paused, heard)
             if said and now != self._said and (paused or len(said) > len(self._said.words)):
                 session.set_user_transcript(said)
+                if paused and judges:
+                    await self._judge(pipeline, said)
                 ends = ending()
                 begun = paused and not ends and early is not None and await early()
                 self._early_for = self.partial if begun else self._early_for
@@ -246,10 +271,11 @@ class Partials:
                     # second pass (a model call cannot stop halfway)
                     continue
                 quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
+                heard_now = len(audio)
                 if (
                     not paused
                     and not self.warm_in_pause
-                    and partial_due(0.0, math.inf, quiet_now, samples_now, len(audio))
+                    and partial_due(0.0, math.inf, quiet_now, samples_now, heard_now, self.pause_ms)
                 ):
                     # the user paused after more speech while this decode ran: the pause's
                     # decode follows at once, and the end of the turn may wait for it; a warm-up
@@ -264,17 +290,40 @@ class Partials:
                     self._warming = asyncio.get_running_loop().create_task(warm)
 
     async def _early_on_partial(
-        self, ending: Callable[[], bool], early: Callable[[], Awaitable[bool]]
+        self,
+        pipeline: TurnPipeline,
+        ending: Callable[[], bool],
+        early: Callable[[], Awaitable[bool]],
+        judges: bool,
     ) -> None:
         """The last partial, begun before the pause was PAUSE_MS long, heard all the speech:
         its words are the pause's, and no decode of the pause follows. An early reply may begin
         on them (its warm-up ran as stable words)."""
         self._pause_words = self.partial
         self._session.set_user_transcript(self.partial.text.strip())
+        if judges:
+            await self._judge(pipeline, self.partial.text.strip())
         if not ending() and await early():
             self._early_for = self.partial
             sid = self._session.session_id[:8]
             log.debug("session %s: an early reply reads the last partial's words", sid)
+
+    async def _judge(self, pipeline: TurnPipeline, words: str) -> None:
+        """Ask the LLM whether the pause's ``words`` (the user's transcript now) are a whole
+        sentence; the end of the turn waits for it (``PENDING``) a bounded time."""
+        if not words or (self.verdict is not None and self.verdict.text == words):
+            return
+        assert isinstance(pipeline, JudgesWords)
+        self.verdict, asked_ms = PENDING, self._clock.now_ms()
+        try:
+            probability = await pipeline.sentence_end(self._request(self._session.epoch))
+        finally:
+            self.verdict = None
+        self.verdict = SentenceEnd(words, probability)
+        took_ms = round(self._clock.now_ms() - asked_ms, 1)
+        self.verdicts.append((None if probability is None else round(probability, 3), took_ms))
+        log.debug("session %s: the pause's words are a sentence with p %s",
+                  self._session.session_id[:8], probability)  # fmt: skip
 
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed

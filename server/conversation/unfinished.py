@@ -9,12 +9,21 @@ longer silence (``vad.incomplete_silence_ms``) even where the model called it co
 that end complete sentences as often as unfinished ones (modals: "Yes, I can."; particles:
 "Hold on."; "that") are left to the model: a wrong "unfinished" costs the user a slower turn,
 not a cut-off, but slows short answers.
+
+Where the LLM can tell (llama.cpp), it judges the same words instead (``judge_words``): the
+probability that a sentence-final mark comes next once their own mark is taken away
+("What is the capital of France" -> "?" likely; "I would like to go to" -> none). Whisper's
+marks are guesses ("How many people live in?"); the LLM reads the words. A high probability
+ends the turn after the short silence even where the end-of-turn model heard it unfinished
+(Smart Turn calls many plain questions in the joe voice unfinished); a lower one where the
+model agrees. BENCHMARKS.md has the sets that chose the bars.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from dataclasses import dataclass
 
 DANGLING = frozenset(
     {
@@ -53,16 +62,64 @@ def sounds_unfinished(text: str) -> bool:
     return bool(words) and words[-1] in DANGLING
 
 
+@dataclass(frozen=True)
+class SentenceEnd:
+    """The LLM's verdict on the words at a pause: the ``text`` judged and the probability
+    (0-1) that it is a whole sentence; None where the LLM could not tell."""
+
+    text: str
+    probability: float | None
+
+
+PENDING = SentenceEnd("", None)  # the verdict on the pause's words is being asked
+
+
+@dataclass(frozen=True)
+class Bars:
+    """The sentence-end probabilities that end a turn: ``alone`` whatever the end-of-turn
+    model heard (``vad.sentence_end_probability``), ``with_model`` where it called the
+    utterance complete (``vad.sentence_end_with_model``)."""
+
+    alone: float = 0.2
+    with_model: float = 0.05
+
+
+def judge_words(text: str, probability: float | None, model_complete: bool, bars: Bars) -> Words:
+    """END or UNFINISHED for the words at a pause, by the LLM's sentence-end ``probability``
+    where it has one, else by the words themselves (``sounds_unfinished``, and only where
+    the end-of-turn model called the utterance complete)."""
+    if probability is None:
+        return Words.END if model_complete and not sounds_unfinished(text) else Words.UNFINISHED
+    if probability >= bars.alone or (model_complete and probability >= bars.with_model):
+        return Words.END
+    return Words.UNFINISHED
+
+
 def words_at_pause(
-    covered: int, text: str, pause_start: int, quiet_ms: float, coming: bool, cap_ms: float
+    covered: int,
+    text: str,
+    pause_start: int,
+    quiet_ms: float,
+    coming: bool,
+    cap_ms: float,
+    verdict: SentenceEnd | None = None,
+    model_complete: bool = True,
+    bars: Bars = Bars(),
 ) -> Words:
     """The verdict of the latest partial transcript on a pause that began at ``pause_start``
-    (16 kHz samples into the utterance): it heard all the speech (``covered`` samples) and its
-    ``text`` sounds unfinished or not; else wait while the pause's decode is ``coming`` (the
-    partial loop decodes at a pause) for up to ``cap_ms`` of quiet, then end without words (a
-    slow recogniser's decode is the final transcript anyway; partials are shed under load)."""
+    (16 kHz samples into the utterance): where it heard all the speech (``covered``
+    samples), ``judge_words`` on its ``text`` with the LLM's ``verdict`` on it (``PENDING``:
+    wait for it); else wait while the pause's decode is ``coming`` (the partial loop
+    decodes at a pause). Waits last up to ``cap_ms`` of quiet, then the turn goes by the
+    end-of-turn model alone (a slow recogniser's decode is the final transcript anyway;
+    partials are shed under load)."""
+    waits = quiet_ms < cap_ms
     if covered >= pause_start > 0:
-        return Words.UNFINISHED if sounds_unfinished(text) else Words.END
-    if coming and quiet_ms < cap_ms:
+        if verdict is PENDING and waits:
+            return Words.WAIT
+        judged = verdict is not None and verdict is not PENDING and verdict.text == text.strip()
+        probability = verdict.probability if judged and verdict is not None else None
+        return judge_words(text, probability, model_complete, bars)
+    if coming and waits:
         return Words.WAIT
-    return Words.END
+    return Words.END if model_complete else Words.UNFINISHED

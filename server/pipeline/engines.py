@@ -63,6 +63,16 @@ class PrefillsOpenTurn(Protocol):
     ) -> Any: ...
 
 
+@runtime_checkable
+class JudgesSentenceEnd(Protocol):
+    """An LLM that says how likely the user's last message, its final mark taken away, is a
+    whole sentence (models.llamacpp.LlamaCppEngine.sentence_end_probability: 0-1)."""
+
+    async def sentence_end_probability(
+        self, messages: Sequence[Message], *, cache_salt: str | None = None
+    ) -> float: ...
+
+
 class WordLike(Protocol):
     @property
     def word(self) -> str: ...

@@ -191,6 +191,14 @@ class PrimedTranscripts(Protocol):
 
 
 @runtime_checkable
+class JudgesWords(Protocol):
+    """A pipeline whose LLM tells how likely the user's words at a pause (the ``CURRENT``
+    entry last) are a whole sentence: 0-1, None where it cannot tell."""
+
+    async def sentence_end(self, request: ReplyRequest) -> float | None: ...
+
+
+@runtime_checkable
 class WarmsUp(Protocol):
     """A pipeline whose engines are slow on their first calls (allocations, kernel choices,
     caches): ``warm_up`` runs each once on a short input before the server says ready, and

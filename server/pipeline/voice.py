@@ -29,6 +29,7 @@ from server.pipeline.chunks import (
 )
 from server.pipeline.engines import (
     Asr,
+    JudgesSentenceEnd,
     Llm,
     Message,
     PrefillsOpenTurn,
@@ -232,6 +233,20 @@ class VoicePipeline:
             log.warning("warm-up %s failed: %s: %s", rid, type(exc).__name__, exc)
             return 0
         return int(stats.cached_tokens)
+
+    async def sentence_end(self, request: ReplyRequest) -> float | None:
+        """How likely the user's words at a pause (the ``CURRENT`` entry last) are a whole
+        sentence (0-1), by the LLM (:class:`JudgesSentenceEnd`); None where it cannot tell or
+        failed (only logged). Not shed: the end of the user's turn waits for it."""
+        if not isinstance(self._llm, JudgesSentenceEnd):
+            return None
+        salt = self._salts.of(request)
+        try:
+            messages = to_messages(request.context)
+            return await self._llm.sentence_end_probability(messages, cache_salt=salt)
+        except Exception as exc:
+            log.warning("sentence-end verdict failed: %s: %s", type(exc).__name__, exc)
+            return None
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"

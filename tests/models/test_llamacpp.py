@@ -5,6 +5,7 @@ time) each other's tokens, several sessions at once; and the slot book's rules o
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from models.llamacpp import SHARED_PREFIX_FILE, LlamaCppEngine, LlamaCppOptions, SlotBook
+from models.llamacpp import (
+    SHARED_PREFIX_FILE,
+    LlamaCppEngine,
+    LlamaCppOptions,
+    SlotBook,
+    mark_probability,
+    unmarked,
+)
 from models.llm import LlmError, Message
 from models.prompt_text import ChatText
 from tests.support.llm_helpers import collect, stats_of
@@ -281,3 +289,36 @@ async def test_a_bad_salt_is_refused_before_any_work(engine: LlamaCppEngine) -> 
     with pytest.raises(LlmError):
         await collect(engine.stream(chat("Hi"), "z1", 2, cache_salt="a/b"))
     assert engine.running() == 0
+
+
+@on_module_loop
+async def test_the_sentence_end_probability_reads_the_words_not_their_mark(
+    engine: LlamaCppEngine,
+) -> None:
+    # the mark is taken away first: the same words with and without it get the same verdict
+    done = await engine.sentence_end_probability(
+        chat("What is the capital of France?"), cache_salt="s"
+    )
+    bare = await engine.sentence_end_probability(
+        chat("What is the capital of France"), cache_salt="s"
+    )
+    fragment = await engine.sentence_end_probability(
+        chat("I would like to go to the?"), cache_salt="s"
+    )
+    assert done == pytest.approx(bare, abs=0.02)
+    assert 0.0 <= fragment < 0.05 < done <= 1.0
+    assert engine.running() == 0
+
+
+def test_a_sentence_end_is_a_top_token_that_begins_with_a_final_mark() -> None:
+    def top(*tokens: tuple[str, float]) -> list[object]:
+        content = [{"top_logprobs": [{"id": i, "token": t, "logprob": math.log(p)}
+                                     for i, (t, p) in enumerate(tokens)]}]  # fmt: skip
+        return [{"choices": [{"logprobs": {"content": content}}]}]
+
+    found = top(("?", 0.3), ("?\n", 0.2), (" the", 0.2), ("...", 0.1), (" ", 0.1), (".", 0.05))
+    assert mark_probability(found) == pytest.approx(0.55)  # not the ellipsis, nor a space
+    assert mark_probability(top((" to", 0.9))) == 0.0
+    with pytest.raises(LlmError):
+        mark_probability([{"error": "no slot"}])
+    assert unmarked("Paris?! ") == "Paris" and unmarked("go to,") == "go to"

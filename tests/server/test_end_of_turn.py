@@ -15,7 +15,14 @@ import numpy.typing as npt
 import pytest
 
 from server.conversation import floor, partials
-from server.conversation.unfinished import Words, sounds_unfinished, words_at_pause
+from server.conversation.unfinished import (
+    PENDING,
+    Bars,
+    SentenceEnd,
+    Words,
+    sounds_unfinished,
+    words_at_pause,
+)
 from server.pipeline.seams import ReplyRequest
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, ShedWork
@@ -402,6 +409,78 @@ async def test_without_the_pauses_words_the_turn_waits_for_them_a_bounded_time(
         await rig.conversation.close()
 
 
+class Judging(Partials):
+    """A recogniser (``Partials``) and an LLM that says ``sentence_end`` for the words at a
+    pause (``hold_verdicts``: not until ``release`` is set); records the words it judged."""
+
+    def __init__(self, partial: str, sentence_end: float) -> None:
+        super().__init__(partial, "How far")
+        self.sentence_end_p = sentence_end
+        self.judged: list[str] = []
+        self.hold_verdicts = False
+
+    async def sentence_end(self, request: ReplyRequest) -> float | None:
+        self.judged.append(request.context[-1].text)
+        if self.hold_verdicts:
+            await self.release.wait()
+        return self.sentence_end_p
+
+
+@pytest.mark.parametrize(
+    ("probability", "sentence_end", "silence_ms"),
+    [
+        (0.3, 0.6, (160, 300)),  # heard as unfinished, but the words are a whole sentence
+        (0.9, 0.1, (160, 300)),  # the model and the words agree
+        (0.9, 0.01, (1200, 1300)),  # it sounds complete, but the words are a fragment
+        (0.3, 0.1, (1200, 1300)),  # neither is sure enough
+    ],
+)
+async def test_the_llms_verdict_on_the_words_decides_with_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+    probability: float,
+    sentence_end: float,
+    silence_ms: tuple[int, int],
+) -> None:
+    words = "How far away is the moon?"
+    judging = Judging(words, sentence_end)
+    rig, _ = rig_with(monkeypatch, words, probability=probability, recogniser=judging)
+    try:
+        await speak(rig, 40)
+        low, high = silence_ms
+        assert low <= await quiet_until_the_turn_ends(rig, limit=100) <= high
+        assert judging.judged == [words]  # once, on the pause's words
+    finally:
+        await rig.conversation.close()
+
+
+async def test_the_turn_waits_for_the_verdict_a_bounded_time_then_goes_by_the_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    judging = Judging("How far away is the moon?", 0.6)
+    judging.hold_verdicts = True  # the LLM is slow
+    rig, _ = rig_with(monkeypatch, judging.partial, recogniser=judging)
+    try:
+        await speak(rig, 40)
+        silence = await quiet_until_the_turn_ends(rig, limit=100)
+        assert 600.0 <= silence <= 700.0  # WORDS_WAIT_MS; then the model and the mark
+        assert judging.judged == [judging.partial]
+    finally:
+        judging.release.set()
+        await rig.conversation.close()
+
+
+async def test_without_the_setting_the_llm_is_not_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    judging = Judging("I would like to go to", 0.9)
+    more = {"vad.sentence_end": "false"}
+    rig, _ = rig_with(monkeypatch, judging.partial, recogniser=judging, more=more)
+    try:
+        await speak(rig, 40)
+        assert 1200.0 <= await quiet_until_the_turn_ends(rig, limit=100) <= 1300.0
+        assert judging.judged == []  # the list of words that end no sentence decided
+    finally:
+        await rig.conversation.close()
+
+
 @pytest.mark.parametrize(
     ("text", "unfinished"),
     [
@@ -433,3 +512,28 @@ def test_the_words_at_a_pause() -> None:
     assert words_at_pause(at - 1, "Go", at, 200.0, True, 600.0) is Words.WAIT
     assert words_at_pause(at - 1, "Go", at, 600.0, True, 600.0) is Words.END
     assert words_at_pause(at - 1, "Go", at, 200.0, False, 600.0) is Words.END  # none coming
+
+
+def test_the_llms_verdict_on_the_words_at_a_pause() -> None:
+    at, bars = 16_000, Bars(alone=0.2, with_model=0.05)
+
+    def words(
+        text: str, verdict: SentenceEnd | None, complete: bool, quiet: float = 200.0
+    ) -> Words:
+        return words_at_pause(at, text, at, quiet, True, 600.0, verdict, complete, bars)
+
+    sure, fair, low = (
+        SentenceEnd("Go home", 0.5),
+        SentenceEnd("Go home", 0.1),
+        SentenceEnd("Go home", 0.01),
+    )
+    assert words("Go home", sure, complete=False) is Words.END  # it outranks the model
+    assert words("Go home", fair, complete=True) is Words.END
+    assert words("Go home", fair, complete=False) is Words.UNFINISHED
+    assert words("Go home", low, complete=True) is Words.UNFINISHED
+    assert words("Go home", PENDING, complete=True) is Words.WAIT
+    assert words("Go home.", PENDING, complete=True, quiet=600.0) is Words.END  # the mark, then
+    # a verdict on other words, or none the LLM could give: the words themselves
+    assert words("Go to", SentenceEnd("Go home", 0.9), complete=True) is Words.UNFINISHED
+    assert words("Go home.", SentenceEnd("Go home.", None), complete=True) is Words.END
+    assert words("Go home.", None, complete=False) is Words.UNFINISHED  # the model alone
