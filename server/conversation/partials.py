@@ -158,10 +158,7 @@ class Partials:
 
     def judged(self) -> float | None:
         """The LLM's sentence-end probability for the latest partial's words (None: none)."""
-        verdict = self.verdict
-        if verdict is None or verdict.text != self.partial.text.strip():
-            return None
-        return verdict.probability
+        return None if self.verdict is None else self.verdict.on(self.partial.text)
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0

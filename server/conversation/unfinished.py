@@ -70,6 +70,10 @@ class SentenceEnd:
     text: str
     probability: float | None
 
+    def on(self, words: str) -> float | None:
+        """The probability, where this verdict was on ``words`` (None: on other words)."""
+        return self.probability if self.text == words.strip() else None
+
 
 PENDING = SentenceEnd("", None)  # the verdict on the pause's words is being asked
 
@@ -117,8 +121,7 @@ def words_at_pause(
     if covered >= pause_start > 0:
         if verdict is PENDING and waits:
             return Words.WAIT
-        judged = verdict is not None and verdict is not PENDING and verdict.text == text.strip()
-        probability = verdict.probability if judged and verdict is not None else None
+        probability = None if verdict is None else verdict.on(text)
         return judge_words(text, probability, model_complete, bars)
     if coming and waits:
         return Words.WAIT
