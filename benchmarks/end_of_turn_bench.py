@@ -5,7 +5,8 @@ go to ... Paris next summer", half of them with a filler before the pause), spok
 voice (the server's own TTS; a different voice from the one of the replies is not needed:
 nothing here is a reply). Each is fed, 20 ms frame by 20 ms frame in real time, to
 conversations built as the server builds them (webrtcvad + Silero, the real turn detector and
-floor), in three passes:
+floor, with the settings the server's calibration chooses on this machine at start: on a slow
+one, partials further apart; ``calibrated_settings`` in the JSON), in three passes:
 
 1. side by side, without a recogniser:
    - **semantic**: the end-of-turn model (Smart Turn v3.2) judges the utterance at a pause: it
@@ -38,7 +39,8 @@ synthesis of each utterance on the same machine load:
 - ``sentence-end`` ("words_no_llm"): no LLM verdict on the words: Smart Turn and the list of
   words that end no sentence decide (``vad.sentence_end=false``; before 2026-12-04);
 - ``pause-60`` ("words_pause_60"): the partial loop decodes the pause after 60 ms of quiet,
-  not 100 (``PAUSE_MS``).
+  not 40 (``PAUSE_MS``);
+- ``pause-100`` ("words_pause_100"): after 100 ms of quiet (before 2026-12-04, evening).
 
 Per utterance the rows also keep Smart Turn's probabilities and the LLM's verdicts (p, ms).
 
@@ -75,7 +77,9 @@ from server.config import Config, load_config
 from server.conversation.conversation import Conversation
 from server.conversation.floor import HEARINGS
 from server.conversation.realtime_session import SessionPatch
+from server.machine import this_machine
 from server.metrics import Metrics
+from server.pipeline.calibration import StageCosts, adapt, calibrate
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.runtime.media import FRAME_SAMPLES
 from server.runtime.turn import TurnState
@@ -347,6 +351,10 @@ def decode_at_60_ms(conv: Conversation) -> None:
     conv.partials.pause_ms = 60.0
 
 
+def decode_at_100_ms(conv: Conversation) -> None:
+    conv.partials.pause_ms = 100.0
+
+
 def longer_wait_for_words(conv: Conversation) -> None:
     conv.floor.words_wait_ms = LONGER_WORDS_WAIT_MS
 
@@ -359,7 +367,19 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "words-wait": ("words_wait_900", longer_wait_for_words, {}),
     "sentence-end": ("words_no_llm", None, {"vad.sentence_end": "false"}),
     "pause-60": ("words_pause_60", decode_at_60_ms, {}),
+    "pause-100": ("words_pause_100", decode_at_100_ms, {}),
 }
+
+
+async def calibrated(pipeline: Any, config: Config) -> dict[str, str]:
+    """The settings the server would choose on this machine (it warms the engines and times
+    them at start, server/__main__.py): on a slow one, partials further apart (the recogniser
+    at most 40 % busy with them), so that the pause's decode seldom waits behind one."""
+    times = await pipeline.warm_up()
+    costs = StageCosts.from_warm_up(times, None)
+    adapted, changed = adapt(config, calibrate(costs, config, this_machine().cpus))
+    pipeline.tune(adapted.pipeline)
+    return {name: str(value) for name, value in changed.items()}
 
 
 async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, Any]:
@@ -380,6 +400,8 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
     # recogniser's partials and warm-ups (the embedded pipeline): Smart Turn alone, and Smart
     # Turn with the words at the pause
     pipeline = await voice_pipeline(load_config(overrides=base))
+    chosen = await calibrated(pipeline, load_config(overrides=base))
+    base = {**base, **chosen}
     no_words = {"vad.unfinished_words": "false"}
     words = {"vad.unfinished_words": "true"}
     passes = [
@@ -432,6 +454,7 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
     results: dict[str, Any] = {
         **{mode: summarize(rows, mode) for mode in modes},
         "held_out": {mode: summarize(held_out, mode) for mode in modes} if held_out else None,
+        "calibrated_settings": chosen,
         "utterances": rows,
     }
     if llm:

@@ -3,11 +3,11 @@
 The partial loop decodes the pause as soon as the user stops (server/conversation/
 partials.py). The turn may wait on after that decode: the end-of-turn model heard the
 utterance as unfinished and its longer silence holds, or no model judges and a fixed silence
-ends the turn. When those words end a sentence, the reply to them is begun then, as the
-turn's reply would begin: its LLM stream opened and its first sentence synthesised; nothing
-is emitted or played. Not while the model has yet to judge: a turn it calls complete ends at
-once, and the early reply would gain nothing while keeping other work waiting (server/
-conversation/floor.py).
+ends the turn. When those words end a sentence, the reply to them is begun then (from 100 ms
+of quiet: a shorter gap is often one between two words), as the turn's reply would begin: its
+LLM stream opened and its first sentence synthesised; nothing is emitted or played. Not while
+the model has yet to judge: a turn it calls complete ends at once, and the early reply would
+gain nothing while keeping other work waiting (server/conversation/floor.py).
 
 When the turn ends, the reply adopts it if it asks the same: the same epoch, the same prompt
 (the final transcript is the pause's words, and the history window did not move) and the same

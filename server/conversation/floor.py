@@ -168,6 +168,7 @@ class Floor:
         or the pause's judgement moves on (``masked_ms``: since the residual echo gate last hid
         a frame from the detector)."""
         if self._session.state is TurnState.USER_SPEAKING:
+            self._partials.heard()  # the partial loop looks at once (a pause may have begun)
             if self._detector.quiet_ms == 0.0 and self._replies.early is not None:
                 await self._replies.drop_early("the user spoke on")
             await self._semantic_end()
@@ -295,11 +296,16 @@ class Floor:
             self._flush()
 
     def _ending(self) -> bool:
-        """Whether the user's turn ends as soon as its silence is long enough: the end-of-turn
-        model called the utterance complete, and the latest partial transcript heard all the
-        speech and does not stop mid-sentence (or none is awaited)."""
+        """Whether the user's turn may end as soon as its silence is long enough (its words left
+        to the reply): the end-of-turn model has yet to judge this pause, or called it complete
+        and the latest partial heard all the speech and does not stop mid-sentence."""
         quiet = self._detector.quiet_ms
-        return self._complete is not None and quiet > 0 and self._words(quiet) is Words.END
+        if self._complete is None:
+            return quiet > 0 and self._judges()
+        return quiet > 0 and self._words(quiet) is Words.END
+
+    def _judges(self) -> bool:  # whether an end-of-turn model judges this conversation's pauses
+        return self._settings().complete_wait_ms is not None and bool(self._detector.completeness)
 
     def _words(self, quiet_ms: float) -> Words:
         """What the partial loop's transcript of this pause and the LLM's verdict on it say,
@@ -372,8 +378,7 @@ class Floor:
         unfinished = sounds_unfinished(words) if judged is None else judged < bar
         if settings.text_only or unfinished:
             return False
-        judges = settings.complete_wait_ms is not None and self._detector.completeness
-        if judges and self._complete is None:
+        if self._complete is None and self._judges():
             return False
         return await self._replies.begin_early(self._session.epoch)
 

@@ -1,16 +1,19 @@
 """Partial transcripts while the user speaks, and the prefill of what they said so far.
 
 The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when
-the speaker pauses, continuing after the words two partials agreed on (the stable words). A
+the speaker pauses (40 ms of quiet, ``PAUSE_MS``), continuing after the words two partials
+agreed on (the stable words); it looks as each frame is judged. A
 warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
 time: the stable words while the user speaks (their turn left open: the next warm-up reads only
 the words after them), and at a pause the whole partial, which heard all the speech and is
 usually the final transcript (so the reply computes almost nothing). None for the stable words
 of a decode begun in speech that returns in a pause: the pause's decode comes next and hears
-them too, and the turn may wait for it. None once the turn is ending (it sounds complete, and
-the latest partial heard all the speech and does not stop mid-sentence): the reply starts
-right after, and would first wait for it. At a pause where the turn waits on, an early
-reply (server/conversation/early.py) may read the pause's words in place of their warm-up.
+them too, and the turn may wait for it. None while the turn may end on them (the end-of-turn
+model has yet to judge the pause, or it sounds complete and the latest partial heard all the
+speech and does not stop mid-sentence): the reply starts right after, and would first wait
+for it. Where the turn waits on, an early reply (server/conversation/early.py) may read the
+pause's words in place of their warm-up, from 100 ms of quiet (a shorter gap is often one
+between two words); else they are warmed.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ from server.tasks import cancel
 log = logging.getLogger(__name__)
 
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
-PARTIAL_TICK_S = 0.02  # how often the partial loop looks for a pause
+PARTIAL_TICK_S = 0.02  # the partial loop looks for a pause as audio is judged, or this often
 MIN_PARTIAL_SAMPLES = 4800  # 300 ms at 16 kHz: shorter utterances get no partial
+EARLY_REPLY_QUIET_MS = 100.0  # quiet (ms) before an early reply may begin on a pause's words
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class Partials:
         self.stable = ""
         self._said = Said()  # what the warm-ups push
         self._pause_words = Partial(0, "")  # the partial last taken for a pause's words
+        self._pause_said = Said()  # ... as a warm-up would push them
+        self._partial_heard = 0  # input samples heard when the latest partial's decode began
         self._early_for = Partial(0, "")  # the partial an early reply was begun on
         self.verdict: SentenceEnd | None = None  # the LLM's on the pause's words
         self.verdicts: deque[tuple[float | None, float]] = deque(maxlen=16)  # (p, ms) recent
@@ -146,6 +152,7 @@ class Partials:
         self._warming: asyncio.Task[None] | None = None
         self.warm_in_pause = False  # warm stable words that came back in a pause (ablation)
         self.pause_ms = PAUSE_MS  # quiet (ms) after which the words heard are the pause's
+        self._heard = asyncio.Event()  # more audio judged since the loop last looked
 
     def reset(self) -> None:
         """A new user turn: nothing heard yet."""
@@ -153,8 +160,14 @@ class Partials:
         self.stable = ""
         self._said = Said()
         self._pause_words = Partial(0, "")
+        self._pause_said = Said()
         self._early_for = Partial(0, "")
         self.verdict = None
+
+    def heard(self) -> None:
+        """More audio was judged: the loop looks again now, not at its next tick (a pause
+        found one frame sooner is a decode begun up to 20 ms sooner)."""
+        self._heard.set()
 
     def judged(self) -> float | None:
         """The LLM's sentence-end probability for the latest partial's words (None: none)."""
@@ -199,18 +212,17 @@ class Partials:
         session = self._session
         last_ms = self._clock.now_ms()
         while True:
-            await asyncio.sleep(PARTIAL_TICK_S)
+            await self._look_again()
             since = self._clock.now_ms() - last_ms
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
             pause_start = samples - int(quiet * 16)
             heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
-            if early is not None and quiet >= self.pause_ms and heard_all:  # the pause's words
+            if quiet >= self.pause_ms and heard_all:  # the pause's words are known
                 if self.partial != self._pause_words:
-                    await self._early_on_partial(pipeline, ending, early, judges)
-                    continue
-                # none reads them yet: ask again (the end-of-turn model may have judged since)
-                if self._early_for != self.partial and not ending() and await early():
-                    self._early_for = self.partial
+                    await self._pause_on_partial(pipeline, ending, early, judges)
+                elif not ending():  # the end-of-turn model may have judged since
+                    await self._waits_on(pipeline, early)
+                continue
             covered = self.partial.covered
             if not partial_due(since, self._interval_ms, quiet, samples, covered, self.pause_ms):
                 continue
@@ -228,82 +240,104 @@ class Partials:
                 self._metrics.work_shed.labels("partial").inc()
                 continue
             previous, self.partial = self.partial, Partial(len(audio), text)
+            self._partial_heard = heard
             stable = stable_words(previous.text, text)
             self._emit(TranscriptionDelta(text, stable).to_dict())
             if len(stable) > len(self.stable):
                 self.stable = stable
             # a decode begun in a pause heard all the speech: likely the final transcript
             paused = quiet >= self.pause_ms
-            if paused:
-                self._pause_words = self.partial
             said = text.strip() if paused else self.stable
             now = Said(said, paused, heard)
-            if said and now != self._said and (paused or len(said) > len(self._said.words)):
-                session.set_user_transcript(said)
-                if paused and judges:
+            if not said or now == self._said or not (paused or len(said) > len(self._said.words)):
+                continue
+            session.set_user_transcript(said)
+            if paused:
+                self._pause_words, self._pause_said = self.partial, now
+                if judges:
                     await self._judge(pipeline, said)
                 ends = ending()
-                begun = paused and not ends and early is not None and await early()
-                self._early_for = self.partial if begun else self._early_for
-                if paused:
-                    verdict = "the turn ends on them, no warm-up" if ends else "warmed"
-                    verdict = "an early reply reads them" if begun else verdict
-                    log.debug(
-                        "session %s: the pause's words after %.0f ms of quiet, decoded in"
-                        " %.0f ms: %s",
-                        session.session_id[:8],
-                        quiet,
-                        self._clock.now_ms() - last_ms,
-                        verdict,
-                    )
-                if begun:
-                    # its prompt holds them: no warm-up (and the same words at a later pause,
-                    # the user having made a sound in between, begin it again if it was dropped)
-                    continue
-                if ends:
-                    # the reply starts within a tick or two and reads these words in one
-                    # pass; a warm-up begun now (or one running, going on to them: the
-                    # stable words of a decode that heard the whole question, too) would
-                    # still be running then, and the reply would wait for it, then take a
-                    # second pass (a model call cannot stop halfway)
-                    continue
-                quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
-                heard_now = len(audio)
-                if (
-                    not paused
-                    and not self.warm_in_pause
-                    and partial_due(0.0, math.inf, quiet_now, samples_now, heard_now, self.pause_ms)
-                ):
-                    # the user paused after more speech while this decode ran: the pause's
-                    # decode follows at once, and the end of the turn may wait for it; a warm-up
-                    # now would share the cores with it, for words the reply or the pause's
-                    # warm-up reads anyway
-                    continue
-                self._said = now
-                if self._warming is None or self._warming.done():
-                    if self._warming is not None:
-                        await self._warming  # done: its outcome was handled in _warm
-                    warm = self._warm(pipeline, session.epoch)
-                    self._warming = asyncio.get_running_loop().create_task(warm)
+                log.debug("session %s: the pause's words after %.0f ms of quiet, decoded in"
+                          " %.0f ms: %s", session.session_id[:8], quiet,
+                          self._clock.now_ms() - last_ms,
+                          "the turn may end on them" if ends else "the turn waits on")  # fmt: skip
+                if not ends:
+                    await self._waits_on(pipeline, early)
+                continue
+            if ending():
+                # the reply starts within a tick or two and reads these words in one pass; a
+                # warm-up begun now (or one running, going on to them: the stable words of a
+                # decode that heard the whole question, too) would still be running then, and
+                # the reply would wait for it, then take a second pass (a model call cannot
+                # stop halfway)
+                continue
+            quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
+            if not self.warm_in_pause and partial_due(
+                0.0, math.inf, quiet_now, samples_now, len(audio), self.pause_ms
+            ):
+                # the user paused after more speech while this decode ran: the pause's decode
+                # follows at once, and the end of the turn may wait for it; a warm-up now
+                # would share the cores with it, for words the reply or the pause's warm-up
+                # reads anyway
+                continue
+            await self._push(pipeline, now)
 
-    async def _early_on_partial(
+    async def _look_again(self) -> None:
+        """Until more audio was judged, or PARTIAL_TICK_S at most. (Not ``asyncio.wait_for``:
+        on Python 3.11 it may swallow the cancel that ends the turn, if the event comes at
+        the same time, and the loop would run on.)"""
+        timer = asyncio.get_running_loop().call_later(PARTIAL_TICK_S, self._heard.set)
+        try:
+            await self._heard.wait()
+        finally:
+            timer.cancel()
+        self._heard.clear()
+
+    async def _pause_on_partial(
         self,
         pipeline: TurnPipeline,
         ending: Callable[[], bool],
-        early: Callable[[], Awaitable[bool]],
+        early: Callable[[], Awaitable[bool]] | None,
         judges: bool,
     ) -> None:
         """The last partial, begun before the pause was PAUSE_MS long, heard all the speech:
-        its words are the pause's, and no decode of the pause follows. An early reply may begin
-        on them (its warm-up ran as stable words)."""
+        its words are the pause's, and no decode of the pause follows."""
+        words = self.partial.text.strip()
         self._pause_words = self.partial
-        self._session.set_user_transcript(self.partial.text.strip())
+        self._pause_said = Said(words, True, self._partial_heard)
+        self._session.set_user_transcript(words)
         if judges:
-            await self._judge(pipeline, self.partial.text.strip())
-        if not ending() and await early():
+            await self._judge(pipeline, words)
+        if not ending():
+            await self._waits_on(pipeline, early)
+
+    async def _waits_on(
+        self, pipeline: TurnPipeline, early: Callable[[], Awaitable[bool]] | None
+    ) -> None:
+        """The turn waits on after the pause's words (the end-of-turn model heard them as
+        unfinished, or they stop mid-sentence): an early reply begins on them (``early()``,
+        from EARLY_REPLY_QUIET_MS of quiet: a gap mid-sentence would begin and drop one
+        again and again), which reads them in place of a warm-up; else they are warmed."""
+        if self._early_for == self.partial:
+            return  # an early reply reads them
+        if early is not None and self._detector.quiet_ms < EARLY_REPLY_QUIET_MS:
+            return  # one may begin on them soon
+        if early is not None and await early():
             self._early_for = self.partial
             sid = self._session.session_id[:8]
-            log.debug("session %s: an early reply reads the last partial's words", sid)
+            log.debug("session %s: an early reply reads the pause's words", sid)
+            return
+        if self._pause_said != self._said:
+            await self._push(pipeline, self._pause_said)
+
+    async def _push(self, pipeline: TurnPipeline, said: Said) -> None:
+        """Have the warm-ups push ``said``: one begins, or the one running goes on to it."""
+        self._said = said
+        if self._warming is None or self._warming.done():
+            if self._warming is not None:
+                await self._warming  # done: its outcome was handled in _warm
+            warm = self._warm(pipeline, self._session.epoch)
+            self._warming = asyncio.get_running_loop().create_task(warm)
 
     async def _judge(self, pipeline: TurnPipeline, words: str) -> None:
         """Ask the LLM whether the pause's ``words`` (the user's transcript now) are a whole

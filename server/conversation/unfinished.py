@@ -4,8 +4,9 @@ The end-of-turn model (Smart Turn) hears prosody, and a speaker who pauses after
 to go to" often sounds done. The recogniser's transcript of the same pause, which the partial
 loop decodes anyway (it is usually the final transcript), says otherwise: it ends on a word
 that cannot end an English sentence (an article, most prepositions, a conjunction, a
-possessive, a filler) or trails off with no final mark. Such words keep the turn open for the
-longer silence (``vad.incomplete_silence_ms``) even where the model called it complete. Words
+possessive, a filler: the speaker holds the turn while thinking) or trails off with no final
+mark. Such words keep the turn open for the longer silence (``vad.incomplete_silence_ms``)
+even where the model called it complete. Words
 that end complete sentences as often as unfinished ones (modals: "Yes, I can."; particles:
 "Hold on."; "that") are left to the model: a wrong "unfinished" costs the user a slower turn,
 not a cut-off, but slows short answers.
@@ -38,6 +39,9 @@ DANGLING = frozenset(
     }
 )
 TRAILING = ("...", "…", ",", "-", "—", ":", ";")  # the recogniser heard the voice trail off
+# a filled pause: Whisper writes a speaker's "uh" after words as "uh" or, often, "Uh-huh."
+FILLERS = frozenset({"um", "uh", "er", "erm", "uhm", "hmm", "uh-huh", "mm-hmm", "mhm"})
+MARKS = " \t\n.?!,;:…"
 FINAL_MARKS = (".", "?", "!")
 WORD = re.compile(r"[a-z']+")
 
@@ -60,6 +64,13 @@ def sounds_unfinished(text: str) -> bool:
         return True
     words = WORD.findall(text.lower())
     return bool(words) and words[-1] in DANGLING
+
+
+def hesitates(text: str) -> bool:
+    """Whether the words end on a filler after other words ("... that serves? Uh-huh."): the
+    speaker holds the turn while thinking, whatever the words before it say."""
+    head, _, last = text.strip().rstrip(MARKS).rpartition(" ")
+    return bool(head.strip()) and last.lower().strip(MARKS) in FILLERS
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,10 @@ class Bars:
 def judge_words(text: str, probability: float | None, model_complete: bool, bars: Bars) -> Words:
     """END or UNFINISHED for the words at a pause, by the LLM's sentence-end ``probability``
     where it has one, else by the words themselves (``sounds_unfinished``, and only where
-    the end-of-turn model called the utterance complete)."""
+    the end-of-turn model called the utterance complete); UNFINISHED where they end on a
+    filler (``hesitates``)."""
+    if hesitates(text):
+        return Words.UNFINISHED
     if probability is None:
         return Words.END if model_complete and not sounds_unfinished(text) else Words.UNFINISHED
     if probability >= bars.alone or (model_complete and probability >= bars.with_model):

@@ -48,7 +48,12 @@ GATE_HOLD_FRAMES = 10  # keep the confirming model running 200 ms after the gate
 WARMUP_WINDOWS = 2  # windows of history fed to a freshly reset model
 
 
-PAUSE_MS = 100.0  # quiet this long while speaking: a pause (what was said may be all)
+# quiet this long while speaking: a pause (what was said may be all). Silero falls quiet about
+# 45 ms after the last word; at 40 ms more, the decode that hears the end of speech starts while
+# the end-of-turn model hears the utterance (at 60 ms), and its words and the LLM's verdict on
+# them are mostly there by the short silence's end (benchmarks/end_of_turn_bench.py --ablate
+# pause-100: at 100 ms the complete ones' silence was 272 against 246 ms at the median)
+PAUSE_MS = 40.0
 
 
 class SpeechGate(Protocol):

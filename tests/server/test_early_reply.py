@@ -97,10 +97,12 @@ async def test_a_pause_that_may_not_end_the_turn_begins_the_reply_unheard(
     rig, llm = early_rig(monkeypatch)
     try:
         await speak(rig, 40)
+        await pause(rig, 4)  # 80 ms of quiet: the pause's words, but maybe a gap mid-sentence
+        assert not llm.asked
         await pause(rig)
         conversation = rig.conversation
         assert conversation.session.state is TurnState.USER_SPEAKING  # the long silence holds
-        assert llm.asked == [PARIS]  # the reply to the pause's words, begun
+        assert llm.asked == [PARIS]  # the reply to the pause's words, begun at 100 ms of quiet
         assert llm.spoken == ["Once upon a time."]  # its first sentence, spoken ahead
         assert llm.warmed[-1] != PARIS  # it reads them itself: no warm-up of them
         assert played(rig) == 0 and not rig.events("response.created")  # nothing heard

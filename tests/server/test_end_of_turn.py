@@ -258,6 +258,27 @@ async def test_a_finished_sentence_ends_after_the_short_silence(
         await rig.conversation.close()
 
 
+async def test_the_pause_is_decoded_at_40_ms_of_quiet_as_the_audio_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the loop looks again as each frame is judged, not at a tick of its own (an hour here)
+    rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
+    monkeypatch.setattr(partials, "PARTIAL_TICK_S", 3600.0)
+    try:
+        await speak(rig, 40)
+        decodes = recogniser.decodes
+        rig.voice.on = False
+        await rig.tick()  # 20 ms of quiet: maybe a gap between two words
+        await asyncio.sleep(0.01)
+        assert recogniser.decodes == decodes
+        await rig.tick()  # 40 ms: the pause (turn_detector.PAUSE_MS)
+        await asyncio.sleep(0.01)
+        assert recogniser.decodes == decodes + 1
+        assert rig.conversation.partials.partial.text == "I would like to go to Paris."
+    finally:
+        await rig.conversation.close()
+
+
 async def test_the_pause_that_ends_the_turn_is_not_warmed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -266,7 +287,7 @@ async def test_the_pause_that_ends_the_turn_is_not_warmed(
     rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
     try:
         await speak(rig, 40)
-        await until_judged(rig)  # before the pause's words (100 ms)
+        await until_judged(rig)  # the pause's words came at 40 ms, before it judged
         await quiet_until_the_turn_ends(rig)
         assert recogniser.warmed and set(recogniser.warmed) == {"I would like"}
     finally:
@@ -294,8 +315,8 @@ async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
 async def test_no_warm_up_of_stable_words_once_the_turn_is_ending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a decode begun in the first 100 ms of quiet heard the whole question: its words become
-    # stable ones, but the turn sounds complete and ends on them, so they are left to the reply
+    # a decode begun before the pause (40 ms of quiet) heard the whole question: its words
+    # become stable ones, but the turn sounds complete and ends on them, left to the reply
     paris = "I would like to go to Paris"
     rig, recogniser = rig_with(monkeypatch, paris + ".", paris, interval_ms=50)
     recogniser.hold_quiet_decodes = True
@@ -537,3 +558,29 @@ def test_the_llms_verdict_on_the_words_at_a_pause() -> None:
     assert words("Go to", SentenceEnd("Go home", 0.9), complete=True) is Words.UNFINISHED
     assert words("Go home.", SentenceEnd("Go home.", None), complete=True) is Words.END
     assert words("Go home.", None, complete=False) is Words.UNFINISHED  # the model alone
+    # a filler after the words holds the turn, whatever the LLM made of them ("Uh-huh." is
+    # how Whisper often writes an "uh"); a filler alone is a whole turn
+    serves = "Can you recommend a restaurant that serves? Uh-huh."
+    assert words(serves, SentenceEnd(serves, 0.9), complete=True) is Words.UNFINISHED
+    assert words("Go home, um", SentenceEnd("Go home, um", 0.5), complete=True) is Words.UNFINISHED
+    assert words("Uh-huh.", SentenceEnd("Uh-huh.", 0.9), complete=True) is Words.END
+    assert words("Tell me, huh?", SentenceEnd("Tell me, huh?", 0.9), complete=True) is Words.END
+
+
+async def test_the_partial_loop_stops_when_cancelled_as_more_audio_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the end of the turn cancels the loop; a frame judged at that instant must not swallow
+    # the cancel (asyncio.wait_for on Python 3.11 did: the turn's end then waited forever)
+    rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.")
+    monkeypatch.setattr(partials, "PARTIAL_TICK_S", 3600.0)
+    loop = rig.conversation.partials
+    try:
+        task = asyncio.get_running_loop().create_task(loop.run(recogniser, lambda: False))
+        await asyncio.sleep(0.01)  # it waits for audio
+        loop.heard()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=1.0)
+        assert task in done and task.cancelled()
+    finally:
+        await rig.conversation.close()
