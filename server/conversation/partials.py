@@ -1,8 +1,8 @@
 """Partial transcripts while the user speaks, and the prefill of what they said so far.
 
-The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when
-the speaker pauses (40 ms of quiet, ``PAUSE_MS``), continuing after the words two partials
-agreed on (the stable words); it looks as each frame is judged. A
+The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when the
+speaker pauses (40 ms of quiet, ``PAUSE_MS``; 100 while a reply is being written), continuing
+after the words two partials agreed on (the stable words); it looks as each frame is judged. A
 warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
 time: the stable words while the user speaks (their turn left open: the next warm-up reads only
 the words after them), and at a pause the whole partial, which heard all the speech and is
@@ -10,10 +10,10 @@ usually the final transcript (so the reply computes almost nothing). None for th
 of a decode begun in speech that returns in a pause: the pause's decode comes next and hears
 them too, and the turn may wait for it. None while the turn may end on them (the end-of-turn
 model has yet to judge the pause, or it sounds complete and the latest partial heard all the
-speech and does not stop mid-sentence): the reply starts right after, and would first wait
-for it. Where the turn waits on, an early reply (server/conversation/early.py) may read the
-pause's words in place of their warm-up, from 100 ms of quiet (a shorter gap is often one
-between two words); else they are warmed.
+speech and does not stop mid-sentence): the reply starts right after, and would first wait for
+it. Where the turn waits on, an early reply (server/conversation/early.py) may read the pause's
+words in place of their warm-up, from 100 ms of quiet (a shorter gap is often one between two
+words); else they are warmed.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from server.conversation.unfinished import PENDING, SentenceEnd
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.repetition import normalise_word
-from server.pipeline.seams import JudgesWords, ReplyRequest, TurnPipeline
+from server.pipeline.seams import JudgesWords, ReplyRequest, TurnPipeline, engines_busy
 from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
 from server.runtime.session import Session
 from server.runtime.session_view import SessionView
@@ -48,6 +48,9 @@ PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were
 PARTIAL_TICK_S = 0.02  # the partial loop looks for a pause as audio is judged, or this often
 MIN_PARTIAL_SAMPLES = 4800  # 300 ms at 16 kHz: shorter utterances get no partial
 EARLY_REPLY_QUIET_MS = 100.0  # quiet (ms) before an early reply may begin on a pause's words
+# the pause (ms of quiet) while any session's reply is being written: a decode and a verdict at
+# every short gap between words would take the cores from the reply being spoken (audio gaps)
+BUSY_PAUSE_MS = 100.0
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,7 @@ class Partials:
         self.verdict = None
 
     def heard(self) -> None:
-        """More audio was judged: the loop looks again now, not at its next tick (a pause
-        found one frame sooner is a decode begun up to 20 ms sooner)."""
+        """More audio was judged: the loop looks again now, not at its next tick."""
         self._heard.set()
 
     def judged(self) -> float | None:
@@ -215,16 +217,18 @@ class Partials:
             await self._look_again()
             since = self._clock.now_ms() - last_ms
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
+            busy = engines_busy(pipeline)
+            pause_ms = max(self.pause_ms, BUSY_PAUSE_MS) if busy else self.pause_ms
             pause_start = samples - int(quiet * 16)
             heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
-            if quiet >= self.pause_ms and heard_all:  # the pause's words are known
+            if quiet >= pause_ms and heard_all:  # the pause's words are known
                 if self.partial != self._pause_words:
                     await self._pause_on_partial(pipeline, ending, early, judges)
                 elif not ending():  # the end-of-turn model may have judged since
                     await self._waits_on(pipeline, early)
                 continue
             covered = self.partial.covered
-            if not partial_due(since, self._interval_ms, quiet, samples, covered, self.pause_ms):
+            if not partial_due(since, self._interval_ms, quiet, samples, covered, pause_ms):
                 continue
             last_ms = self._clock.now_ms()
             audio = self._utterance.audio()
@@ -246,7 +250,7 @@ class Partials:
             if len(stable) > len(self.stable):
                 self.stable = stable
             # a decode begun in a pause heard all the speech: likely the final transcript
-            paused = quiet >= self.pause_ms
+            paused = quiet >= pause_ms
             said = text.strip() if paused else self.stable
             now = Said(said, paused, heard)
             if not said or now == self._said or not (paused or len(said) > len(self._said.words)):
@@ -273,7 +277,7 @@ class Partials:
                 continue
             quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
             if not self.warm_in_pause and partial_due(
-                0.0, math.inf, quiet_now, samples_now, len(audio), self.pause_ms
+                0.0, math.inf, quiet_now, samples_now, len(audio), pause_ms
             ):
                 # the user paused after more speech while this decode ran: the pause's decode
                 # follows at once, and the end of the turn may wait for it; a warm-up now
@@ -283,9 +287,8 @@ class Partials:
             await self._push(pipeline, now)
 
     async def _look_again(self) -> None:
-        """Until more audio was judged, or PARTIAL_TICK_S at most. (Not ``asyncio.wait_for``:
-        on Python 3.11 it may swallow the cancel that ends the turn, if the event comes at
-        the same time, and the loop would run on.)"""
+        """Until more audio was judged, or PARTIAL_TICK_S at most (not ``asyncio.wait_for``: on
+        Python 3.11 it may swallow the cancel that ends the turn if a frame comes with it)."""
         timer = asyncio.get_running_loop().call_later(PARTIAL_TICK_S, self._heard.set)
         try:
             await self._heard.wait()
@@ -303,8 +306,7 @@ class Partials:
         """The last partial, begun before the pause was PAUSE_MS long, heard all the speech:
         its words are the pause's, and no decode of the pause follows."""
         words = self.partial.text.strip()
-        self._pause_words = self.partial
-        self._pause_said = Said(words, True, self._partial_heard)
+        self._pause_words, self._pause_said = self.partial, Said(words, True, self._partial_heard)
         self._session.set_user_transcript(words)
         if judges:
             await self._judge(pipeline, words)

@@ -182,6 +182,7 @@ class Partials(ScriptedPipeline):
         self.hold_first_warm_up = False
         self.hold_quiet_decodes = False
         self.held = False  # a quiet decode waited
+        self.busy = False  # a reply (any session's) is being written (seams.ReportsLoad)
         self.release = asyncio.Event()
 
     async def partial_transcript(
@@ -275,6 +276,25 @@ async def test_the_pause_is_decoded_at_40_ms_of_quiet_as_the_audio_comes(
         await asyncio.sleep(0.01)
         assert recogniser.decodes == decodes + 1
         assert rig.conversation.partials.partial.text == "I would like to go to Paris."
+    finally:
+        await rig.conversation.close()
+
+
+async def test_while_a_reply_is_being_written_the_pause_is_decoded_at_100_ms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # another session's reply is being written: no decode and verdict at a short gap
+    rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
+    recogniser.busy = True
+    try:
+        await speak(rig, 40)
+        decodes = recogniser.decodes
+        await rig.tick(4)  # 80 ms of quiet
+        await asyncio.sleep(0.01)
+        assert recogniser.decodes == decodes
+        await rig.tick()  # 100 ms (partials.BUSY_PAUSE_MS)
+        await asyncio.sleep(0.01)
+        assert recogniser.decodes == decodes + 1
     finally:
         await rig.conversation.close()
 
