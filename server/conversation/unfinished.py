@@ -6,10 +6,9 @@ loop decodes anyway (it is usually the final transcript), says otherwise: it end
 that cannot end an English sentence (an article, most prepositions, a conjunction, a
 possessive, a filler: the speaker holds the turn while thinking) or trails off with no final
 mark. Such words keep the turn open for the longer silence (``vad.incomplete_silence_ms``)
-even where the model called it complete. Words
-that end complete sentences as often as unfinished ones (modals: "Yes, I can."; particles:
-"Hold on."; "that") are left to the model: a wrong "unfinished" costs the user a slower turn,
-not a cut-off, but slows short answers.
+even where the model called it complete. Words that end complete sentences as often as
+unfinished ones (modals: "Yes, I can."; particles: "Hold on."; "that") are left to the model:
+a wrong "unfinished" costs the user a slower turn, not a cut-off, but slows short answers.
 
 Where the LLM can tell (llama.cpp), it judges the same words instead (``judge_words``): the
 probability that a sentence-final mark comes next once their own mark is taken away
