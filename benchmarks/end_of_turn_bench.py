@@ -347,12 +347,13 @@ def warm_in_pause(conv: Conversation) -> None:
     conv.partials.warm_in_pause = True
 
 
-def decode_at_60_ms(conv: Conversation) -> None:
-    conv.partials.pause_ms = 60.0
+def decode_at(pause_ms: float) -> Callable[[Conversation], None]:
+    """The part that makes the partial loop decode the pause after ``pause_ms`` of quiet."""
 
+    def part(conv: Conversation) -> None:
+        conv.partials.pause_ms = pause_ms
 
-def decode_at_100_ms(conv: Conversation) -> None:
-    conv.partials.pause_ms = 100.0
+    return part
 
 
 def longer_wait_for_words(conv: Conversation) -> None:
@@ -366,8 +367,8 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "pause-warm": ("words_pause_warm", warm_in_pause, {}),
     "words-wait": ("words_wait_900", longer_wait_for_words, {}),
     "sentence-end": ("words_no_llm", None, {"vad.sentence_end": "false"}),
-    "pause-60": ("words_pause_60", decode_at_60_ms, {}),
-    "pause-100": ("words_pause_100", decode_at_100_ms, {}),
+    "pause-60": ("words_pause_60", decode_at(60.0), {}),
+    "pause-100": ("words_pause_100", decode_at(100.0), {}),
 }
 
 

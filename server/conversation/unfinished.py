@@ -25,6 +25,7 @@ import enum
 import re
 from dataclasses import dataclass
 
+HESITATIONS = ("um", "uh", "er", "erm", "uhm", "hmm")  # fillers: the speaker is thinking
 DANGLING = frozenset(
     {
         # articles and possessives
@@ -33,13 +34,12 @@ DANGLING = frozenset(
         *("to", "of", "for", "with", "from", "at", "about", "into", "than", "between", "toward"),
         # conjunctions and a subject pronoun
         *("and", "or", "but", "because", "if", "although", "whether", "nor", "i"),
-        # fillers: the speaker is thinking
-        *("um", "uh", "er", "erm", "uhm", "hmm"),
+        *HESITATIONS,
     }
 )
 TRAILING = ("...", "…", ",", "-", "—", ":", ";")  # the recogniser heard the voice trail off
 # a filled pause: Whisper writes a speaker's "uh" after words as "uh" or, often, "Uh-huh."
-FILLERS = frozenset({"um", "uh", "er", "erm", "uhm", "hmm", "uh-huh", "mm-hmm", "mhm"})
+FILLERS = frozenset({*HESITATIONS, "uh-huh", "mm-hmm", "mhm"})
 MARKS = " \t\n.?!,;:…"
 FINAL_MARKS = (".", "?", "!")
 WORD = re.compile(r"[a-z']+")

@@ -259,6 +259,20 @@ async def test_a_finished_sentence_ends_after_the_short_silence(
         await rig.conversation.close()
 
 
+async def quiet_until_decoded(rig: Rig, recogniser: Partials, limit: int = 10) -> float:
+    """Quiet frames until the partial loop begins another decode (the pause's); returns the
+    quiet (ms) at which it did."""
+    rig.voice.on = False
+    decodes = recogniser.decodes
+    for n in range(1, limit + 1):
+        await rig.tick()
+        await asyncio.sleep(0.01)
+        if recogniser.decodes > decodes:
+            assert recogniser.decodes == decodes + 1
+            return n * 20.0
+    raise AssertionError("the pause was never decoded")
+
+
 async def test_the_pause_is_decoded_at_40_ms_of_quiet_as_the_audio_comes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -267,14 +281,8 @@ async def test_the_pause_is_decoded_at_40_ms_of_quiet_as_the_audio_comes(
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 3600.0)
     try:
         await speak(rig, 40)
-        decodes = recogniser.decodes
-        rig.voice.on = False
-        await rig.tick()  # 20 ms of quiet: maybe a gap between two words
-        await asyncio.sleep(0.01)
-        assert recogniser.decodes == decodes
-        await rig.tick()  # 40 ms: the pause (turn_detector.PAUSE_MS)
-        await asyncio.sleep(0.01)
-        assert recogniser.decodes == decodes + 1
+        # not at 20 ms of quiet (maybe a gap between two words): at turn_detector.PAUSE_MS
+        assert await quiet_until_decoded(rig, recogniser) == 40.0
         assert rig.conversation.partials.partial.text == "I would like to go to Paris."
     finally:
         await rig.conversation.close()
@@ -288,13 +296,7 @@ async def test_while_a_reply_is_being_written_the_pause_is_decoded_at_100_ms(
     recogniser.busy = True
     try:
         await speak(rig, 40)
-        decodes = recogniser.decodes
-        await rig.tick(4)  # 80 ms of quiet
-        await asyncio.sleep(0.01)
-        assert recogniser.decodes == decodes
-        await rig.tick()  # 100 ms (partials.BUSY_PAUSE_MS)
-        await asyncio.sleep(0.01)
-        assert recogniser.decodes == decodes + 1
+        assert await quiet_until_decoded(rig, recogniser) == 100.0  # partials.BUSY_PAUSE_MS
     finally:
         await rig.conversation.close()
 
