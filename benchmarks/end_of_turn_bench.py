@@ -40,9 +40,14 @@ synthesis of each utterance on the same machine load:
   words that end no sentence decide (``vad.sentence_end=false``; before 2026-12-04);
 - ``pause-60`` ("words_pause_60"): the partial loop decodes the pause after 60 ms of quiet,
   not 40 (``PAUSE_MS``);
-- ``pause-100`` ("words_pause_100"): after 100 ms of quiet (before 2026-12-04, evening).
+- ``pause-100`` ("words_pause_100"): after 100 ms of quiet (before 2026-12-04, evening);
+- ``last-word`` ("words_trust_last_word"): the turn may end on a last word the recogniser
+  heard where it weighed one that ends no sentence (``vad.stranded_word_probability=0``;
+  before 2026-12-05).
 
-Per utterance the rows also keep Smart Turn's probabilities and the LLM's verdicts (p, ms).
+Per utterance the rows also keep Smart Turn's probabilities and, at each pause, the LLM's
+verdict, the ms it took, and the recogniser's weight on a word ending no sentence in place of
+the last one (``unfinished.stranded``).
 
 The LLM alternative (``--llm``): the default LLM's probability that the user's message ends
 after the words (its end-of-turn token after the user's text, one token on llama.cpp; the
@@ -369,6 +374,7 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "sentence-end": ("words_no_llm", None, {"vad.sentence_end": "false"}),
     "pause-60": ("words_pause_60", decode_at(60.0), {}),
     "pause-100": ("words_pause_100", decode_at(100.0), {}),
+    "last-word": ("words_trust_last_word", None, {"vad.stranded_word_probability": "0"}),
 }
 
 
@@ -440,8 +446,11 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
                         turns = conv.floor.turn_probabilities
                         row[f"{m.name}_probabilities"] = list(turns)
                         turns.clear()
-                    if conv.partials.verdicts:  # the LLM's on the words at pauses: (p, ms)
-                        row[f"{m.name}_sentence_ends"] = list(conv.partials.verdicts)
+                    if conv.partials.verdicts:  # at pauses: the LLM's p, ms, unfinished.stranded
+                        row[f"{m.name}_sentence_ends"] = [
+                            [None if p is None else round(p, 3), ms, round(w, 3)]
+                            for p, ms, w in conv.partials.verdicts
+                        ]
                         conv.partials.verdicts.clear()
                 print(json.dumps({k: row[k] for k in ("text", *(m.name for m in stage))}))
             for conv in convs:

@@ -15,7 +15,9 @@ and how many unfinished ones it cuts off there (fewer is better):
 
 - "model and marks": Smart Turn at its bars and no word that ends no sentence (the rule before
   the LLM's verdict: ``sounds_unfinished``);
-- "llm": the server's rule now (``unfinished.judge_words`` with ``Bars``);
+- "llm": the rule before the recogniser's doubt (``unfinished.judge_words`` with ``Bars``);
+- "llm and last word": the server's rule now, the same unless the recogniser gave a word that
+  ends no sentence ``Bars.stranded`` or more in place of the last word (``Bars.doubts``);
 - "llm alone": the LLM's verdict at ``Bars.alone`` without Smart Turn.
 
 No timing: this is what each rule decides, not when (benchmarks/end_of_turn_bench.py times it
@@ -36,7 +38,7 @@ from benchmarks import stamped
 from benchmarks.end_of_turn_bench import COMPLETE, RATE, UNFINISHED, Utterance, build_set
 from server.config import load_config
 from server.conversation.floor import HEARINGS
-from server.conversation.unfinished import Bars, Words, judge_words, sounds_unfinished
+from server.conversation.unfinished import Bars, Words, judge_words, sounds_unfinished, stranded
 from server.runtime.media import resample
 
 SETS = Path(__file__).parent / "data" / "end_of_turn_sets.json"
@@ -61,9 +63,11 @@ def read_at_pause(utterances: list[Utterance]) -> list[dict[str, Any]]:
         pcm = resample(u.audio, RATE, 16_000)
         at = int((u.speech_end_ms if u.pause_ms is None else u.pause_ms[0]) * 16)
         heard = {h.quiet_ms: model.probability(pcm[: at + int(h.quiet_ms * 16)]) for h in HEARINGS}
-        words = asr.transcribe(pcm[: at + WORDS_QUIET_MS * 16])
+        words, rivals = asr.hear(pcm[: at + WORDS_QUIET_MS * 16])
         kind = "complete" if u.pause_ms is None else "unfinished"
-        rows.append({"text": u.text, "kind": kind, "smart_turn": heard, "words": words})
+        rows.append({"text": u.text, "kind": kind, "smart_turn": heard, "words": words,
+                     "rivals": [[r, round(p, 4)] for r, p in rivals],
+                     "stranded": round(stranded(words, rivals), 3)})  # fmt: skip
     return rows
 
 
@@ -92,7 +96,8 @@ def decide(row: dict[str, Any], rule: str, bars: Bars, threshold: float) -> bool
         return complete and not sounds_unfinished(row["words"])
     if rule == "llm alone":
         return bool(row["sentence_end"] >= bars.alone)
-    return judge_words(row["words"], row["sentence_end"], complete, bars) is Words.END
+    rivals = tuple((r, p) for r, p in row["rivals"]) if rule == "llm and last word" else ()
+    return judge_words(row["words"], row["sentence_end"], complete, bars, rivals) is Words.END
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/sentence_end.json"))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     vad = load_config().vad
-    bars = Bars(vad.sentence_end_probability, vad.sentence_end_with_model)
+    bars = Bars.of(vad)
     import benchmarks.end_of_turn_bench as bench
 
     results: dict[str, Any] = {"bars": {"alone": bars.alone, "with_model": bars.with_model}}
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.COMPLETE, bench.UNFINISHED = COMPLETE, UNFINISHED
         asyncio.run(judge(rows))
         summary: dict[str, Any] = {}
-        for rule in ("model and marks", "llm", "llm alone"):
+        for rule in ("model and marks", "llm", "llm and last word", "llm alone"):
             ends = [decide(r, rule, bars, vad.complete_probability) for r in rows]
             summary[rule] = {
                 "complete_ended_at_the_pause": sum(

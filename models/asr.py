@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +41,7 @@ LOOP_WORDS = 3  # a sentence starting with the first three words again is a loop
 RESTART_WORDS = 6  # so is the text's first six words again anywhere
 MAX_LOOP_PASSES = 4  # cut_loop's rules, again on what one cut
 SENTENCE_MARKS = ".?!,;:…"  # punctuation that may end a word
+RIVALS = 10  # the likeliest other tokens a Heard tells, where Whisper began its last word
 
 
 class AsrError(RuntimeError):
@@ -193,6 +194,34 @@ def continue_after(prefix: str, continuation: str) -> str:
     return prefix + gap + cut
 
 
+Rivals = tuple[tuple[str, float], ...]
+
+
+class Heard(NamedTuple):
+    """A transcript, and the words Whisper weighed in place of its last one: the likeliest
+    other tokens where it began that word (stripped, lower case), each with its probability
+    (0-1; best first). At a pause mid-sentence Whisper often hears a word that ends no sentence
+    as one that finishes it ("the" as "that", "and" as "end"), and gives the right one some
+    weight: the turn detector holds the turn then (server/conversation/unfinished.py)."""
+
+    text: str
+    last_word_rivals: Rivals
+
+
+def last_word_at(words: list[str], text: str) -> int | None:
+    """Where ``text``'s last word is among the decoded ``words``: at the same place when it is
+    the same word, else its last occurrence (a loop was cut, or the decoder read the audio
+    again); None when the text has no word or the decoder did not write it."""
+    said = [_plain(w) for w in text.split() if _plain(w)]
+    if not said:
+        return None
+    plain = [_plain(w) for w in words]
+    at = len(said) - 1
+    if at < len(plain) and plain[at] == said[-1]:
+        return at
+    return max((i for i, w in enumerate(plain) if w == said[-1]), default=None)
+
+
 class WhisperAsr:
     """Whisper tiny.en on CPU (int8), greedy decoding in English, one call at a time.
 
@@ -250,19 +279,23 @@ class WhisperAsr:
         no speech (``no_speech_prob`` > 0.6 with a low average log probability), or without
         any letter or digit, counts as nothing said.
         """
-        return self._transcribe(pcm, prefix, "")
+        return self._transcribe(pcm, prefix, "", rivals=False).text
+
+    def hear(self, pcm: Pcm16k, prefix: str = "") -> Heard:
+        """Like ``transcribe``, with the words Whisper weighed in place of the last one."""
+        return self._transcribe(pcm, prefix, "", rivals=True)
 
     def transcribe_after(self, pcm: Pcm16k, context: str) -> str:
         """Like ``transcribe``, with ``context`` read as text said before the audio (Whisper's
         previous-text prompt): it steers the spelling. Primed with backchannels, a short "mm-hm"
         comes out as "Mm-hm" where the plain call invents words ("And then they can...")."""
-        return self._transcribe(pcm, "", context)
+        return self._transcribe(pcm, "", context, rivals=False).text
 
-    def _transcribe(self, pcm: Pcm16k, prefix: str, context: str) -> str:
+    def _transcribe(self, pcm: Pcm16k, prefix: str, context: str, rivals: bool) -> Heard:
         if pcm.ndim != 1:
             raise ValueError(f"expected mono audio (one dimension), got shape {pcm.shape}")
         if pcm.size == 0:
-            return ""
+            return Heard("", ())
         frames = self.window.frames(pcm.size)
         audio = np.zeros(frames * HOP, np.float32)
         clip = pcm[: audio.size].astype(np.float32) / 32768.0
@@ -277,19 +310,52 @@ class WhisperAsr:
             before = [self._token("<|startofprev|>"), *said[-MAX_CONTEXT_TOKENS:]]
         with self._lock:
             try:
-                result = self._decode(audio, frames, before, forced, len(before) + max_tokens)
+                n = len(before) + max_tokens
+                result = self._decode(audio, frames, before, forced, n, logits=rivals)
             except (RuntimeError, ValueError) as exc:
                 raise AsrError(f"Whisper failed on {pcm.size} samples: {exc}") from exc
         no_speech = result.no_speech_prob > NO_SPEECH_PROB and result.scores[0] < LOW_LOGPROB
         if no_speech and not forced:
-            return ""
+            return Heard("", ())
         # the result holds the forced prefix too
         tokens = [t for t in result.sequences_ids[0] if t < self._prompt[0]]
         n = len(forced) if tokens[: len(forced)] == forced else 0
         decode = self._tokenizer.decode
         text = continue_after(decode(tokens[:n]), decode(tokens[n:])) if n else decode(tokens)
         text = cut_loop(text.strip())
-        return text if any(ch.isalnum() for ch in text) else ""
+        if not any(ch.isalnum() for ch in text):
+            return Heard("", ())
+        if not rivals:
+            return Heard(text, ())
+        words = self._words(result)
+        at = last_word_at([word for word, _ in words], text)
+        return Heard(text, () if at is None or not words[at][1] else self._rivals(*words[at][1][0]))
+
+    def _words(self, result: Any) -> list[tuple[str, list[tuple[int, Any]]]]:
+        """The decoded words, each with its tokens and their logits (punctuation's left out):
+        a token that begins with a space begins a word."""
+        words: list[tuple[str, list[tuple[int, Any]]]] = []
+        for token, logits in zip(result.sequences_ids[0], result.logits[0], strict=False):
+            if token >= self._prompt[0]:  # a special token
+                continue
+            piece = self._tokenizer.decode([token])
+            if piece.startswith(" ") or not words:
+                words.append(("", []))
+            word, scored = words[-1]
+            words[-1] = (word + piece, [*scored, (token, logits)] if _plain(piece) else scored)
+        return words
+
+    def _rivals(self, token: int, logits: Any) -> Rivals:
+        """The likeliest tokens but ``token`` at its step (RIVALS, special ones left out), as
+        text with the softmax share of the step's logits."""
+        scores = np.asarray(logits, np.float64).reshape(-1)
+        shares = np.exp(scores - scores.max())
+        shares /= shares.sum()
+        best = np.argpartition(-shares, RIVALS)[: RIVALS + 1]
+        best = best[np.argsort(-shares[best])]
+        rivals = [int(t) for t in best if t != token and t < self._prompt[0]][:RIVALS]
+        decode = self._tokenizer.decode
+        return tuple((decode([t]).strip().lower(), float(shares[t])) for t in rivals)
 
     def _decode(
         self,
@@ -298,9 +364,10 @@ class WhisperAsr:
         before: list[int],
         forced: list[int],
         n: int,
+        logits: bool = False,
     ) -> Any:
         """Greedy decoding after the previous text (``before``), the prompt and ``forced``
-        tokens, at most ``n`` tokens."""
+        tokens, at most ``n`` tokens; with every step's ``logits`` (the forced tokens' too)."""
         import ctranslate2
 
         mel = self._features(audio, padding=0)[:, :frames]
@@ -311,6 +378,7 @@ class WhisperAsr:
             beam_size=1,
             max_length=min(448, n),
             return_scores=True,
+            return_logits_vocab=logits,
             return_no_speech_prob=True,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,

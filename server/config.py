@@ -377,6 +377,16 @@ class VadConfig:
         min=0.0,
         max=1.0,
     )
+    stranded_word_probability: float = _setting(
+        0.02,
+        "With unfinished_words, the recogniser's probability (0-1) that the last word at a "
+        "pause was one that ends no sentence ('the', 'and', 'my', ...), from the words it "
+        "weighed in its place, at or above which the turn waits incomplete_silence_ms whatever "
+        "else says it is complete: at a pause mid-sentence Whisper often hears such a word as "
+        "one that finishes the sentence ('the' as 'that', 'and' as 'end'). 0 turns this off.",
+        min=0.0,
+        max=1.0,
+    )
     onset_ms: int = _setting(
         40,
         "Audio (ms) the gate alone calls voice that pauses a reply at once, before the "

@@ -317,10 +317,9 @@ class Floor:
         partial, samples = self._partials.partial, self._utterance.samples
         pause_start = samples - int(quiet_ms * 16)
         coming, vad = samples >= MIN_PARTIAL_SAMPLES, self._config.vad
-        bars = Bars(vad.sentence_end_probability, vad.sentence_end_with_model)
-        verdict, wait_ms = self._partials.verdict, self.words_wait_ms
-        return words_at_pause(partial.covered, partial.text, pause_start, quiet_ms, coming,
-                              wait_ms, verdict, complete, bars)  # fmt: skip
+        verdict, wait_ms, bars = self._partials.verdict, self.words_wait_ms, Bars.of(vad)
+        return words_at_pause(partial.covered, partial.text, pause_start, quiet_ms, coming, wait_ms,
+                              verdict, complete, bars, partial.last_word_rivals)  # fmt: skip
 
     async def _probe(self, gen: int, audio: npt.NDArray[np.int16], hearing: Hearing) -> None:
         """The end-of-turn model hears the utterance (in a worker thread)."""

@@ -1,19 +1,16 @@
 """Partial transcripts while the user speaks, and the prefill of what they said so far.
 
 The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when the
-speaker pauses (40 ms of quiet, ``PAUSE_MS``; 100 while a reply is being written), continuing
-after the words two partials agreed on (the stable words); it looks as each frame is judged. A
-warm-up pushes the words said so far into the LLM's prefix cache, beside the decodes, one at a
-time: the stable words while the user speaks (their turn left open: the next warm-up reads only
-the words after them), and at a pause the whole partial, which heard all the speech and is
-usually the final transcript (so the reply computes almost nothing). None for the stable words
-of a decode begun in speech that returns in a pause: the pause's decode comes next and hears
-them too, and the turn may wait for it. None while the turn may end on them (the end-of-turn
-model has yet to judge the pause, or it sounds complete and the latest partial heard all the
-speech and does not stop mid-sentence): the reply starts right after, and would first wait for
-it. Where the turn waits on, an early reply (server/conversation/early.py) may read the pause's
-words in place of their warm-up, from 100 ms of quiet (a shorter gap is often one between two
-words); else they are warmed.
+speaker pauses (40 ms of quiet, ``PAUSE_MS``; 100 while a reply is being written), after the
+words two partials agreed on (the stable words); it looks as each frame is judged. A warm-up
+pushes the words said so far into the LLM's prefix cache, one at a time: the stable words while
+the user speaks (their turn left open), and at a pause the whole partial, which heard all the
+speech and is usually the final transcript. None for the stable words of a decode begun in
+speech that returns in a pause (the pause's decode comes next), nor while the turn may end on
+them (the end-of-turn model has yet to judge the pause, or it and the words say complete): the
+reply starts right after, and would first wait for it. Where the turn waits on, an early reply
+(server/conversation/early.py) may read the pause's words in place of their warm-up, from 100
+ms of quiet (a shorter gap is often one between two words); else they are warmed.
 """
 
 from __future__ import annotations
@@ -31,11 +28,11 @@ import numpy.typing as npt
 
 from server.clock import Clock
 from server.conversation.outbound import TranscriptionDelta
-from server.conversation.unfinished import PENDING, SentenceEnd
+from server.conversation.unfinished import PENDING, SentenceEnd, stranded
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.repetition import normalise_word
-from server.pipeline.seams import JudgesWords, ReplyRequest, TurnPipeline, engines_busy
+from server.pipeline.seams import JudgesWords, ReplyRequest, Transcript, TurnPipeline, engines_busy
 from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
 from server.runtime.session import Session
 from server.runtime.session_view import SessionView
@@ -55,10 +52,11 @@ BUSY_PAUSE_MS = 100.0
 
 @dataclass(frozen=True)
 class Partial:
-    """A partial transcript and how many utterance samples (16 kHz) it heard."""
+    """A partial transcript, the samples (16 kHz) it heard, its last word's rivals (Transcript)."""
 
     covered: int
     text: str
+    last_word_rivals: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,8 +147,9 @@ class Partials:
         self._partial_heard = 0  # input samples heard when the latest partial's decode began
         self._early_for = Partial(0, "")  # the partial an early reply was begun on
         self.verdict: SentenceEnd | None = None  # the LLM's on the pause's words
-        self.verdicts: deque[tuple[float | None, float]] = deque(maxlen=16)  # (p, ms) recent
-        self.decode: tuple[int, asyncio.Task[str]] | None = None  # (samples heard, decode)
+        # recent verdicts: (p, ms it took, the recogniser's p of a word ending no sentence last)
+        self.verdicts: deque[tuple[float | None, float, float]] = deque(maxlen=16)
+        self.decode: tuple[int, asyncio.Task[Transcript]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
         self.warm_in_pause = False  # warm stable words that came back in a pause (ablation)
@@ -238,12 +237,13 @@ class Partials:
             job = asyncio.get_running_loop().create_task(decode)
             self.decode = (len(audio), job)
             try:
-                text = await asyncio.shield(job)  # the endpoint may still want this decode
+                got = await asyncio.shield(job)  # the endpoint may still want this decode
             except ShedWork:  # required work went first; the next interval tries again
                 self.decode = None
                 self._metrics.work_shed.labels("partial").inc()
                 continue
-            previous, self.partial = self.partial, Partial(len(audio), text)
+            previous, text = self.partial, got.text
+            self.partial = Partial(len(audio), text, got.last_word_rivals)
             self._partial_heard = heard
             stable = stable_words(previous.text, text)
             self._emit(TranscriptionDelta(text, stable).to_dict())
@@ -354,7 +354,7 @@ class Partials:
             self.verdict = None
         self.verdict = SentenceEnd(words, probability)
         took_ms = round(self._clock.now_ms() - asked_ms, 1)
-        self.verdicts.append((None if probability is None else round(probability, 3), took_ms))
+        self.verdicts.append((probability, took_ms, stranded(words, self.partial.last_word_rivals)))
         log.debug("session %s: the pause's words are a sentence with p %s",
                   self._session.session_id[:8], probability)  # fmt: skip
 
@@ -391,10 +391,10 @@ class Partials:
                 return self.partial.text
             if decode is not None and decode[0] >= speech_end:
                 with contextlib.suppress(Exception):
-                    return await decode[1]
+                    return (await decode[1]).text
         return await pipeline.transcribe(utterance, tag, prefix=self.stable)
 
-    def abandon_decode(self) -> asyncio.Task[str] | None:
+    def abandon_decode(self) -> asyncio.Task[Transcript] | None:
         """The decode in flight, handed over to be cancelled (the conversation closes)."""
         decode, self.decode = self.decode, None
         return None if decode is None else decode[1]

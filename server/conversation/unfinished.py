@@ -25,6 +25,10 @@ import enum
 import re
 from dataclasses import dataclass
 
+from server.config import VadConfig
+
+Rivals = tuple[tuple[str, float], ...]  # words weighed in place of the last one, with their p
+
 HESITATIONS = ("um", "uh", "er", "erm", "uhm", "hmm")  # fillers: the speaker is thinking
 DANGLING = frozenset(
     {
@@ -90,20 +94,60 @@ PENDING = SentenceEnd("", None)  # the verdict on the pause's words is being ask
 
 @dataclass(frozen=True)
 class Bars:
-    """The sentence-end probabilities that end a turn: ``alone`` whatever the end-of-turn
-    model heard (``vad.sentence_end_probability``), ``with_model`` where it called the
-    utterance complete (``vad.sentence_end_with_model``)."""
+    """The bars for ending a turn on the words at a pause: the LLM's sentence-end probability
+    at or above which it ends, ``alone`` whatever the end-of-turn model heard
+    (``vad.sentence_end_probability``), ``with_model`` where it called the utterance complete
+    (``vad.sentence_end_with_model``); and the recogniser's probability that the last word
+    was one that ends no sentence at or above which it does not (``stranded``, 0: never;
+    ``vad.stranded_word_probability``)."""
 
     alone: float = 0.2
     with_model: float = 0.05
+    stranded: float = 0.02
+
+    @classmethod
+    def of(cls, vad: VadConfig) -> Bars:
+        """The bars the configuration sets."""
+        return cls(
+            vad.sentence_end_probability,
+            vad.sentence_end_with_model,
+            vad.stranded_word_probability,
+        )
+
+    def doubts(self, text: str, rivals: Rivals) -> bool:
+        """Whether the recogniser may have heard the words' last one wrong, where the speaker
+        said one that ends no sentence (``stranded``)."""
+        return self.stranded > 0 and stranded(text, rivals) >= self.stranded
 
 
-def judge_words(text: str, probability: float | None, model_complete: bool, bars: Bars) -> Words:
+def stranded(text: str, rivals: Rivals) -> float:
+    """The recogniser's probability that the last word of ``text`` was one that ends no
+    sentence (``DANGLING``), from the ``rivals`` it weighed in its place (seams.Transcript).
+    At a pause mid-sentence Whisper often hears such a word as one that finishes the sentence
+    ("Do you know who invented the..." as "... invented that?", "and" as "end", "my" as
+    "mine") and gives the right one some weight; a clearly heard last word has next to no
+    such rival. A rival that begins the written word is the same word cut into tokens (" to"
+    of "tomorrow")."""
+    words = WORD.findall(text.lower())
+    if not words:
+        return 0.0
+    last = words[-1]
+    return sum(p for r, p in rivals if r in DANGLING and r != last and not last.startswith(r))
+
+
+def judge_words(
+    text: str,
+    probability: float | None,
+    model_complete: bool,
+    bars: Bars,
+    rivals: Rivals = (),
+) -> Words:
     """END or UNFINISHED for the words at a pause, by the LLM's sentence-end ``probability``
     where it has one, else by the words themselves (``sounds_unfinished``, and only where
     the end-of-turn model called the utterance complete); UNFINISHED where they end on a
-    filler (``hesitates``)."""
-    if hesitates(text):
+    filler (``hesitates``) or the recogniser may have heard their last word wrong
+    (``Bars.doubts`` on the ``rivals`` it weighed in its place)."""
+    if hesitates(text) or bars.doubts(text, rivals):
         return Words.UNFINISHED
     if probability is None:
         return Words.END if model_complete and not sounds_unfinished(text) else Words.UNFINISHED
@@ -122,20 +166,22 @@ def words_at_pause(
     verdict: SentenceEnd | None = None,
     model_complete: bool = True,
     bars: Bars = Bars(),
+    rivals: Rivals = (),
 ) -> Words:
     """The verdict of the latest partial transcript on a pause that began at ``pause_start``
     (16 kHz samples into the utterance): where it heard all the speech (``covered``
     samples), ``judge_words`` on its ``text`` with the LLM's ``verdict`` on it (``PENDING``:
-    wait for it); else wait while the pause's decode is ``coming`` (the partial loop
-    decodes at a pause). Waits last up to ``cap_ms`` of quiet, then the turn goes by the
-    end-of-turn model alone (a slow recogniser's decode is the final transcript anyway;
-    partials are shed under load)."""
+    wait for it, unless the recogniser doubts the last word: ``rivals``, ``Bars.doubts``);
+    else wait while the pause's decode is ``coming`` (the partial loop decodes at a pause).
+    Waits last up to ``cap_ms`` of quiet, then the turn goes by the end-of-turn model alone
+    (a slow recogniser's decode is the final transcript anyway; partials are shed under
+    load)."""
     waits = quiet_ms < cap_ms
     if covered >= pause_start > 0:
-        if verdict is PENDING and waits:
+        if verdict is PENDING and waits and not bars.doubts(text, rivals):
             return Words.WAIT
         probability = None if verdict is None else verdict.on(text)
-        return judge_words(text, probability, model_complete, bars)
+        return judge_words(text, probability, model_complete, bars, rivals)
     if coming and waits:
         return Words.WAIT
     return Words.END if model_complete else Words.UNFINISHED

@@ -17,6 +17,16 @@ class Asr(Protocol):
 
 
 @runtime_checkable
+class WeighsLastWord(Protocol):
+    """A recogniser that also tells the words it weighed in place of the text's last one, each
+    with its probability (models.asr)."""
+
+    def hear(
+        self, pcm: npt.NDArray[np.int16], prefix: str = ""
+    ) -> tuple[str, tuple[tuple[str, float], ...]]: ...
+
+
+@runtime_checkable
 class PrimedAsr(Protocol):
     """A recogniser that reads ``context`` as said before the audio (models.asr.WhisperAsr)."""
 

@@ -125,6 +125,16 @@ class SpeechAudio:
     phonemes: tuple[PhonemeTiming, ...] = ()
 
 
+@dataclass(frozen=True)
+class Transcript:
+    """What the recogniser heard, and the words it weighed in place of the last one, each with
+    its probability (0-1; none where it does not tell): at a pause mid-sentence it often hears
+    a word that ends no sentence as one that finishes it ("the" as "that")."""
+
+    text: str
+    last_word_rivals: tuple[tuple[str, float], ...] = ()
+
+
 class TurnPipeline(Protocol):
     """Engines behind the runtime (ASR, LLM, TTS); shared by every session."""
 
@@ -138,7 +148,7 @@ class TurnPipeline(Protocol):
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
+    ) -> Transcript:
         """Transcript of the utterance so far, while the user is still speaking."""
         ...
 

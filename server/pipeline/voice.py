@@ -36,9 +36,10 @@ from server.pipeline.engines import (
     PrimedAsr,
     Releases,
     Tts,
+    WeighsLastWord,
 )
 from server.pipeline.repetition import loop_end
-from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry
@@ -114,12 +115,9 @@ class VoicePipeline:
         config = scheduler_config or SchedulerConfig()
         self._clock = clock = clock or MonotonicClock()
         # each engine is one worker thread shared by all sessions, fed deadline first
-        self.asr_queue = EngineQueue(
-            "asr", make_scheduler(config), clock, deadlines=config, nice=engine_nice
-        )
-        self.tts_queue = EngineQueue(
-            "tts", make_scheduler(config), clock, deadlines=config, nice=engine_nice
-        )
+        queue = functools.partial(EngineQueue, clock=clock, deadlines=config, nice=engine_nice)
+        self.asr_queue = queue("asr", make_scheduler(config))
+        self.tts_queue = queue("tts", make_scheduler(config))
         self._salts = salts or CacheSalts()
         # False: prefill() warms nothing (partial transcripts without LLM warm-ups: an ablation)
         self.warm_prefix = True
@@ -148,11 +146,11 @@ class VoicePipeline:
     async def transcribe(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
     ) -> str:
-        return await self._recognise(utterance, tag, prefix, optional=False)
+        return (await self._recognise(utterance, tag, prefix, optional=False)).text
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
+    ) -> Transcript:
         """Optional work: raises ShedWork when dropped for required work."""
         return await self._recognise(utterance, tag, prefix, optional=True)
 
@@ -161,7 +159,7 @@ class VoicePipeline:
     ) -> str:
         """A transcript with ``context`` read as said before it (a recogniser that cannot be
         primed transcribes plainly)."""
-        return await self._recognise(utterance, tag, "", optional=False, context=context)
+        return (await self._recognise(utterance, tag, "", False, context=context)).text
 
     async def _recognise(
         self,
@@ -170,15 +168,20 @@ class VoicePipeline:
         prefix: str,
         optional: bool,
         context: str = "",
-    ) -> str:
-        """One ASR call through the shared queue; "" for < 100 ms of audio (not a word)."""
+    ) -> Transcript:
+        """One ASR call through the shared queue; nothing for < 100 ms of audio (not a word). A
+        partial (``optional``) has the words the recogniser weighed in place of its last one."""
         if len(utterance) < 1600:
-            return ""
-        job: Callable[[], str]
-        if context and isinstance(self._asr, PrimedAsr):
-            job = functools.partial(self._asr.transcribe_after, utterance, context)
-        else:
-            job = functools.partial(self._asr.transcribe, utterance, prefix)
+            return Transcript("")
+        asr = self._asr
+
+        def job() -> Transcript:
+            if context and isinstance(asr, PrimedAsr):
+                return Transcript(asr.transcribe_after(utterance, context))
+            if optional and isinstance(asr, WeighsLastWord):
+                return Transcript(*asr.hear(utterance, prefix))
+            return Transcript(asr.transcribe(utterance, prefix))
+
         cost_ms = self.asr_cost_ms(len(utterance))
         return await self.asr_queue.run(tag, Stage.ASR, cost_ms, job, optional=optional)
 

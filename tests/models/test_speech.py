@@ -18,10 +18,12 @@ import pytest
 
 from models.asr import (
     FULL_WINDOW_S,
+    RIVALS,
     WhisperAsr,
     Window,
     continue_after,
     cut_loop,
+    last_word_at,
     undecided_end,
 )
 from models.phonemes import Phonemizer, assign_words, espeak_symbols, verbalise
@@ -35,6 +37,7 @@ from models.tts import (
     split_sentences,
 )
 from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
+from server.conversation.unfinished import Bars, stranded
 from server.runtime.media import resample
 from tests.support.speech import speak
 from tests.support.text import edit_distance
@@ -239,6 +242,34 @@ def test_asr_primed_with_backchannels_spells_them_and_keeps_words(
     assert is_backchannel(heard) is backchannel, heard
     if not backchannel:  # the words come through (Whisper tiny may mishear one)
         assert set(words_of(said)) & set(words_of(heard)), heard
+
+
+def test_the_last_words_place_among_the_decoded_words() -> None:
+    said = [" Tell", " me", " a", " story", " about", " it."]
+    assert last_word_at(said, "Tell me a story about it.") == 5
+    assert last_word_at([" How", " far?", " How", " far?", " How"], "How far?") == 1  # a loop cut
+    # not at its place (the decoder read the audio again): its last occurrence
+    assert last_word_at([" Good", " morning", " Good", " morning,", " sir."], "Good sir.") == 4
+    assert last_word_at([" Go", " home."], "Go away.") is None  # not written by the decoder
+    assert last_word_at([" Go"], "...") is None  # no word
+
+
+def test_asr_tells_the_words_it_weighed_in_place_of_the_last_one(
+    tts: OnnxVoiceTts, asr: WhisperAsr
+) -> None:
+    sentence = "Please open the window in the kitchen."
+    pcm = resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)
+    heard = asr.hear(pcm)
+    assert heard.text == asr.transcribe(pcm)
+    assert words_of(heard.text)[-1] == "kitchen", heard
+    shares = [p for _, p in heard.last_word_rivals]
+    assert 0 < len(shares) <= RIVALS and shares == sorted(shares, reverse=True)
+    assert 0.0 < sum(shares) < 0.5  # a clearly heard word: its rivals share little
+    # and none is a word that ends no sentence: the turn may end on this one
+    assert stranded(heard.text, heard.last_word_rivals) < Bars().stranded, heard
+    after = asr.hear(pcm, prefix="Please open the")  # the last word decoded after forced ones
+    assert words_of(after.text)[-1] == "kitchen" and after.last_word_rivals, after
+    assert asr.hear(np.zeros(16_000, np.int16)) == ("", ())
 
 
 def test_asr_hears_nothing_in_silence_and_noise(asr: WhisperAsr) -> None:

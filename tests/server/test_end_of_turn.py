@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from server.config import load_config
 from server.conversation import floor, partials
 from server.conversation.unfinished import (
     PENDING,
@@ -21,9 +22,10 @@ from server.conversation.unfinished import (
     SentenceEnd,
     Words,
     sounds_unfinished,
+    stranded,
     words_at_pause,
 )
-from server.pipeline.seams import ReplyRequest
+from server.pipeline.seams import ReplyRequest, Transcript
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, ShedWork
 from tests.server.test_interjection import Rig, ScriptedPipeline, Voice
@@ -182,12 +184,13 @@ class Partials(ScriptedPipeline):
         self.hold_first_warm_up = False
         self.hold_quiet_decodes = False
         self.held = False  # a quiet decode waited
+        self.rivals: tuple[tuple[str, float], ...] = ()  # weighed in place of the last word
         self.busy = False  # a reply (any session's) is being written (seams.ReportsLoad)
         self.release = asyncio.Event()
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
+    ) -> Transcript:
         speaking = self.voice is not None and self.voice.on
         if self.hold_quiet_decodes and not speaking:
             self.held = True
@@ -196,7 +199,7 @@ class Partials(ScriptedPipeline):
         if self.partial is None:
             raise ShedWork("the engine is busy")
         assert self.speaking is not None
-        return self.speaking if speaking else self.partial
+        return Transcript(self.speaking if speaking else self.partial, self.rivals)
 
     async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         self.warmed.append(request.context[-1].text)
@@ -374,7 +377,7 @@ class Growing(Partials):
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
+    ) -> Transcript:
         if self.voice is None or not self.voice.on:
             return await super().partial_transcript(utterance, tag, prefix)
         self.speaking_decodes += 1
@@ -383,7 +386,7 @@ class Growing(Partials):
             self.held = True
             await self.release.wait()
         self.decodes += 1
-        return " ".join(self.WORDS[: n + 1])
+        return Transcript(" ".join(self.WORDS[: n + 1]))
 
 
 async def test_stable_words_that_come_back_in_a_pause_are_left_to_the_pause(
@@ -496,6 +499,34 @@ async def test_the_llms_verdict_on_the_words_decides_with_the_model(
         await rig.conversation.close()
 
 
+@pytest.mark.parametrize(
+    ("rivals", "more", "silence_ms"),
+    [
+        ((("there", 0.1),), {}, (160, 300)),  # no word that ends no sentence weighed
+        ((("the", 0.1), ("there", 0.1)), {}, (1200, 1300)),  # "the" may have been said
+        ((("the", 0.1),), {"vad.stranded_word_probability": "0"}, (160, 300)),  # the setting off
+        ((), {}, (160, 300)),  # a recogniser that does not tell
+    ],
+)
+async def test_a_last_word_heard_where_one_ending_no_sentence_may_have_been_said_holds_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+    rivals: tuple[tuple[str, float], ...],
+    more: dict[str, str],
+    silence_ms: tuple[int, int],
+) -> None:
+    # "Could you explain why the..." decoded at the pause as "Could you explain why that?":
+    # the LLM and the end-of-turn model both call it complete
+    judging = Judging("Could you explain why that?", 0.9)
+    judging.rivals = rivals
+    rig, _ = rig_with(monkeypatch, judging.partial, recogniser=judging, more=more)
+    try:
+        await speak(rig, 40)
+        low, high = silence_ms
+        assert low <= await quiet_until_the_turn_ends(rig, limit=100) <= high
+    finally:
+        await rig.conversation.close()
+
+
 async def test_the_turn_waits_for_the_verdict_a_bounded_time_then_goes_by_the_words(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -587,6 +618,32 @@ def test_the_llms_verdict_on_the_words_at_a_pause() -> None:
     assert words("Go home, um", SentenceEnd("Go home, um", 0.5), complete=True) is Words.UNFINISHED
     assert words("Uh-huh.", SentenceEnd("Uh-huh.", 0.9), complete=True) is Words.END
     assert words("Tell me, huh?", SentenceEnd("Tell me, huh?", 0.9), complete=True) is Words.END
+
+
+def test_a_word_ending_no_sentence_weighed_last() -> None:
+    # what Whisper weighed in place of the last word: "that" or "the" ("invented the...")
+    assert stranded("Do you know who invented that?", (("the", 0.05), ("this", 0.2))) == 0.05
+    assert stranded("We went to the beach end.", (("and", 0.03), ("an", 0.01))) == 0.04
+    assert stranded("Remind me tomorrow.", (("to", 0.3),)) == 0.0  # "to" begins "tomorrow"
+    assert stranded("Go to", (("to", 0.3),)) == 0.0  # the written word itself
+    assert stranded("...", (("the", 0.3),)) == 0.0  # no word
+
+
+def test_a_doubted_last_word_outranks_the_llm_and_its_wait() -> None:
+    at, bars = 16_000, Bars(stranded=0.02)
+    the = (("the", 0.02),)
+
+    def words(verdict: SentenceEnd | None, rivals: tuple[tuple[str, float], ...]) -> Words:
+        return words_at_pause(at, "Go home.", at, 200.0, True, 600.0, verdict, True, bars, rivals)
+
+    sure = SentenceEnd("Go home.", 0.9)
+    assert words(sure, the) is Words.UNFINISHED
+    assert words(sure, (("the", 0.019),)) is Words.END
+    assert words(PENDING, the) is Words.UNFINISHED  # no wait for a verdict that cannot help
+    assert words(PENDING, (("there", 0.5),)) is Words.WAIT
+    assert words(None, the) is Words.UNFINISHED  # no LLM: the same
+    assert not Bars(stranded=0.0).doubts("Go home.", (("the", 0.9),))  # off
+    assert Bars.of(load_config().vad) == Bars(0.2, 0.05, 0.02)  # the defaults
 
 
 async def test_the_partial_loop_stops_when_cancelled_as_more_audio_comes(

@@ -35,7 +35,13 @@ from server.conversation.interjection import (
 from server.conversation.room import NOISY_HOLD_MS, NOISY_LAPSES
 from server.metrics import Metrics
 from server.pipeline.echo import EchoPath
-from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnPipeline, TurnTrace
+from server.pipeline.seams import (
+    ReplyRequest,
+    SpeechAudio,
+    Transcript,
+    TurnPipeline,
+    TurnTrace,
+)
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
 from server.runtime.conditions import Conditions
@@ -228,8 +234,8 @@ class ScriptedPipeline:
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
-        return ""
+    ) -> Transcript:
+        return Transcript("")
 
     async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         return 0

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.config import Config
-from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.seams import ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.runtime.conditions import Conditions
 from server.runtime.history import Role
 from server.scheduling.engine_queue import JobTag
@@ -97,8 +97,8 @@ class FaultPipeline(TonePipeline):
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
-        return await super().transcribe(utterance, tag)
+    ) -> Transcript:
+        return Transcript(await super().transcribe(utterance, tag))
 
     async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
         text = _user_text(request)

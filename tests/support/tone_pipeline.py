@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.config import Config
-from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.seams import ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
 from server.runtime.media import ms_to_samples
@@ -72,8 +72,8 @@ class TonePipeline:
 
     async def partial_transcript(
         self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
-    ) -> str:
-        return await self.transcribe(utterance, tag)
+    ) -> Transcript:
+        return Transcript(await self.transcribe(utterance, tag))
 
     async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         return 0  # no engine, nothing cached
