@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     bars = Bars.of(vad)
     import benchmarks.end_of_turn_bench as bench
 
-    results: dict[str, Any] = {"bars": {"alone": bars.alone, "with_model": bars.with_model}}
+    results: dict[str, Any] = {
+        "bars": {"alone": bars.alone, "with_model": bars.with_model, "stranded": bars.stranded}
+    }
     for seed, (name, (complete, unfinished)) in enumerate(labelled_sets().items()):
         bench.COMPLETE, bench.UNFINISHED = complete, unfinished  # build_set speaks these
         try:
