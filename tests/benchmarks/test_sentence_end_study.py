@@ -28,3 +28,8 @@ def test_each_rule_decides_on_what_it_reads() -> None:
     assert not decide(fragment, "llm", bars, 0.9)
     fair = row(0.3, 0.96, "Can you help me plan a picnic?", 0.1)  # complete at 200 ms
     assert decide(fair, "llm", bars, 0.9) and not decide(fair, "llm alone", bars, 0.9)
+    # "Could you explain why the..." heard as "... why that?", "the" weighed in its place
+    misheard = row(0.95, 0.95, "Could you explain why that?", 0.9) | {"rivals": [["the", 0.1]]}
+    assert decide(misheard, "llm", bars, 0.9)
+    assert not decide(misheard, "llm and last word", bars, 0.9)
+    assert decide(question | {"rivals": [["there", 0.1]]}, "llm and last word", bars, 0.9)
