@@ -31,6 +31,7 @@ from server.conversation.outbound import TranscriptionDelta
 from server.conversation.unfinished import PENDING, SentenceEnd, stranded
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
+from server.pipeline.engines import Rivals
 from server.pipeline.repetition import normalise_word
 from server.pipeline.seams import JudgesWords, ReplyRequest, Transcript, TurnPipeline, engines_busy
 from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
@@ -56,7 +57,7 @@ class Partial:
 
     covered: int
     text: str
-    last_word_rivals: tuple[tuple[str, float], ...] = ()
+    last_word_rivals: Rivals = ()
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,7 @@ class Partials:
             await self._look_again()
             since = self._clock.now_ms() - last_ms
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
-            busy = engines_busy(pipeline)
-            pause_ms = max(self.pause_ms, BUSY_PAUSE_MS) if busy else self.pause_ms
+            pause_ms = max(self.pause_ms, BUSY_PAUSE_MS if engines_busy(pipeline) else 0.0)
             pause_start = samples - int(quiet * 16)
             heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
             if quiet >= pause_ms and heard_all:  # the pause's words are known

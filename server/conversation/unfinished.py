@@ -26,8 +26,7 @@ import re
 from dataclasses import dataclass
 
 from server.config import VadConfig
-
-Rivals = tuple[tuple[str, float], ...]  # words weighed in place of the last one, with their p
+from server.pipeline.engines import Rivals
 
 HESITATIONS = ("um", "uh", "er", "erm", "uhm", "hmm")  # fillers: the speaker is thinking
 DANGLING = frozenset(

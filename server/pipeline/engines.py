@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 Message = dict[str, str]
+Rivals = tuple[tuple[str, float], ...]  # words weighed in place of a text's last one, with p
 
 
 class Asr(Protocol):
@@ -21,9 +22,7 @@ class WeighsLastWord(Protocol):
     """A recogniser that also tells the words it weighed in place of the text's last one, each
     with its probability (models.asr)."""
 
-    def hear(
-        self, pcm: npt.NDArray[np.int16], prefix: str = ""
-    ) -> tuple[str, tuple[tuple[str, float], ...]]: ...
+    def hear(self, pcm: npt.NDArray[np.int16], prefix: str = "") -> tuple[str, Rivals]: ...
 
 
 @runtime_checkable

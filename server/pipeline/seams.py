@@ -22,6 +22,7 @@ import numpy.typing as npt
 from server.config import Config, PipelineConfig
 from server.errors import ConfigError
 from server.owner import NO_OWNER
+from server.pipeline.engines import Rivals
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
 from server.runtime.history import ContextEntry
@@ -132,7 +133,7 @@ class Transcript:
     a word that ends no sentence as one that finishes it ("the" as "that")."""
 
     text: str
-    last_word_rivals: tuple[tuple[str, float], ...] = ()
+    last_word_rivals: Rivals = ()
 
 
 class TurnPipeline(Protocol):
