@@ -303,7 +303,10 @@ JUST_AFTER_MS = 100.0
 
 def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     complete = [r[mode] for r in rows if r["kind"] == "complete"]
-    silences = [c["silence_ms"] for c in complete if c["silence_ms"] is not None]
+    ended = [c["silence_ms"] for c in complete if c["silence_ms"] is not None]
+    # a turn that ended before the speech did (at a gap after "Good morning,") is no silence:
+    # it was cut off, and a negative wait would pull the median down
+    silences = [s for s in ended if s >= 0]
     unfinished = [r[mode] for r in rows if r["kind"] == "unfinished"]
     cut = sum(bool(u["cut_off"]) for u in unfinished)
     # ended after the pause, but before the detector could hear the speech resume (its onset
@@ -312,6 +315,7 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     summary = {
         "complete": len(complete),
         "complete_never_ended": sum(c["silence_ms"] is None for c in complete),
+        "complete_ended_before_their_end": len(ended) - len(silences),
         "silence_p50_ms": round(statistics.median(silences), 1) if silences else None,
         "silence_p90_ms": round(pct(silences, 0.9), 1) if silences else None,
         "unfinished": len(unfinished),
@@ -352,6 +356,10 @@ def warm_in_pause(conv: Conversation) -> None:
     conv.partials.warm_in_pause = True
 
 
+def warm_stable(conv: Conversation) -> None:
+    conv.partials.warm_stable = True
+
+
 def decode_at(pause_ms: float) -> Callable[[Conversation], None]:
     """The part that makes the partial loop decode the pause after ``pause_ms`` of quiet."""
 
@@ -375,6 +383,7 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "pause-60": ("words_pause_60", decode_at(60.0), {}),
     "pause-100": ("words_pause_100", decode_at(100.0), {}),
     "last-word": ("words_trust_last_word", None, {"vad.stranded_word_probability": "0"}),
+    "warm-stable": ("words_warm_stable", warm_stable, {}),
 }
 
 

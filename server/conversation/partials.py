@@ -3,12 +3,13 @@
 The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when the
 speaker pauses (40 ms of quiet, ``PAUSE_MS``; 100 while a reply is being written), after the
 words two partials agreed on (the stable words); it looks as each frame is judged. A warm-up
-pushes the words said so far into the LLM's prefix cache, one at a time: the stable words while
-the user speaks (their turn left open), and at a pause the whole partial, which heard all the
-speech and is usually the final transcript. None for the stable words of a decode begun in
-speech that returns in a pause (the pause's decode comes next), nor while the turn may end on
-them (the end-of-turn model has yet to judge the pause, or it and the words say complete): the
-reply starts right after, and would first wait for it. Where the turn waits on, an early reply
+pushes the words said so far into the LLM's prefix cache, one at a time: the latest partial's
+as they grow while the user speaks (their turn left open; the LLM's verdict at a pause then
+reads only the words it lacked), and at a pause the whole partial, which heard all the speech
+and is usually the final transcript. None for the words of a decode begun in speech that
+returns in a pause (the pause's decode comes next), nor while the turn may end on them (the
+end-of-turn model has yet to judge the pause, or it and the words say complete): the reply
+starts right after, and would first wait for it. Where the turn waits on, an early reply
 (server/conversation/early.py) may read the pause's words in place of their warm-up, from 100
 ms of quiet (a shorter gap is often one between two words); else they are warmed.
 """
@@ -62,7 +63,7 @@ class Partial:
 
 @dataclass(frozen=True)
 class Said:
-    """The user's words a warm-up pushes: stable words, or a pause's partial (``paused``: the
+    """The user's words a warm-up pushes: a partial's in speech, or a pause's (``paused``: the
     user paused after them, so they may be all the turn says). ``heard``: input samples heard
     when the decode that found them began (not part of what was said)."""
 
@@ -153,7 +154,8 @@ class Partials:
         self.decode: tuple[int, asyncio.Task[Transcript]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
-        self.warm_in_pause = False  # warm stable words that came back in a pause (ablation)
+        # ablations: warm words that came back in a pause; in speech, warm the stable words only
+        self.warm_in_pause = self.warm_stable = False
         self.pause_ms = PAUSE_MS  # quiet (ms) after which the words heard are the pause's
         self._heard = asyncio.Event()  # more audio judged since the loop last looked
 
@@ -251,7 +253,7 @@ class Partials:
                 self.stable = stable
             # a decode begun in a pause heard all the speech: likely the final transcript
             paused = quiet >= pause_ms
-            said = text.strip() if paused else self.stable
+            said = text.strip() if paused or not self.warm_stable else self.stable
             now = Said(said, paused, heard)
             if not said or now == self._said or not (paused or len(said) > len(self._said.words)):
                 continue
@@ -270,10 +272,8 @@ class Partials:
                 continue
             if ending():
                 # the reply starts within a tick or two and reads these words in one pass; a
-                # warm-up begun now (or one running, going on to them: the stable words of a
-                # decode that heard the whole question, too) would still be running then, and
-                # the reply would wait for it, then take a second pass (a model call cannot
-                # stop halfway)
+                # warm-up begun now (or one running, going on to them) would still be running
+                # then, and the reply would wait for it (a model call cannot stop halfway)
                 continue
             quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
             if not self.warm_in_pause and partial_due(

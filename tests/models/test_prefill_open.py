@@ -3,7 +3,7 @@ still speaking, is a token prefix of the reply's, and the reply reuses its whole
 
 The prompt tests use the model's own tokenizer and chat template (no engine). The cache test
 runs vLLM itself (the engine starts once, ~30 s): a conversation of a few turns, then warm-ups
-with the growing stable words of the next question, as the partial loop sends them.
+with the growing words of the next question, as the partial loop sends them.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def smol(model_dir: Path) -> AsyncIterator[VllmEngine]:
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.timeout(300)
 async def test_the_reply_reuses_the_blocks_the_warm_ups_filled(smol: VllmEngine) -> None:
-    """Turn 1 is cached by its reply; while the user says question 2, warm-ups with its stable
+    """Turn 1 is cached by its reply; while the user says question 2, warm-ups with its
     words so far. The reply reuses every whole block of the last warm-up's prompt: more than
     the same reply without warm-ups (another cache scope), which reuses only turn 1's."""
     words = QUESTION.split()
@@ -111,7 +111,7 @@ async def test_the_reply_reuses_the_blocks_the_warm_ups_filled(smol: VllmEngine)
     for scope in ("warmed", "cold"):
         await collect(smol.stream(HISTORY[:2], f"{scope}-turn-1", 8, cache_salt=scope))
         if scope == "warmed":
-            for n in range(6, len(words) - 2, 6):  # the partial loop's growing stable words
+            for n in range(6, len(words) - 2, 6):  # the partial loop's growing words
                 partial = said(" ".join(words[:n]))
                 warm = await smol.prefill_open(partial, f"warm-{n}", cache_salt=scope)
                 assert warm.prompt_tokens == len(smol.prompts.render_open(partial))

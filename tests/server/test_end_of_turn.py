@@ -337,17 +337,17 @@ async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
         await rig.conversation.close()
 
 
-async def test_no_warm_up_of_stable_words_once_the_turn_is_ending(
+async def test_no_warm_up_of_a_partials_words_once_the_turn_is_ending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a decode begun before the pause (40 ms of quiet) heard the whole question: its words
-    # become stable ones, but the turn sounds complete and ends on them, left to the reply
+    # a decode begun before the pause (40 ms of quiet) heard the whole question, but the turn
+    # sounds complete and ends on its words, left to the reply
     paris = "I would like to go to Paris"
     rig, recogniser = rig_with(monkeypatch, paris + ".", paris, interval_ms=50)
     recogniser.hold_quiet_decodes = True
     try:
         rig.voice.on = True
-        await rig.tick(30)  # "I would like to go to Paris" stable and warmed while speaking
+        await rig.tick(30)  # "I would like to go to Paris" warmed while speaking
         assert recogniser.warmed == ["I would like to go to Paris"]
         decodes = recogniser.decodes
         while recogniser.decodes == decodes:  # a decode every 60 ms: one begins
@@ -356,7 +356,7 @@ async def test_no_warm_up_of_stable_words_once_the_turn_is_ending(
         rig.voice.on = False
         await until_judged(rig)  # 60 ms of quiet
         assert recogniser.held and rig.conversation.detector.quiet_ms < 100.0
-        recogniser.release.set()  # "... Paris.": the stable words grow by a mark
+        recogniser.release.set()  # "... Paris.": the words grow by a mark
         await quiet_until_the_turn_ends(rig)
         assert recogniser.warmed == ["I would like to go to Paris"]
     finally:
@@ -389,11 +389,11 @@ class Growing(Partials):
         return Transcript(" ".join(self.WORDS[: n + 1]))
 
 
-async def test_stable_words_that_come_back_in_a_pause_are_left_to_the_pause(
+async def test_a_partials_words_are_warmed_but_those_that_come_back_in_a_pause_are_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a decode begun in speech returns after the user paused: its stable words are not warmed,
-    # the pause's decode follows at once (and is not slowed by a warm-up); its words are
+    # a decode begun in speech returns after the user paused: its words are not warmed, the
+    # pause's decode follows at once (and is not slowed by a warm-up); its words are
     recogniser = Growing("I would like to go to", held=3)
     rig, _ = rig_with(monkeypatch, None, interval_ms=50, recogniser=recogniser)
     try:
@@ -402,7 +402,7 @@ async def test_stable_words_that_come_back_in_a_pause_are_left_to_the_pause(
             await rig.tick()
             if recogniser.held:
                 break
-        assert recogniser.held  # "I would like to" on its way; "I would" stable and warmed
+        assert recogniser.held  # "I would like to" on its way; "I would like" warmed
         await rig.tick(2)  # speech the held decode did not hear
         rig.voice.on = False
         await rig.tick(8)  # 160 ms of quiet: a pause
@@ -410,8 +410,8 @@ async def test_stable_words_that_come_back_in_a_pause_are_left_to_the_pause(
         await rig.tick(3)
         await asyncio.sleep(0.01)
         assert rig.conversation.session.state is TurnState.USER_SPEAKING  # words unfinished
-        assert recogniser.warmed == ["I would", "I would like to go to"]
-        assert recogniser.paused == [False, True]
+        assert recogniser.warmed == ["I would", "I would like", "I would like to go to"]
+        assert recogniser.paused == [False, False, True]
     finally:
         await rig.conversation.close()
 
