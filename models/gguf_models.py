@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.gguf_meta import read_gguf_metadata
+
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20  # bytes read and hashed at a time
@@ -180,15 +182,10 @@ def file_sha256(path: Path) -> str:
 def gguf_name(path: Path) -> str | None:
     """The ``general.name`` in a GGUF file's header (None if it has none); :class:`GgufError`
     if the file is not GGUF."""
-    from gguf import GGUFReader
-
     try:
-        field = GGUFReader(str(path)).fields.get("general.name")
-    except Exception as exc:  # the reader raises ValueError, struct.error, IndexError ...
+        value = read_gguf_metadata(path).values.get("general.name")
+    except (OSError, ValueError) as exc:  # GgufFormatError: no magic, a cut or corrupt header
         raise GgufError(f"{path} is not a readable GGUF file: {exc}") from exc
-    if field is None:
-        return None
-    value = field.contents()
     return value if isinstance(value, str) else None
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.gguf_meta import read_gguf_metadata
 from models.llm import LlmError, Message, open_text, words_open_text
 
 
@@ -31,26 +32,21 @@ class ChatText:
     @classmethod
     def from_gguf(cls, path: Path) -> ChatText:
         """The template and BOS/EOS tokens in a GGUF file's metadata."""
-        from gguf import GGUFReader
-
         try:
-            fields = GGUFReader(str(path)).fields
+            meta = read_gguf_metadata(path)
         except (OSError, ValueError) as e:
             raise LlmError(f"cannot read GGUF metadata of {path}: {e}") from e
-        if "tokenizer.chat_template" not in fields:
+        template = meta.values.get("tokenizer.chat_template")
+        if not isinstance(template, str):
             raise LlmError(f"{path} has no chat template")
-        template = str(fields["tokenizer.chat_template"].contents())
-        tokens = fields.get("tokenizer.ggml.tokens")
-
-        def token(key: str) -> str:
-            if tokens is None or key not in fields:
-                return ""
-            index = int(fields[key].contents())
-            return str(tokens.contents(index))
-
-        eos = "tokenizer.ggml.eos_token_id"
-        eos_id = int(fields[eos].contents()) if eos in fields else -1
-        return cls(template, token("tokenizer.ggml.bos_token_id"), token(eos), eos_id)
+        ids = {key: meta.values.get(f"tokenizer.ggml.{key}_token_id") for key in ("bos", "eos")}
+        ints = {key: value for key, value in ids.items() if type(value) is int}
+        try:
+            tokens = meta.strings_at("tokenizer.ggml.tokens", ints.values())
+        except (OSError, ValueError) as e:
+            raise LlmError(f"cannot read the tokens of {path}: {e}") from e
+        bos, eos = (tokens.get(ints[k], "") if k in ints else "" for k in ("bos", "eos"))
+        return cls(template, bos, eos, ints.get("eos", -1))
 
     def render_user_open(self, messages: Sequence[Message]) -> str:
         """Prompt text that ends right after the last (user) message's words, its turn still
