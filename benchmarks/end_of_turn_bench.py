@@ -31,7 +31,7 @@ turn, as the server runs it ("words") and without one of its parts, so both hear
 synthesis of each utterance on the same machine load:
 
 - ``hearings`` ("words_once"): Smart Turn hears a pause only at 60 ms of quiet, not again at
-  200 ms with a stricter bar (``floor.HEARINGS``; before 2026-12-03);
+  200 ms with a stricter bar (``hearing.HEARINGS``; before 2026-12-03);
 - ``pause-warm`` ("words_pause_warm"): the stable words of a decode begun in speech are warmed
   even when it returns in a pause, beside the pause's decode (before 2026-12-03);
 - ``words-wait`` ("words_wait_900"): the turn waits up to 900 ms of quiet for the pause's
@@ -44,6 +44,9 @@ synthesis of each utterance on the same machine load:
 - ``last-word`` ("words_trust_last_word"): the turn may end on a last word the recogniser
   heard where it weighed one that ends no sentence (``vad.stranded_word_probability=0``;
   before 2026-12-05).
+- ``words-first`` ("words_model_at_once"): Smart Turn hears every pause at 60 ms of quiet and
+  the turn waits for it, even where the words at the pause decide alone
+  (``Floor.hearing_latest_ms=0``; before 2026-12-05, afternoon).
 
 Per utterance the rows also keep Smart Turn's probabilities and, at each pause, the LLM's
 verdict, the ms it took, and the recogniser's weight on a word ending no sentence in place of
@@ -80,7 +83,7 @@ import numpy.typing as npt
 from benchmarks import pct, stamped
 from server.config import Config, load_config
 from server.conversation.conversation import Conversation
-from server.conversation.floor import HEARINGS
+from server.conversation.hearing import HEARINGS
 from server.conversation.realtime_session import SessionPatch
 from server.machine import this_machine
 from server.metrics import Metrics
@@ -369,6 +372,10 @@ def decode_at(pause_ms: float) -> Callable[[Conversation], None]:
     return part
 
 
+def model_at_once(conv: Conversation) -> None:
+    conv.floor.hearing_latest_ms = 0.0
+
+
 def longer_wait_for_words(conv: Conversation) -> None:
     conv.floor.words_wait_ms = LONGER_WORDS_WAIT_MS
 
@@ -384,6 +391,7 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "pause-100": ("words_pause_100", decode_at(100.0), {}),
     "last-word": ("words_trust_last_word", None, {"vad.stranded_word_probability": "0"}),
     "warm-stable": ("words_warm_stable", warm_stable, {}),
+    "words-first": ("words_model_at_once", model_at_once, {}),
 }
 
 

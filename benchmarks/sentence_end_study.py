@@ -5,7 +5,7 @@ Each labelled utterance (the 40 + 40 of benchmarks/end_of_turn_bench.py, and the
 pause, as the server reads it there: for a complete one where its speech ends, for an
 unfinished one where its mid-sentence pause begins.
 
-- **Smart Turn** hears the audio up to 60 and 200 ms into the quiet (``floor.HEARINGS``).
+- **Smart Turn** hears the audio up to 60 and 200 ms into the quiet (``hearing.HEARINGS``).
 - **Whisper** (the server's recogniser) decodes it with 200 ms of the quiet: the pause's words.
 - **The LLM** (the embedded default on llama.cpp) gives those words' sentence-end probability
   (``LlamaCppEngine.sentence_end_probability``).
@@ -37,7 +37,7 @@ from typing import Any
 from benchmarks import stamped
 from benchmarks.end_of_turn_bench import COMPLETE, RATE, UNFINISHED, Utterance, build_set
 from server.config import load_config
-from server.conversation.floor import HEARINGS
+from server.conversation.hearing import HEARINGS
 from server.conversation.unfinished import Bars, Words, judge_words, sounds_unfinished, stranded
 from server.runtime.media import resample
 

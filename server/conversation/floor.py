@@ -3,7 +3,8 @@
 The user's turn ends after ``end_of_turn_ms`` of silence (the turn detector's stop). With a
 semantic end of turn (``semantic_vad``), the end-of-turn model hears the utterance as soon as
 the user pauses, and once more later in the same pause, with a stricter bar, if it sounded
-unfinished (``HEARINGS``): when it sounds complete the turn ends after the shorter
+unfinished (server/conversation/hearing.py; where the words at the pause are judged, only
+once they leave it the decision): when it sounds complete the turn ends after the shorter
 ``complete_wait_ms``, else the detector's longer wait holds (a pause mid-sentence). Where
 partial transcripts run, the turn that sounds complete also waits (up to ``WORDS_WAIT_MS`` of
 quiet) for the partial loop's decode of the pause, the final transcript in waiting: words that
@@ -28,7 +29,6 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from server.clock import Clock
 from server.config import Config
+from server.conversation.hearing import HEARING_LATEST_MS, HEARINGS, Hearing, hears_now, words_alone
 from server.conversation.interjection import (
     INTERJECTION_CONTEXT,
     AskWords,
@@ -65,26 +66,6 @@ log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
 WORDS_WAIT_MS = 600.0  # quiet (ms) up to which a complete-sounding turn waits for its words
-
-
-@dataclass(frozen=True)
-class Hearing:
-    """When in a pause the end-of-turn model hears the utterance (``quiet_ms``: ms of quiet),
-    and how sure it must then be: ``doubt`` is the share of the doubt that
-    ``vad.complete_probability`` allows (1: all of it, 0.9 as set; 0.5: 0.95)."""
-
-    quiet_ms: float
-    doubt: float = 1.0
-
-    def sounds_complete(self, probability: float, threshold: float) -> bool:
-        return probability >= 1.0 - self.doubt * (1.0 - threshold)
-
-
-# Smart Turn reads the silence after the words too: one that sounded unfinished at 60 ms of
-# quiet is heard again at 200 ms, where more complete utterances pass (benchmarks/
-# end_of_turn_bench.py --ablate hearings); so do more fragments, and the words at the pause do
-# not catch them all (Whisper hears "why the..." as "why there?"), hence the stricter bar
-HEARINGS: tuple[Hearing, ...] = (Hearing(60.0), Hearing(200.0, doubt=0.5))
 
 
 class Floor:
@@ -130,6 +111,7 @@ class Floor:
         self._complete: bool | None = None  # the model's verdict on the utterance as it stands
         self._probing = False
         self.hearings = HEARINGS  # when in a pause the model hears the utterance
+        self.hearing_latest_ms = HEARING_LATEST_MS  # 0: it hears at once, and is waited for
         self.words_wait_ms = WORDS_WAIT_MS
         self._probes = 0  # hearings begun in this pause
         self._probe_gen = 0  # an older probe's verdict no longer counts
@@ -277,12 +259,19 @@ class Floor:
             return
         hearing = self.hearings[self._probes] if self._probes < len(self.hearings) else None
         ready = self._complete is not True and not self._probing
-        if hearing is not None and ready and quiet >= hearing.quiet_ms:
+        alone = self._words_alone(quiet)
+        due = hears_now(quiet, alone, self.hearing_latest_ms)
+        if hearing is not None and ready and quiet >= hearing.quiet_ms and due:
             audio = self._utterance.audio()
             self._probing = True
             self._probes += 1
             self._spawn(self._probe(self._probe_gen, audio, hearing), "end-of-turn")
-        if self._complete is not None and quiet >= wait:  # the model judged: now the words
+        if quiet < wait:
+            return
+        if self._complete is None:  # not heard yet: the words may end the turn alone
+            if alone is not Words.END:
+                return
+        else:  # the model judged: now the words
             words = self._words(quiet)
             if words is Words.WAIT or (words is Words.UNFINISHED and not self._complete):
                 return  # the detector's longer wait holds (the model may hear it again)
@@ -290,28 +279,29 @@ class Floor:
                 self._complete, self._probes = False, len(self.hearings)  # the words outrank it
                 log.debug("session %s: the words at the pause sound unfinished", self._sid)
                 return
-            event = self._detector.end_turn()
-            assert event is not None
-            await self.end_user_turn(event.at_ms)
-            self._flush()
+        event = self._detector.end_turn()
+        assert event is not None
+        await self.end_user_turn(event.at_ms)
+        self._flush()
 
     def _ending(self) -> bool:
         """Whether the user's turn may end as soon as its silence is long enough (its words left
-        to the reply): the end-of-turn model has yet to judge this pause, or called it complete
-        and the latest partial heard all the speech and does not stop mid-sentence."""
+        to the reply): the end-of-turn model has yet to judge this pause (and the words at it
+        do not keep it open whatever it hears), or called it complete and the latest partial
+        heard all the speech and does not stop mid-sentence."""
         quiet = self._detector.quiet_ms
         if self._complete is None:
-            return quiet > 0 and self._judges()
+            return quiet > 0 and self._judges() and self._words_alone(quiet) is not Words.UNFINISHED
         return quiet > 0 and self._words(quiet) is Words.END
 
     def _judges(self) -> bool:  # whether an end-of-turn model judges this conversation's pauses
         return self._settings().complete_wait_ms is not None and bool(self._detector.completeness)
 
-    def _words(self, quiet_ms: float) -> Words:
+    def _words(self, quiet_ms: float, complete: bool | None = None) -> Words:
         """What the partial loop's transcript of this pause and the LLM's verdict on it say,
-        with the end-of-turn model's (server/conversation/unfinished.py); where no partials
-        run, the model alone."""
-        complete = bool(self._complete)
+        with the end-of-turn model's (server/conversation/unfinished.py; ``complete``: as if
+        it said that); where no partials run, the model alone."""
+        complete = bool(self._complete) if complete is None else complete
         if self._partials_task is None or not self._config.vad.unfinished_words:
             return Words.END if complete else Words.UNFINISHED
         partial, samples = self._partials.partial, self._utterance.samples
@@ -320,6 +310,13 @@ class Floor:
         verdict, wait_ms, bars = self._partials.verdict, self.words_wait_ms, Bars.of(vad)
         return words_at_pause(partial.covered, partial.text, pause_start, quiet_ms, coming, wait_ms,
                               verdict, complete, bars, partial.last_word_rivals)  # fmt: skip
+
+    def _words_alone(self, quiet_ms: float) -> Words | None:
+        """What the words at this pause say whatever the end-of-turn model hears (None: its
+        verdict decides; always None with ``hearing_latest_ms`` 0, the model waited for)."""
+        if not self.hearing_latest_ms:
+            return None
+        return words_alone(self._words(quiet_ms, False), self._words(quiet_ms, True))
 
     async def _probe(self, gen: int, audio: npt.NDArray[np.int16], hearing: Hearing) -> None:
         """The end-of-turn model hears the utterance (in a worker thread)."""
@@ -367,8 +364,9 @@ class Floor:
     async def _reply_early(self) -> bool:
         """Begin the reply at this pause (server/conversation/early.py) if its words end a
         sentence, the turn gets a spoken reply and waits on: the end-of-turn model heard it
-        as unfinished, or none judges (a fixed silence). Not while that model has yet to
-        judge: a turn it calls complete ends at once. None while the engines are busy."""
+        as unfinished, or none judges (a fixed silence), or the words hold it whatever it
+        hears (a doubted last word, a filler). Not while that model has yet to judge: a turn
+        it calls complete ends at once. None while the engines are busy."""
         settings = self._settings()
         if not self._config.pipeline.early_reply or not settings.create_response:
             return False
@@ -377,7 +375,8 @@ class Floor:
         unfinished = sounds_unfinished(words) if judged is None else judged < bar
         if settings.text_only or unfinished:
             return False
-        if self._complete is None and self._judges():
+        held = self._words_alone(self._detector.quiet_ms) is Words.UNFINISHED
+        if self._complete is None and self._judges() and not held:
             return False
         return await self._replies.begin_early(self._session.epoch)
 

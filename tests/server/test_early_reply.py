@@ -250,6 +250,23 @@ async def test_no_early_reply_where_the_end_of_turn_model_calls_the_pause_comple
         await rig.conversation.close()
 
 
+async def test_words_that_hold_the_turn_whatever_the_model_hears_begin_it_unheard_by_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the recogniser weighed "the" in place of "Paris": the turn waits the long silence
+    # whatever the end-of-turn model would say, so it is not asked, and the reply begins
+    rig, llm = early_rig(monkeypatch, probability=0.9)
+    llm.rivals = (("the", 0.1),)
+    try:
+        await speak(rig, 40)
+        await pause(rig)
+        assert rig.conversation.session.state is TurnState.USER_SPEAKING
+        assert llm.asked == [PARIS] and llm.spoken == ["Once upon a time."]
+        assert not rig.conversation.floor.turn_probabilities  # the model never heard it
+    finally:
+        await rig.conversation.close()
+
+
 async def test_closing_the_conversation_ends_the_early_replys_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

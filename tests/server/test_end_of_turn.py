@@ -15,7 +15,8 @@ import numpy.typing as npt
 import pytest
 
 from server.config import load_config
-from server.conversation import floor, partials
+from server.conversation import hearing, partials
+from server.conversation.hearing import HEARING_LATEST_MS
 from server.conversation.unfinished import (
     PENDING,
     Bars,
@@ -69,7 +70,7 @@ async def until_judged(rig: Rig) -> None:
     utterance: 60 ms, then as long as its thread takes (the fake clock stands still)."""
     verdicts = rig.conversation.floor.turn_probabilities
     before = len(verdicts)
-    await rig.tick(3)  # floor.HEARINGS[0]
+    await rig.tick(3)  # hearing.HEARINGS[0]
     for _ in range(1000):
         if len(verdicts) > before:
             return
@@ -148,7 +149,7 @@ async def test_an_utterance_that_sounds_unfinished_twice_waits_the_long_silence(
 
 
 def test_a_later_hearing_asks_for_more_certainty() -> None:
-    first, later = floor.HEARINGS
+    first, later = hearing.HEARINGS
     assert first.quiet_ms < later.quiet_ms
     assert first.sounds_complete(0.9, 0.9) and not first.sounds_complete(0.89, 0.9)
     assert later.sounds_complete(0.951, 0.9) and not later.sounds_complete(0.94, 0.9)
@@ -245,8 +246,8 @@ async def test_words_that_stop_mid_sentence_keep_a_complete_sounding_turn_open(
         silence = await quiet_until_the_turn_ends(rig, limit=100)
         assert 1200.0 <= silence <= 1300.0  # vad.incomplete_silence_ms
         assert recogniser.decodes >= 2  # while speaking, and the pause's
-        # the words outrank the model: it is not asked again later in the pause
-        assert list(rig.conversation.floor.turn_probabilities) == [0.9]
+        # the words outrank the model: it is not asked (it would have called it complete)
+        assert list(rig.conversation.floor.turn_probabilities) == []
     finally:
         await rig.conversation.close()
 
@@ -354,8 +355,9 @@ async def test_no_warm_up_of_a_partials_words_once_the_turn_is_ending(
             await rig.tick()
         await rig.tick()  # and a frame of speech it did not hear: the next decode hears quiet
         rig.voice.on = False
-        await until_judged(rig)  # 60 ms of quiet
+        await rig.tick(3)  # 60 ms of quiet: the pause's words are coming, the model waits
         assert recogniser.held and rig.conversation.detector.quiet_ms < 100.0
+        assert not rig.conversation.floor.turn_probabilities
         recogniser.release.set()  # "... Paris.": the words grow by a mark
         await quiet_until_the_turn_ends(rig)
         assert recogniser.warmed == ["I would like to go to Paris"]
@@ -473,12 +475,13 @@ class Judging(Partials):
 
 
 @pytest.mark.parametrize(
-    ("probability", "sentence_end", "silence_ms"),
+    ("probability", "sentence_end", "silence_ms", "hearings"),
     [
-        (0.3, 0.6, (160, 300)),  # heard as unfinished, but the words are a whole sentence
-        (0.9, 0.1, (160, 300)),  # the model and the words agree
-        (0.9, 0.01, (1200, 1300)),  # it sounds complete, but the words are a fragment
-        (0.3, 0.1, (1200, 1300)),  # neither is sure enough
+        # the words are a whole sentence: the turn ends on them, the model is not asked
+        (0.3, 0.6, (160, 300), 0),
+        (0.9, 0.1, (160, 300), 1),  # the words leave it to the model, which agrees
+        (0.9, 0.01, (1200, 1300), 0),  # the words are a fragment: the model is not asked
+        (0.3, 0.1, (1200, 1300), 2),  # neither is sure enough (heard again at 200 ms)
     ],
 )
 async def test_the_llms_verdict_on_the_words_decides_with_the_model(
@@ -486,15 +489,38 @@ async def test_the_llms_verdict_on_the_words_decides_with_the_model(
     probability: float,
     sentence_end: float,
     silence_ms: tuple[int, int],
+    hearings: int,
 ) -> None:
     words = "How far away is the moon?"
     judging = Judging(words, sentence_end)
     rig, _ = rig_with(monkeypatch, words, probability=probability, recogniser=judging)
+    model = rig.conversation.detector.completeness
+    assert isinstance(model, Verdicts)
     try:
         await speak(rig, 40)
         low, high = silence_ms
         assert low <= await quiet_until_the_turn_ends(rig, limit=100) <= high
         assert judging.judged == [words]  # once, on the pause's words
+        assert len(model.heard) == hearings
+    finally:
+        await rig.conversation.close()
+
+
+@pytest.mark.parametrize(("latest_ms", "hearings"), [(400.0, 0), (0.0, 1)])
+async def test_the_model_hears_a_pause_at_once_only_where_set_so(
+    monkeypatch: pytest.MonkeyPatch, latest_ms: float, hearings: int
+) -> None:
+    # hearing_latest_ms 0 (end_of_turn_bench --ablate words-first): the model hears the pause
+    # at 60 ms of quiet whatever the words say, and the turn waits for it
+    judging = Judging("How far away is the moon?", 0.6)
+    rig, _ = rig_with(monkeypatch, judging.partial, probability=0.9, recogniser=judging)
+    rig.conversation.floor.hearing_latest_ms = latest_ms
+    model = rig.conversation.detector.completeness
+    assert isinstance(model, Verdicts)
+    try:
+        await speak(rig, 40)
+        assert 160.0 <= await quiet_until_the_turn_ends(rig, limit=100) <= 300.0
+        assert len(model.heard) == hearings
     finally:
         await rig.conversation.close()
 
@@ -535,9 +561,13 @@ async def test_the_turn_waits_for_the_verdict_a_bounded_time_then_goes_by_the_wo
     rig, _ = rig_with(monkeypatch, judging.partial, recogniser=judging)
     try:
         await speak(rig, 40)
+        spoken = rig.conversation.utterance.samples
         silence = await quiet_until_the_turn_ends(rig, limit=100)
         assert 600.0 <= silence <= 700.0  # WORDS_WAIT_MS; then the model and the mark
         assert judging.judged == [judging.partial]
+        model = rig.conversation.detector.completeness
+        assert isinstance(model, Verdicts)  # it heard the pause once the wait grew long
+        assert [n - spoken >= 16 * HEARING_LATEST_MS for n in model.heard] == [True]
     finally:
         judging.release.set()
         await rig.conversation.close()
