@@ -506,7 +506,7 @@ async def test_the_llms_verdict_on_the_words_decides_with_the_model(
         await rig.conversation.close()
 
 
-@pytest.mark.parametrize(("latest_ms", "hearings"), [(400.0, 0), (0.0, 1)])
+@pytest.mark.parametrize(("latest_ms", "hearings"), [(HEARING_LATEST_MS, 0), (0.0, 1)])
 async def test_the_model_hears_a_pause_at_once_only_where_set_so(
     monkeypatch: pytest.MonkeyPatch, latest_ms: float, hearings: int
 ) -> None:
