@@ -268,10 +268,9 @@ class Floor:
             self._spawn(self._probe(self._probe_gen, audio, hearing), "end-of-turn")
         if quiet < wait:
             return
-        if self._complete is None:  # not heard yet: the words may end the turn alone
-            if alone is not Words.END:
-                return
-        else:  # the model judged: now the words
+        if self._complete is None and alone is not Words.END:
+            return  # not heard yet: only words that end the turn whatever it hears end it now
+        if self._complete is not None:  # the model judged: now the words
             words = self._words(quiet)
             if words is Words.WAIT or (words is Words.UNFINISHED and not self._complete):
                 return  # the detector's longer wait holds (the model may hear it again)
@@ -291,11 +290,15 @@ class Floor:
         heard all the speech and does not stop mid-sentence."""
         quiet = self._detector.quiet_ms
         if self._complete is None:
-            return quiet > 0 and self._judges() and self._words_alone(quiet) is not Words.UNFINISHED
+            return quiet > 0 and self._model_pending(quiet)
         return quiet > 0 and self._words(quiet) is Words.END
 
     def _judges(self) -> bool:  # whether an end-of-turn model judges this conversation's pauses
         return self._settings().complete_wait_ms is not None and bool(self._detector.completeness)
+
+    def _model_pending(self, quiet: float) -> bool:  # not judged yet, and its verdict counts
+        return (self._complete is None and self._judges()
+                and self._words_alone(quiet) is not Words.UNFINISHED)  # fmt: skip
 
     def _words(self, quiet_ms: float, complete: bool | None = None) -> Words:
         """What the partial loop's transcript of this pause and the LLM's verdict on it say,
@@ -363,10 +366,10 @@ class Floor:
 
     async def _reply_early(self) -> bool:
         """Begin the reply at this pause (server/conversation/early.py) if its words end a
-        sentence, the turn gets a spoken reply and waits on: the end-of-turn model heard it
-        as unfinished, or none judges (a fixed silence), or the words hold it whatever it
-        hears (a doubted last word, a filler). Not while that model has yet to judge: a turn
-        it calls complete ends at once. None while the engines are busy."""
+        sentence, the turn gets a spoken reply and waits on: the end-of-turn model heard it as
+        unfinished, none judges (a fixed silence), or the words hold it whatever it hears. Not
+        while that model's verdict is pending (a turn it calls complete ends at once), nor while
+        the engines are busy."""
         settings = self._settings()
         if not self._config.pipeline.early_reply or not settings.create_response:
             return False
@@ -375,8 +378,7 @@ class Floor:
         unfinished = sounds_unfinished(words) if judged is None else judged < bar
         if settings.text_only or unfinished:
             return False
-        held = self._words_alone(self._detector.quiet_ms) is Words.UNFINISHED
-        if self._complete is None and self._judges() and not held:
+        if self._model_pending(self._detector.quiet_ms):
             return False
         return await self._replies.begin_early(self._session.epoch)
 
