@@ -43,6 +43,9 @@ ANY_GAIN_QUANTILE = 0.9  # of every frame (the user talks over few)
 FIRST_GAIN_DB = -10.0  # the echo's gain until then: loud speakers beside the microphone
 NO_ECHO_DB = -40.0  # a gain below this: nothing comes back (the microphone's noise)
 GATE_MARGIN_DB = 3.0  # above the bound: the echo of a far-end sound louder than the quantile
+USER_ABOVE_DB = 6.0  # a frame this far above the bound of a known gain: the user talks
+USER_FRAMES = 30  # and for 300 ms after (frames heard while the avatar talked) nothing is learnt,
+USER_BEFORE_FRAMES = 5  # nor in the 50 ms before it (a word's onset, damped the most)
 CANCELLED_DB = 20.0  # a frame the canceller took this much from is its echo (once it knows it)
 FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
 FLOOR_QUANTILE = 0.1
@@ -67,13 +70,34 @@ class EchoGain:
         self._alone: deque[float] = deque(maxlen=GAIN_FRAMES)
         self._all: deque[float] = deque(maxlen=GAIN_FRAMES)
         self._count = 0
+        self._user_frames = 0  # left of the frames after the user talked over the avatar
+        self._pending: deque[float | None] = deque()  # the last frames' ratios (None: not alone)
         self.db = FIRST_GAIN_DB
         self.any_db = FIRST_GAIN_DB  # over every frame
 
     def learn(self, ratio_db: float, echo_alone: bool) -> None:
+        """A frame heard while the avatar talked: ``ratio_db`` over the loudest sent, and
+        whether the canceller took ``ECHO_ONLY_DB`` or more from it.
+
+        Once the gain is known, a frame ``USER_ABOVE_DB`` over the gate's bound is the user
+        talking over the avatar. Neither it nor the frames in the ``USER_FRAMES`` after it and
+        the ``USER_BEFORE_FRAMES`` before it count as the echo alone, whatever the canceller
+        took (so a frame counts ``USER_BEFORE_FRAMES`` late). WebRTC's canceller damps a user
+        talking over the far end by 10 dB and more at times, each word's first frames most:
+        learnt as the echo, they made the gain +1 to +4 dB where the echo's was -10 dB (30 of
+        30 syntheses offline), and the gate then hid the user from the detector while the
+        avatar talked, until they had left the window (3 s of its talk). An echo that grows
+        by less than ``USER_ABOVE_DB`` is still learnt."""
         self._all.append(ratio_db)
-        if echo_alone:
-            self._alone.append(ratio_db)
+        if self.known and ratio_db > self.db + GATE_MARGIN_DB + USER_ABOVE_DB:
+            self._user_frames = USER_FRAMES + 1
+            self._pending.clear()
+        self._user_frames = max(0, self._user_frames - 1)
+        self._pending.append(ratio_db if echo_alone and not self._user_frames else None)
+        if len(self._pending) > USER_BEFORE_FRAMES:
+            oldest = self._pending.popleft()
+            if oldest is not None:
+                self._alone.append(oldest)
         self._count += 1
         if self._count % 10 or not self.trusted:
             return

@@ -151,6 +151,49 @@ def test_a_single_frame_above_the_echos_bound_is_not_the_user() -> None:
     assert gate.apply(peak, peak) == (peak, peak)  # a second frame in a row: the user
 
 
+def test_the_user_damped_by_the_canceller_is_not_learnt_as_the_echo() -> None:
+    # WebRTC's canceller damps a user talking over the far end by 10 dB and more at times (their
+    # first words most): such frames are not the echo alone, and the gain must not follow them
+    gate = ResidualEchoGate()
+    far = tone(FRAME, 3000.0)
+    echo = tone(FRAME, 300.0, hz=300)  # -20 dB
+    residual = tone(FRAME, 10.0, hz=300)
+    for _ in range(100):
+        gate.sent(far)
+        gate.apply(echo, residual)
+    assert gate.gain_db is not None and -21 <= gate.gain_db <= -19
+    user = tone(FRAME, 4000.0, hz=200)  # +2.5 dB over what was sent
+    damped = tone(FRAME, 400.0, hz=200)  # 20 dB taken from it
+    for _ in range(5):
+        gate.sent(far)
+        gate.apply(user, damped)
+    for _ in range(200):  # the user stops; the avatar talks on (within 3 s of the user's words)
+        gate.sent(far)
+        gate.apply(echo, residual)
+    assert gate.gain_db is not None and -21 <= gate.gain_db <= -19  # was +2.5 dB
+    gate.sent(far)
+    gate.apply(user, user)  # the first frame above the bound is held back
+    _, voice = gate.apply(user, user)
+    assert voice is user  # they are heard when they talk again
+
+
+def test_an_echo_that_grows_a_little_is_learnt() -> None:
+    # the client's volume goes up 5 dB: the echo's frames top the bound, and are learnt
+    gate = ResidualEchoGate()
+    far = tone(FRAME, 3000.0)
+    residual = tone(FRAME, 10.0, hz=300)
+    for _ in range(100):
+        gate.sent(far)
+        gate.apply(tone(FRAME, 300.0, hz=300), residual)  # -20 dB
+    louder = tone(FRAME, 530.0, hz=300)  # -15 dB
+    for _ in range(300):
+        gate.sent(far)
+        gate.apply(louder, residual)
+    assert gate.gain_db is not None and -16 <= gate.gain_db <= -14
+    _, voice = gate.apply(louder, residual)
+    assert voice is not louder
+
+
 def test_without_echo_the_audio_passes_untouched() -> None:
     # a client that cancels its own echo: only its hiss comes back. The canceller, finding no
     # echo path, would keep damping the user while the avatar talks: it is bypassed
