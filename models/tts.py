@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from models.onnx_cache import open_cached_session
 from models.phonemes import Phonemizer, Sentence
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ BOS, EOS, PAD = "^", "$", "_"  # sentence start, sentence end, the pad after eve
 DURATIONS_TENSOR = "/Ceil_output_0"  # steps of the duration predictor per phoneme id
 HOP_SAMPLES = 256  # samples at the voice's rate per step (Piper's hop length)
 _MAX_INT16 = 32767.0
+# optimised ONNX graphs kept between starts (models/onnx_cache.py), beside the prepared models
+GRAPH_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "onnx"
 
 
 class TtsError(RuntimeError):
@@ -131,30 +134,46 @@ def expose_durations(model: onnx.ModelProto, tensor: str = DURATIONS_TENSOR) -> 
     return True
 
 
-def open_voice_session(model_path: Path, threads: int | None, seed: int | None = None) -> Any:
+def open_voice_session(
+    model_path: Path, threads: int | None, seed: int | None = None, cache_dir: Path | None = None
+) -> Any:
     """An onnxruntime session (CPU) of the voice whose outputs are the audio and durations.
     ``seed``: the noise the voice samples (``noise_scale``, ``noise_w``) starts from it, so
-    that each session says the same text the same way, call for call (None: at random)."""
-    import onnx
+    that each session says the same text the same way, call for call (None: at random).
+    ``cache_dir``: where the optimised graph is kept between starts (models/onnx_cache.py);
+    None: built in memory each time. A seeded voice says a text the same way in each of the two
+    (the kept graph orders its random kernels otherwise than one optimised in memory)."""
     import onnxruntime
 
+    def build() -> bytes:
+        import onnx
+
+        try:
+            model = onnx.load(str(model_path))
+        except (OSError, ValueError) as exc:
+            raise TtsError(f"cannot read voice {model_path}: {exc}") from exc
+        if expose_durations(model):
+            log.info("voice %s: %s exposed as an output (in memory)", model_path, DURATIONS_TENSOR)
+        return model.SerializeToString()
+
+    def options() -> Any:  # called just before each session is made
+        if seed is not None:  # onnxruntime seeds a random kernel from its process-wide seed
+            onnxruntime.set_seed(seed)
+        made = onnxruntime.SessionOptions()
+        if threads is not None:
+            made.intra_op_num_threads = threads
+            made.inter_op_num_threads = 1
+        made.log_severity_level = 3
+        return made
+
+    if not model_path.is_file():
+        raise TtsError(f"cannot read voice {model_path}: no such file")
     try:
-        model = onnx.load(str(model_path))
-    except (OSError, ValueError) as exc:
-        raise TtsError(f"cannot read voice {model_path}: {exc}") from exc
-    if expose_durations(model):
-        log.info("voice %s: %s exposed as an output (in memory)", model_path, DURATIONS_TENSOR)
-    options = onnxruntime.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    if seed is not None:  # onnxruntime seeds a random kernel from its process-wide seed
-        onnxruntime.set_seed(seed)
-    try:
-        return onnxruntime.InferenceSession(
-            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+        return open_cached_session(
+            model_path, build, options, cache_dir=cache_dir, variant=f"output {DURATIONS_TENSOR}"
         )
+    except TtsError:
+        raise
     except Exception as exc:  # onnxruntime raises its own (untyped) exception classes
         raise TtsError(f"cannot start ONNX session for {model_path}: {exc}") from exc
     finally:
@@ -168,6 +187,7 @@ class OnnxVoiceTts:
     ``synthesize`` is serialised by a lock; run it in a worker thread. Each sentence's audio is
     peak-normalised, then scaled by ``volume`` (headroom for the resampler's overshoot).
     ``seed``: say each text the same way every run (tests); None, a voice's own variety.
+    ``cache_dir``: where the voice's optimised graph is kept between starts (None: nowhere).
     """
 
     def __init__(
@@ -177,6 +197,7 @@ class OnnxVoiceTts:
         threads: int | None = None,
         volume: float = 0.9,
         seed: int | None = None,
+        cache_dir: Path | None = GRAPH_CACHE,
     ) -> None:
         if model_path is None or config_path is None:
             default_model, default_config = joe_voice_paths()
@@ -184,7 +205,7 @@ class OnnxVoiceTts:
             config_path = config_path or default_config
         started = time.perf_counter()
         self._config = VoiceConfig.read(config_path)
-        self._session = open_voice_session(model_path, threads, seed)
+        self._session = open_voice_session(model_path, threads, seed, cache_dir)
         try:
             self._phonemizer = Phonemizer(self._config.ids)
         except Exception as exc:  # gruut's loading raises untyped errors (sqlite, crfsuite)
