@@ -5,7 +5,8 @@ namespace), the voice benchmark (embedded models), the speech synthesiser and th
 their own, the prefix-cache probe and the avatar benchmarks
 (render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions held open,
 a STUN spray, a peer that acknowledges nothing), the prefill ablation and the WHIP connect times
-(aiortc and GStreamer) and the resume time after a lost connection, prints a summary table and
+(aiortc and GStreamer), the resume time after a lost connection and the user talking over the
+avatar's echo (offline), prints a summary table and
 writes ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
 benchmarks cannot rot) and writes to ``benchmarks/results/smoke/``: its figures are not for
 reporting. The figures BENCHMARKS.md quotes are committed in ``benchmarks/reported/``.
@@ -32,6 +33,7 @@ from benchmarks import (
     resume_bench,
     scheduler_sim,
     stamped,
+    talk_over_bench,
     transport_bench,
     tts_bench,
     unacked_peer,
@@ -284,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "whip_connect": whip_connect.main([*quick, "--out", str(out / "whip_connect.json")]),
         "resume": resume_bench.main([*quick, "--out", str(out / "resume.json")]),
+        "talk_over": talk_over_bench.main(
+            [*(["--seeds", "1"] if args.smoke else []), "--out", str(out / "talk_over.json")]
+        ),
     }
     results = {
         "scheduler": _load(out, "scheduler_sim.json"),
@@ -302,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill_ablation": _load(out, "prefill_ablation.json"),
         "whip_connect": _load(out, "whip_connect.json"),
         "resume": _load(out, "resume.json"),
+        "talk_over": _load(out, "talk_over.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }

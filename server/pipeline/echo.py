@@ -62,9 +62,11 @@ class EchoPath:
     """One conversation's far end (what its link's audio track sent) and the cleaning of its
     inbound audio. Without a canceller, audio passes through untouched."""
 
-    def __init__(self, canceller: EchoCanceller | None) -> None:
+    def __init__(
+        self, canceller: EchoCanceller | None, gate: ResidualEchoGate | None = None
+    ) -> None:
         self.canceller = canceller
-        self.gate = ResidualEchoGate()
+        self.gate = gate or ResidualEchoGate()
         self._resampler: av.AudioResampler | None = None
         self._far = np.zeros(0, np.int16)  # sent, not yet given to the canceller
         self._near = np.zeros(0, np.int16)  # heard, less than a frame

@@ -66,7 +66,8 @@ class EchoGain:
     of all of them, says whether anything comes back at all (the microphone's noise where
     nothing does; the user talks over few: a reply pauses when they do)."""
 
-    def __init__(self) -> None:
+    def __init__(self, user_above_db: float = USER_ABOVE_DB) -> None:
+        self._user_above_db = user_above_db  # inf: every frame the canceller took from counts
         self._alone: deque[float] = deque(maxlen=GAIN_FRAMES)
         self._all: deque[float] = deque(maxlen=GAIN_FRAMES)
         self._count = 0
@@ -89,7 +90,7 @@ class EchoGain:
         avatar talked, until they had left the window (3 s of its talk). An echo that grows
         by less than ``USER_ABOVE_DB`` is still learnt."""
         self._all.append(ratio_db)
-        if self.known and ratio_db > self.db + GATE_MARGIN_DB + USER_ABOVE_DB:
+        if self.known and ratio_db > self.db + GATE_MARGIN_DB + self._user_above_db:
             self._user_frames = USER_FRAMES + 1
             self._pending.clear()
         self._user_frames = max(0, self._user_frames - 1)
@@ -206,10 +207,11 @@ class ResidualEchoGate:
     gate took it for an onset that paused the reply; the user's words stay above it for many
     frames, and their first 10 ms is the cost."""
 
-    def __init__(self) -> None:
+    def __init__(self, user_above_db: float = USER_ABOVE_DB) -> None:
+        """``user_above_db``: see :meth:`EchoGain.learn` (inf: as before 2026-12-05)."""
         self._far: deque[float] = deque(maxlen=MAX_LAG_FRAMES + REVERB_FRAMES)
         self.delay = EchoDelay()
-        self._wide = EchoGain()  # for the window of every delay up to MAX_LAG_FRAMES
+        self._wide = EchoGain(user_above_db)  # for the window of every delay up to MAX_LAG_FRAMES
         self._floors: deque[float] = deque(maxlen=FLOOR_FRAMES)  # cleaned mean squares
         self._floor = 0.0  # the noise floor (a mean square)
         self._noise = np.random.default_rng(0)  # comfort noise in place of a silenced frame
