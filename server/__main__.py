@@ -186,8 +186,9 @@ async def drain_sessions(registry: SessionRegistry, timeout_s: float, stop: asyn
         if left <= 0:
             log.warning("drain deadline: %d sessions still live, closing them", len(registry))
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), min(DRAIN_POLL_S, left))
+        with contextlib.suppress(TimeoutError):  # not wait_for: 3.11's can swallow a cancel
+            async with asyncio.timeout(min(DRAIN_POLL_S, left)):
+                await stop.wait()
     log.info("drained: no session left" if not len(registry) else "drain cut short")
 
 

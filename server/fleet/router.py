@@ -199,8 +199,9 @@ class Router:
     async def _fresh(self) -> None:
         """Refresh the workers' figures, waiting at most HEALTHZ_WAIT_S: a hung worker must
         not hang /healthz (the pool's poll goes on and its figures serve the next call)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.pool.poll(), HEALTHZ_WAIT_S)
+        with contextlib.suppress(TimeoutError):  # not wait_for: 3.11's can swallow a cancel
+            async with asyncio.timeout(HEALTHZ_WAIT_S):
+                await self.pool.poll()
 
     async def _scrape(
         self, worker: Upstream, path: str, request: web.Request

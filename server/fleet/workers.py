@@ -272,8 +272,9 @@ class Supervisor:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-            try:
-                code = await asyncio.wait_for(proc.wait(), grace_s)
+            try:  # not wait_for: 3.11's can swallow a cancel that comes as the process ends
+                async with asyncio.timeout(grace_s):
+                    code = await proc.wait()
             except TimeoutError:
                 log.error("worker %d did not stop within %.0f s; killing it", worker.index, grace_s)
                 proc.kill()
