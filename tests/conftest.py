@@ -41,6 +41,7 @@ E2E_MODULES = {  # modules whose tests (nearly all) start a server, real peers o
     "tests/server/test_resume.py": "the server in process, aiortc peers, Whisper",
     "tests/server/test_turn_detector.py": "the Silero VAD model, espeak-ng",
     "tests/server/test_turn_relay.py": "coturn",
+    "tests/benchmarks/test_talk_over_bench.py": "the joe voice, AEC3, the Silero VAD model",
 }
 E2E_TESTS = {  # single tests of otherwise unit modules
     "tests/server/test_config.py": (
