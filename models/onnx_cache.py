@@ -7,8 +7,9 @@ can write the optimised graph out (``optimized_model_filepath``), and a session 
 with optimisation turned off starts in about 0.05 s. The optimised graph may hold kernels
 chosen for this CPU, so the file's name carries a key of everything it depends on: the source
 file (path, size, modification time), what was changed in it before optimising (``variant``),
-the onnxruntime version and the CPU's feature flags. A file that will not load is set aside and
-built again; a folder that cannot be written only costs the saving.
+the onnxruntime version and the CPU's feature flags. A file that will not load is removed and
+built again; a folder that cannot be written only costs the saving. One graph is kept per
+source file name: building one removes those of other versions and CPUs.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ Pcm16k = npt.NDArray[np.int16]
 class EchoGain:
     """The echo path's gain (dB, heard over sent) as one window of the far end sees it, from
     the frames heard while the avatar talked: the ``GAIN_QUANTILE`` of those that were the
-    echo alone (the canceller took ``ECHO_ONLY_DB`` or more: not the user, whom it keeps),
+    echo alone (the canceller took ``ECHO_ONLY_DB`` or more: not the user, whom it mostly
+    keeps, and none near a frame that is surely the user's: see :meth:`learn`),
     ``FIRST_GAIN_DB`` until there are enough of them. ``any_db``, the ``ANY_GAIN_QUANTILE``
     of all of them, says whether anything comes back at all (the microphone's noise where
     nothing does; the user talks over few: a reply pauses when they do)."""
