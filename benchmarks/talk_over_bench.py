@@ -34,23 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from benchmarks import stamped
 from models.echo import WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
-from models.vad import SileroVad, WebRtcGate
-from server.config import VadConfig
 from server.machine import this_machine
 from server.pipeline.echo import EchoPath
 from server.pipeline.echo_gate import ResidualEchoGate
-from server.pipeline.turn_detector import TurnDetector, VadEventKind
-from server.runtime.media import resample
-from tests.support.echo import room_response
+from server.pipeline.turn_detector import VadEventKind
+from tests.support.echo import PCM, detector, echo_of, through, voice_events
 
-PCM = npt.NDArray[np.int16]
-PULL = 960  # the audio track's 20 ms at 48 kHz
-HEARD = 320  # the same 20 ms at 16 kHz
 DELAY_MS = 100
 REPLY = (
     "The capital of France is Paris, a city on the river Seine. It has many museums, old "
@@ -67,9 +60,7 @@ ARMS: dict[str, Callable[[], ResidualEchoGate]] = {
 
 def microphone(reply: PCM, users: list[tuple[PCM, int]], seed: int) -> PCM:
     """What the client's microphone hears (48 kHz): the reply's echo and the user's words."""
-    wet = np.convolve(reply.astype(np.float64), room_response(-10.0, True))[: len(reply)]
-    mic = np.concatenate([np.zeros(DELAY_MS * 48), wet])[: len(reply)]
-    mic += np.random.default_rng(seed).standard_normal(len(reply)) * 30  # the mic's hiss
+    mic = echo_of(reply, DELAY_MS, True, noise_seed=seed).astype(np.int32)
     for user, at in users:
         mic[at : at + len(user)] += user[: len(mic) - at]
     heard: PCM = np.clip(mic, -32768, 32767).astype(np.int16)
@@ -79,18 +70,14 @@ def microphone(reply: PCM, users: list[tuple[PCM, int]], seed: int) -> PCM:
 def speech_starts(gate: ResidualEchoGate, reply: PCM, mic: PCM) -> tuple[list[float], list[float]]:
     """The detector's speech starts (ms) on the echo path's voice view, and the gain the gate
     had learnt at each 20 ms frame (dB; -10 until it is trusted)."""
-    path = EchoPath(WebRtcEchoCanceller(), gate)
-    config = VadConfig()
-    detector = TurnDetector(WebRtcGate(config.aggressiveness), SileroVad(), config)
-    heard = resample(mic, 48_000, 16_000)
-    starts, gains = [], []
-    for n in range(len(reply) // PULL):
-        path.played(reply[n * PULL : (n + 1) * PULL])
-        voice = path.clean(heard[n * HEARD : (n + 1) * HEARD]).voice
-        gains.append(gate.gain_db if gate.gain_db is not None else -10.0)
-        for event in detector.push(voice, arrival_ms=n * 20.0):
-            if event.kind is VadEventKind.START:
-                starts.append(event.at_ms)
+    gains: list[float] = []
+    _, voice = through(
+        EchoPath(WebRtcEchoCanceller(), gate),
+        reply,
+        mic,
+        each=lambda: gains.append(gate.gain_db if gate.gain_db is not None else -10.0),
+    )
+    starts = [ms for kind, ms in voice_events(detector(), voice) if kind is VadEventKind.START]
     return starts, gains
 
 
@@ -102,9 +89,9 @@ def run(seeds: int, arms: list[str]) -> dict[str, Any]:
         users = [(voice.synthesize(text).pcm, int(len(reply) * at)) for text, at in TALK_OVERS]
         mic = microphone(reply, users, seed)
         row: dict[str, Any] = {"seed": 20261203 + seed}
+        spans = [(at / 48, (at + len(user)) / 48) for user, at in users]  # ms
         for arm in arms:
             starts, gains = speech_starts(ARMS[arm](), reply, mic)
-            spans = [(at / 48, (at + len(user)) / 48) for user, at in users]
             first = [next((s - a for s in starts if a <= s < b), None) for a, b in spans]
             elsewhere = [s for s in starts if not any(a <= s < b + 300 for a, b in spans)]
             row[arm] = {"starts_after_ms": first, "starts_elsewhere_ms": elsewhere}

@@ -16,17 +16,12 @@ import pytest
 from models.asr import WhisperAsr
 from models.echo import EchoError, WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
-from models.vad import SileroVad, WebRtcGate
-from server.config import VadConfig
 from server.pipeline.echo import EchoPath
-from server.pipeline.turn_detector import TurnDetector, VadEventKind
+from server.pipeline.turn_detector import VadEventKind
 from server.runtime.media import resample
 from tests.server.test_turn_detector import chromium_fake_microphone
-from tests.support.echo import room_response
+from tests.support.echo import PCM, detector, echo_of, room_response, through, voice_events
 
-PCM = npt.NDArray[np.int16]
-PULL = 960  # the audio track's 20 ms at 48 kHz
-HEARD = 320  # the same 20 ms at 16 kHz
 SEED = 20261203  # the voice's noise
 
 
@@ -55,28 +50,6 @@ def reply(voice_model: OnnxVoiceTts) -> PCM:
         "old bridges and a famous tower made of iron, built for a fair long ago."
     )
     return voice_model.synthesize(text).pcm
-
-
-def echo_of(far: PCM, delay_ms: int, reverb: bool, gain_db: float = -10.0) -> PCM:
-    """What a microphone beside the speaker hears (48 kHz): ``far`` back through the room."""
-    wet = np.convolve(far.astype(np.float64), room_response(gain_db, reverb))[: len(far)]
-    delayed = np.concatenate([np.zeros(delay_ms * 48), wet])[: len(far)]
-    noise = np.random.default_rng(delay_ms).standard_normal(len(far)) * 30  # the mic's hiss
-    mic: PCM = np.clip(delayed + noise, -32768, 32767).astype(np.int16)
-    return mic
-
-
-def through(path: EchoPath, far: PCM, mic: PCM) -> tuple[PCM, PCM]:
-    """``far`` sent and ``mic`` heard, 20 ms at a time in the server's order; the mic as the
-    recogniser and as the voice detector hear it (16 kHz)."""
-    heard = resample(mic, 48_000, 16_000)
-    words, voice = [], []
-    for n in range(len(far) // PULL):
-        path.played(far[n * PULL : (n + 1) * PULL])
-        cleaned = path.clean(heard[n * HEARD : (n + 1) * HEARD])
-        words.append(cleaned.words)
-        voice.append(cleaned.voice)
-    return np.concatenate(words), np.concatenate(voice)
 
 
 def db(pcm: npt.NDArray[np.generic]) -> float:
@@ -119,20 +92,6 @@ def test_the_user_talking_over_the_echo_is_heard(
     said = {"wait", "stop", "tell", "me", "about", "rome", "instead"}
     heard = asr.transcribe(cleaned[span.start - 1600 : span.stop + 3200]).lower()
     assert len(said & set(re.findall(r"[a-z]+", heard))) >= 4, heard  # Whisper tiny: 5-7
-
-
-def detector() -> TurnDetector:
-    config = VadConfig()
-    return TurnDetector(WebRtcGate(config.aggressiveness), SileroVad(), config)
-
-
-def voice_events(det: TurnDetector, pcm: PCM) -> list[tuple[VadEventKind, float]]:
-    """The detector's events (kind, at_ms) for ``pcm`` (16 kHz), but for the gate's onsets in
-    the first 100 ms (webrtcvad's noise estimate starts from nothing)."""
-    found = []
-    for i in range(0, len(pcm), HEARD):
-        found += [(e.kind, e.at_ms) for e in det.push(pcm[i : i + HEARD], arrival_ms=i / 16)]
-    return [(kind, ms) for kind, ms in found if ms > 100 or kind is not VadEventKind.ONSET]
 
 
 def jumpy_echo(far: PCM, delays_ms: list[tuple[int, int]]) -> PCM:

@@ -19,8 +19,10 @@ from models.onnx_cache import cache_path, open_cached_session
 from models.tts import OnnxVoiceTts
 
 
-def write_adder(path: Path) -> None:
-    """A model of one node: Z = X + Y (floats, 3 wide)."""
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    """A model file of one node: Z = X + Y (floats, 3 wide)."""
+    path = tmp_path / "adder.onnx"
     x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [3])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])
     z = helper.make_tensor_value_info("Z", TensorProto.FLOAT, [3])
@@ -28,6 +30,7 @@ def write_adder(path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
+    return path
 
 
 class Opener:
@@ -57,10 +60,8 @@ def adds(session: Any) -> bool:
 
 
 def test_the_second_session_loads_the_kept_graph_without_reading_the_model(
-    tmp_path: Path,
+    source: Path, tmp_path: Path
 ) -> None:
-    source = tmp_path / "adder.onnx"
-    write_adder(source)
     opener = Opener(source, tmp_path / "kept")
     assert adds(opener.open()) and opener.builds == 1
     kept = cache_path(tmp_path / "kept", source, "")
@@ -70,10 +71,8 @@ def test_the_second_session_loads_the_kept_graph_without_reading_the_model(
 
 
 def test_a_changed_model_or_change_gets_a_graph_of_its_own_and_the_old_one_goes(
-    tmp_path: Path,
+    source: Path, tmp_path: Path
 ) -> None:
-    source = tmp_path / "adder.onnx"
-    write_adder(source)
     cache = tmp_path / "kept"
     opener = Opener(source, cache)
     opener.open()
@@ -87,10 +86,8 @@ def test_a_changed_model_or_change_gets_a_graph_of_its_own_and_the_old_one_goes(
 
 
 def test_a_kept_graph_that_will_not_load_is_built_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    source: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    source = tmp_path / "adder.onnx"
-    write_adder(source)
     cache = tmp_path / "kept"
     cache.mkdir()
     kept = cache_path(cache, source, "")
@@ -103,10 +100,8 @@ def test_a_kept_graph_that_will_not_load_is_built_again(
 
 
 def test_a_folder_that_cannot_be_written_costs_only_the_saving(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    source: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    source = tmp_path / "adder.onnx"
-    write_adder(source)
     blocker = tmp_path / "file"
     blocker.write_text("a file where the folder would be")
     opener = Opener(source, blocker / "kept")

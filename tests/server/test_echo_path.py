@@ -38,6 +38,26 @@ def tone(n: int, level: float, hz: float = 440.0, rate: int = 16_000) -> PCM:
     return wave
 
 
+FAR = tone(FRAME, 3000.0)  # the avatar talking, as sent
+ECHO = tone(FRAME, 300.0, hz=300)  # its echo: -20 dB
+RESIDUAL = tone(FRAME, 10.0, hz=300)  # what the canceller leaves of it: 30 dB less
+
+
+def talk(gate: ResidualEchoGate, heard: PCM, cleaned: PCM, frames: int) -> None:
+    """``frames`` of the avatar talking (FAR sent), each heard as ``heard``, cleaned to
+    ``cleaned``."""
+    for _ in range(frames):
+        gate.sent(FAR)
+        gate.apply(heard, cleaned)
+
+
+def gate_that_learnt_the_echo() -> ResidualEchoGate:
+    """A gate after 1 s of the avatar talking with only its echo (-20 dB) coming back."""
+    gate = ResidualEchoGate()
+    talk(gate, ECHO, RESIDUAL, 100)
+    return gate
+
+
 def test_without_a_canceller_audio_passes_untouched() -> None:
     path = EchoPath(None)
     path.played(np.full(960, 1000, np.int16))
@@ -113,17 +133,11 @@ def test_the_gate_silences_a_leak_and_passes_the_user() -> None:
 
 
 def test_the_gate_learns_the_echo_and_opens_above_it() -> None:
-    gate = ResidualEchoGate()
-    far = tone(FRAME, 3000.0)
-    echo = tone(FRAME, 300.0, hz=300)  # -20 dB
-    residual = tone(FRAME, 10.0, hz=300)  # what the canceller leaves: 30 dB less
-    for _ in range(100):
-        gate.sent(far)
-        gate.apply(echo, residual)
+    gate = gate_that_learnt_the_echo()
     assert gate.gain_db is not None and -21 <= gate.gain_db <= -19
     assert gate.echo_heard is True
     user = tone(FRAME, 1000.0, hz=200)  # -10 dB: far above the echo, below what was sent
-    heard = user + echo
+    heard = user + ECHO
     gate.apply(heard, user)  # the first frame above the bound is held back
     assert gate.apply(heard, user) == (heard, heard)  # the canceller would damp the user
     leak = tone(FRAME, 300.0, hz=300)  # the echo let through whole: not above its own level
@@ -134,19 +148,13 @@ def test_the_gate_learns_the_echo_and_opens_above_it() -> None:
 def test_a_single_frame_above_the_echos_bound_is_not_the_user() -> None:
     # right after the client's playout delay moves, the canceller relearns the path and one
     # 10 ms peak of the echo may top the bound (the gain learnt, plus the margin)
-    gate = ResidualEchoGate()
-    far = tone(FRAME, 3000.0)
-    echo = tone(FRAME, 300.0, hz=300)  # -20 dB
-    residual = tone(FRAME, 10.0, hz=300)
-    for _ in range(100):
-        gate.sent(far)
-        gate.apply(echo, residual)
+    gate = gate_that_learnt_the_echo()
     peak = tone(FRAME, 600.0, hz=300)  # -14 dB: 6 dB over the echo's gain, 3 over the bound
     for _ in range(3):  # peaks with the echo between them: never a run of two
         _, voice = gate.apply(peak, peak)
         assert voice is not peak
-        _, voice = gate.apply(echo, residual)
-        assert voice is not echo
+        _, voice = gate.apply(ECHO, RESIDUAL)
+        assert voice is not ECHO
     gate.apply(peak, peak)
     assert gate.apply(peak, peak) == (peak, peak)  # a second frame in a row: the user
 
@@ -154,24 +162,14 @@ def test_a_single_frame_above_the_echos_bound_is_not_the_user() -> None:
 def test_the_user_damped_by_the_canceller_is_not_learnt_as_the_echo() -> None:
     # WebRTC's canceller damps a user talking over the far end by 10 dB and more at times (their
     # first words most): such frames are not the echo alone, and the gain must not follow them
-    gate = ResidualEchoGate()
-    far = tone(FRAME, 3000.0)
-    echo = tone(FRAME, 300.0, hz=300)  # -20 dB
-    residual = tone(FRAME, 10.0, hz=300)
-    for _ in range(100):
-        gate.sent(far)
-        gate.apply(echo, residual)
+    gate = gate_that_learnt_the_echo()
     assert gate.gain_db is not None and -21 <= gate.gain_db <= -19
     user = tone(FRAME, 4000.0, hz=200)  # +2.5 dB over what was sent
     damped = tone(FRAME, 400.0, hz=200)  # 20 dB taken from it
-    for _ in range(5):
-        gate.sent(far)
-        gate.apply(user, damped)
-    for _ in range(200):  # the user stops; the avatar talks on (within 3 s of the user's words)
-        gate.sent(far)
-        gate.apply(echo, residual)
+    talk(gate, user, damped, 5)
+    talk(gate, ECHO, RESIDUAL, 200)  # the user stops; the avatar talks on (within 3 s of it)
     assert gate.gain_db is not None and -21 <= gate.gain_db <= -19  # was +2.5 dB
-    gate.sent(far)
+    gate.sent(FAR)
     gate.apply(user, user)  # the first frame above the bound is held back
     _, voice = gate.apply(user, user)
     assert voice is user  # they are heard when they talk again
@@ -179,18 +177,11 @@ def test_the_user_damped_by_the_canceller_is_not_learnt_as_the_echo() -> None:
 
 def test_an_echo_that_grows_a_little_is_learnt() -> None:
     # the client's volume goes up 5 dB: the echo's frames top the bound, and are learnt
-    gate = ResidualEchoGate()
-    far = tone(FRAME, 3000.0)
-    residual = tone(FRAME, 10.0, hz=300)
-    for _ in range(100):
-        gate.sent(far)
-        gate.apply(tone(FRAME, 300.0, hz=300), residual)  # -20 dB
+    gate = gate_that_learnt_the_echo()
     louder = tone(FRAME, 530.0, hz=300)  # -15 dB
-    for _ in range(300):
-        gate.sent(far)
-        gate.apply(louder, residual)
+    talk(gate, louder, RESIDUAL, 300)
     assert gate.gain_db is not None and -16 <= gate.gain_db <= -14
-    _, voice = gate.apply(louder, residual)
+    _, voice = gate.apply(louder, RESIDUAL)
     assert voice is not louder
 
 
@@ -198,11 +189,8 @@ def test_without_echo_the_audio_passes_untouched() -> None:
     # a client that cancels its own echo: only its hiss comes back. The canceller, finding no
     # echo path, would keep damping the user while the avatar talks: it is bypassed
     gate = ResidualEchoGate()
-    far = tone(FRAME, 3000.0)
     hiss = tone(FRAME, 3.0, hz=5000)
-    for _ in range(100):
-        gate.sent(far)
-        gate.apply(hiss, hiss)
+    talk(gate, hiss, hiss, 100)
     assert gate.echo_heard is False
     user = tone(FRAME, 200.0, hz=200)  # -24 dB under what is sent
     damped = (user // 8).astype(np.int16)  # what the canceller would make of it

@@ -71,15 +71,19 @@ def resumed_start(readings: list[list[str]]) -> int:
     return min(trusted) if trusted else min(start for _, start in fits)
 
 
+def two_ways(pcm: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``pcm`` (48 kHz) as Whisper reads it (16 kHz): as it is, and after 0.5 s of silence."""
+    clip = resample(pcm, MEDIA_RATE_HZ, 16_000)
+    return clip, np.concatenate([np.zeros(8_000, np.int16), clip])
+
+
 def end_readings(asr: WhisperAsr, pcm: np.ndarray[Any, Any]) -> list[str]:
     """The text of ``pcm`` (48 kHz, the audio received before the cut), read as it is and
     after half a second of silence. Greedy Whisper sometimes leaves out the clip's last
     sentence (CI once read "... the old mill" where the client had heard "There a baker gave
     him warm bread and honey" after it); a sentence left out only makes the end look earlier,
     so the latest reading tells where the audio stopped."""
-    clip = resample(pcm, MEDIA_RATE_HZ, 16_000)
-    padded = np.concatenate([np.zeros(8_000, np.int16), clip])
-    return [text for text in map(asr.transcribe, (clip, padded)) if words(text)]
+    return [text for text in map(asr.transcribe, two_ways(pcm)) if words(text)]
 
 
 def cut_end(readings: list[list[str]]) -> int:
@@ -98,8 +102,7 @@ def readings_of(asr: WhisperAsr, pcm: np.ndarray[Any, Any], said_before: str) ->
     that begins mid-word (4 of 32 cut points tried on one saved recording; each way fails at
     other points); a sentence left out only makes the start look later, so the earliest
     reading tells where the resumed audio began."""
-    clip = resample(pcm, MEDIA_RATE_HZ, 16_000)
-    padded = np.concatenate([np.zeros(8_000, np.int16), clip])
+    clip, padded = two_ways(pcm)
     texts = [asr.transcribe(clip), asr.transcribe(padded), asr.transcribe_after(clip, said_before)]
     return [heard for heard in map(words, texts) if heard]
 

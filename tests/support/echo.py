@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import av
 import numpy as np
 import numpy.typing as npt
 
 from client.cli import ScriptedMic
+from models.vad import SileroVad, WebRtcGate
+from server.config import VadConfig
+from server.pipeline.echo import EchoPath
+from server.pipeline.turn_detector import TurnDetector, VadEventKind
+from server.runtime.media import resample
 
+PCM = npt.NDArray[np.int16]
+PULL = 960  # the audio track's 20 ms at 48 kHz
+HEARD = 320  # the same 20 ms at 16 kHz
 RATE_HZ = 48_000
 ROOM_MS = 80  # the room's impulse response
 JITTER_KEPT = RATE_HZ * 60 // 1000  # samples queued beyond the delay before it skips ahead
@@ -84,3 +94,49 @@ class EchoingMic(ScriptedMic):
         out = av.AudioFrame.from_ndarray(mixed.reshape(1, -1), format="s16", layout="mono")
         out.sample_rate, out.pts, out.time_base = frame.sample_rate, frame.pts, frame.time_base
         return out
+
+
+def echo_of(
+    far: PCM, delay_ms: int, reverb: bool, gain_db: float = -10.0, noise_seed: int | None = None
+) -> PCM:
+    """What a microphone beside the speaker hears (48 kHz): ``far`` back through the room,
+    ``delay_ms`` later, with the microphone's hiss (seeded by ``noise_seed``, else the delay)."""
+    wet = np.convolve(far.astype(np.float64), room_response(gain_db, reverb))[: len(far)]
+    delayed = np.concatenate([np.zeros(delay_ms * 48), wet])[: len(far)]
+    rng = np.random.default_rng(delay_ms if noise_seed is None else noise_seed)
+    noise = rng.standard_normal(len(far)) * 30  # the mic's hiss
+    mic: PCM = np.clip(delayed + noise, -32768, 32767).astype(np.int16)
+    return mic
+
+
+def through(
+    path: EchoPath, far: PCM, mic: PCM, each: Callable[[], None] | None = None
+) -> tuple[PCM, PCM]:
+    """``far`` sent and ``mic`` heard, 20 ms at a time in the server's order; the mic as the
+    recogniser and as the voice detector hear it (16 kHz). ``each`` is called after each
+    20 ms (to follow the path's state)."""
+    heard = resample(mic, 48_000, 16_000)
+    words, voice = [], []
+    for n in range(len(far) // PULL):
+        path.played(far[n * PULL : (n + 1) * PULL])
+        cleaned = path.clean(heard[n * HEARD : (n + 1) * HEARD])
+        words.append(cleaned.words)
+        voice.append(cleaned.voice)
+        if each is not None:
+            each()
+    return np.concatenate(words), np.concatenate(voice)
+
+
+def detector() -> TurnDetector:
+    """The turn detector as the server builds it (webrtcvad + Silero, default settings)."""
+    config = VadConfig()
+    return TurnDetector(WebRtcGate(config.aggressiveness), SileroVad(), config)
+
+
+def voice_events(det: TurnDetector, pcm: PCM) -> list[tuple[VadEventKind, float]]:
+    """The detector's events (kind, at_ms) for ``pcm`` (16 kHz), but for the gate's onsets in
+    the first 100 ms (webrtcvad's noise estimate starts from nothing)."""
+    found = []
+    for i in range(0, len(pcm), HEARD):
+        found += [(e.kind, e.at_ms) for e in det.push(pcm[i : i + HEARD], arrival_ms=i / 16)]
+    return [(kind, ms) for kind, ms in found if ms > 100 or kind is not VadEventKind.ONSET]
