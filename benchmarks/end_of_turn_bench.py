@@ -47,6 +47,9 @@ synthesis of each utterance on the same machine load:
 - ``words-first`` ("words_model_at_once"): Smart Turn hears every pause at 60 ms of quiet and
   the turn waits for it, even where the words at the pause decide alone
   (``Floor.hearing_latest_ms=0``; before 2026-12-05, afternoon).
+- ``gaps`` ("words_gap_verdicts"): a decode begun in a pause that returns after the speech
+  went on is still taken as the pause's, and the LLM judges its words while the partial loop
+  waits (``Partials.gaps_are_pauses``; before 2026-12-05, evening).
 
 Per utterance the rows also keep Smart Turn's probabilities and, at each pause, the LLM's
 verdict, the ms it took, and the recogniser's weight on a word ending no sentence in place of
@@ -376,6 +379,10 @@ def model_at_once(conv: Conversation) -> None:
     conv.floor.hearing_latest_ms = 0.0
 
 
+def gaps_are_pauses(conv: Conversation) -> None:
+    conv.partials.gaps_are_pauses = True
+
+
 def longer_wait_for_words(conv: Conversation) -> None:
     conv.floor.words_wait_ms = LONGER_WORDS_WAIT_MS
 
@@ -392,6 +399,7 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "last-word": ("words_trust_last_word", None, {"vad.stranded_word_probability": "0"}),
     "warm-stable": ("words_warm_stable", warm_stable, {}),
     "words-first": ("words_model_at_once", model_at_once, {}),
+    "gaps": ("words_gap_verdicts", gaps_are_pauses, {}),
 }
 
 

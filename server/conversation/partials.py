@@ -6,12 +6,14 @@ words two partials agreed on (the stable words); it looks as each frame is judge
 pushes the words said so far into the LLM's prefix cache, one at a time: the latest partial's
 as they grow while the user speaks (their turn left open; the LLM's verdict at a pause then
 reads only the words it lacked), and at a pause the whole partial, which heard all the speech
-and is usually the final transcript. None for the words of a decode begun in speech that
-returns in a pause (the pause's decode comes next), nor while the turn may end on them (the
-end-of-turn model has yet to judge the pause, or it and the words say complete): the reply
-starts right after, and would first wait for it. Where the turn waits on, an early reply
-(server/conversation/early.py) may read the pause's words in place of their warm-up, from 100
-ms of quiet (a shorter gap is often one between two words); else they are warmed.
+and is usually the final transcript (a decode begun in a pause that returns after the user
+spoke on counts as one of speech: its words are not judged). None for the words of a decode
+begun in speech that returns in a pause (the pause's decode comes next), nor while the turn
+may end on them (the end-of-turn model has yet to judge the pause, or it and the words say
+complete): the reply starts right after, and would first wait for it. Where the turn waits
+on, an early reply (server/conversation/early.py) may read the pause's words in place of
+their warm-up, from 100 ms of quiet (a shorter gap is often one between two words); else
+they are warmed.
 """
 
 from __future__ import annotations
@@ -154,8 +156,9 @@ class Partials:
         self.decode: tuple[int, asyncio.Task[Transcript]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
-        # ablations: warm words that came back in a pause; in speech, warm the stable words only
-        self.warm_in_pause = self.warm_stable = False
+        # ablations: warm words that came back in a pause; in speech, warm the stable words only;
+        # take a decode begun in a pause as the pause's even where the speech went on since
+        self.warm_in_pause = self.warm_stable = self.gaps_are_pauses = False
         self.pause_ms = PAUSE_MS  # quiet (ms) after which the words heard are the pause's
         self._heard = asyncio.Event()  # more audio judged since the loop last looked
 
@@ -251,8 +254,12 @@ class Partials:
             self._emit(TranscriptionDelta(text, stable).to_dict())
             if len(stable) > len(self.stable):
                 self.stable = stable
-            # a decode begun in a pause heard all the speech: likely the final transcript
-            paused = quiet >= pause_ms
+            # a decode begun in a pause heard all the speech: likely the final transcript;
+            # not where the speech went on before it returned (a gap between two words, long
+            # on a slow machine): a verdict on its words would hold this loop, and the decode
+            # of the next pause, and they only prefix what the user is saying, as in speech
+            same_pause = self.gaps_are_pauses or self._pause_start() <= pause_start
+            paused = quiet >= pause_ms and same_pause
             said = text.strip() if paused or not self.warm_stable else self.stable
             now = Said(said, paused, heard)
             if not said or now == self._said or not (paused or len(said) > len(self._said.words)):
@@ -285,6 +292,11 @@ class Partials:
                 # reads anyway
                 continue
             await self._push(pipeline, now)
+
+    def _pause_start(self) -> int:
+        """Where (16 kHz samples into the utterance) the current quiet began: the end of the
+        audio while the user speaks."""
+        return self._utterance.samples - int(self._detector.quiet_ms * 16)
 
     async def _look_again(self) -> None:
         """Until more audio was judged, or PARTIAL_TICK_S at most (not ``asyncio.wait_for``: on

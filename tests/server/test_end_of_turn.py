@@ -553,6 +553,35 @@ async def test_a_last_word_heard_where_one_ending_no_sentence_may_have_been_said
         await rig.conversation.close()
 
 
+async def test_no_verdict_on_a_pauses_words_once_the_speech_went_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a gap between two words, long enough to decode (a slow recogniser returns after the
+    # user spoke on): the words only prefix what the user is saying, so they are warmed as in
+    # speech; a verdict on them would hold the partial loop, and the next pause's decode
+    judging = Judging("I would like to go to Paris.", 0.9)
+    judging.hold_quiet_decodes = True
+    rig, _ = rig_with(monkeypatch, judging.partial, recogniser=judging)
+    try:
+        await speak(rig, 40)
+        await rig.tick(3)  # 60 ms of quiet: the pause's decode begins, and waits
+        await asyncio.sleep(0.01)
+        assert judging.held
+        rig.voice.on = True  # the user speaks on
+        await rig.tick(5)
+        judging.hold_quiet_decodes = False
+        judging.release.set()
+        await rig.tick(5)
+        await asyncio.sleep(0.01)
+        assert judging.judged == []
+        assert judging.warmed[-1] == judging.partial and judging.paused[-1] is False
+        rig.voice.on = False
+        assert 160.0 <= await quiet_until_the_turn_ends(rig, limit=100) <= 300.0
+        assert judging.judged == [judging.partial]  # at the pause that ended the turn
+    finally:
+        await rig.conversation.close()
+
+
 async def test_the_turn_waits_for_the_verdict_a_bounded_time_then_goes_by_the_words(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
