@@ -105,7 +105,7 @@ def voices(sentences: list[str]) -> list[tuple[str, str, npt.NDArray[np.int16]]]
 
 def streaming(asr: Any, pcm: npt.NDArray[np.int16]) -> tuple[str, float, float]:
     """(final text, final decode ms, partials' ms) as the server's partial loop runs."""
-    from server.conversation.partials import stable_words
+    from server.conversation.partial_words import stable_words
 
     step = int(PARTIAL_STEP_S * RATE_HZ)
     previous = stable = ""

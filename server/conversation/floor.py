@@ -46,7 +46,7 @@ from server.conversation.interjection import (
     Listening,
     Verdict,
 )
-from server.conversation.partials import MIN_PARTIAL_SAMPLES, Partials
+from server.conversation.partials import Partials
 from server.conversation.playout import Playout
 from server.conversation.realtime_session import TurnSettings
 from server.conversation.reply import Replies
@@ -309,7 +309,7 @@ class Floor:
             return Words.END if complete else Words.UNFINISHED
         partial, samples = self._partials.partial, self._utterance.samples
         pause_start = samples - int(quiet_ms * 16)
-        coming, vad = samples >= MIN_PARTIAL_SAMPLES, self._config.vad
+        coming, vad = self._partials.coming(samples), self._config.vad
         verdict, wait_ms, bars = self._partials.verdict, self.words_wait_ms, Bars.of(vad)
         return words_at_pause(partial.covered, partial.text, pause_start, quiet_ms, coming, wait_ms,
                               verdict, complete, bars, partial.last_word_rivals)  # fmt: skip

@@ -24,18 +24,23 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
 from server.clock import Clock
 from server.conversation.outbound import TranscriptionDelta
+from server.conversation.partial_words import (
+    MIN_PARTIAL_SAMPLES,
+    Partial,
+    Said,
+    partial_due,
+    stable_words,
+)
 from server.conversation.unfinished import PENDING, SentenceEnd, stranded
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
-from server.pipeline.engines import Rivals
-from server.pipeline.repetition import normalise_word
 from server.pipeline.seams import JudgesWords, ReplyRequest, Transcript, TurnPipeline, engines_busy
 from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
 from server.runtime.session import Session
@@ -47,65 +52,10 @@ log = logging.getLogger(__name__)
 
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 PARTIAL_TICK_S = 0.02  # the partial loop looks for a pause as audio is judged, or this often
-MIN_PARTIAL_SAMPLES = 4800  # 300 ms at 16 kHz: shorter utterances get no partial
 EARLY_REPLY_QUIET_MS = 100.0  # quiet (ms) before an early reply may begin on a pause's words
 # the pause (ms of quiet) while any session's reply is being written: a decode and a verdict at
 # every short gap between words would take the cores from the reply being spoken (audio gaps)
 BUSY_PAUSE_MS = 100.0
-
-
-@dataclass(frozen=True)
-class Partial:
-    """A partial transcript, the samples (16 kHz) it heard, its last word's rivals (Transcript)."""
-
-    covered: int
-    text: str
-    last_word_rivals: Rivals = ()
-
-
-@dataclass(frozen=True)
-class Said:
-    """The user's words a warm-up pushes: a partial's in speech, or a pause's (``paused``: the
-    user paused after them, so they may be all the turn says). ``heard``: input samples heard
-    when the decode that found them began (not part of what was said)."""
-
-    words: str = ""
-    paused: bool = False
-    heard: int = field(default=0, compare=False)
-
-
-def partial_due(
-    since_last_ms: float,
-    interval_ms: float,
-    quiet_ms: float,
-    samples: int,
-    covered: int,
-    pause_ms: float = PAUSE_MS,
-) -> bool:
-    """Whether the partial loop decodes now: an interval after the last partial began, or at
-    once when the speaker paused (quiet for ``pause_ms``) after audio the last partial did not
-    hear, so that the decode hearing all the speech runs during the end-of-turn wait and is
-    the final transcript at the endpoint. Never when all the audio the last partial did not
-    hear is silence (the end-of-turn wait): that decode would find nothing new and hold the
-    recogniser while the reply starts. ``samples``/``covered``: 16 kHz samples of the
-    utterance and of the last partial's audio."""
-    if samples <= covered or samples < MIN_PARTIAL_SAMPLES:
-        return False
-    pause_start = samples - int(quiet_ms * 16)
-    if covered >= pause_start:
-        return False
-    return since_last_ms >= interval_ms or quiet_ms >= pause_ms
-
-
-def stable_words(previous: str, current: str) -> str:
-    """Local agreement of two consecutive partial transcripts: their longest common prefix of
-    words (case and punctuation aside), as the words of ``current``."""
-    agreed: list[str] = []
-    for before, now in zip(previous.split(), current.split(), strict=False):
-        if normalise_word(before) != normalise_word(now):
-            break
-        agreed.append(now)
-    return " ".join(agreed)
 
 
 async def warm_context(pipeline: TurnPipeline, request: ReplyRequest, metrics: Metrics) -> None:
@@ -171,6 +121,11 @@ class Partials:
         self._pause_said = Said()
         self._early_for = Partial(0, "")
         self.verdict = None
+
+    @staticmethod
+    def coming(samples: int) -> bool:
+        """Whether partial transcripts come for an utterance of ``samples`` (16 kHz)."""
+        return samples >= MIN_PARTIAL_SAMPLES
 
     def heard(self) -> None:
         """More audio was judged: the loop looks again now, not at its next tick."""

@@ -15,7 +15,7 @@ import pytest
 from models.tts import OnnxVoiceTts, TtsError, split_sentences
 from server.config import Config
 from server.conversation.conversation import Conversation
-from server.conversation.partials import partial_due, stable_words
+from server.conversation.partial_words import partial_due, stable_words
 from server.http.auth import token_digest
 from server.metrics import Metrics
 from server.owner import NO_OWNER
