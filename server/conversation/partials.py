@@ -178,7 +178,7 @@ class Partials:
             since = self._clock.now_ms() - last_ms
             quiet, samples = self._detector.quiet_ms, self._utterance.samples
             pause_ms = max(self.pause_ms, BUSY_PAUSE_MS if engines_busy(pipeline) else 0.0)
-            pause_start = samples - int(quiet * 16)
+            pause_start = self._pause_start()  # of the same quiet and samples (no await)
             heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
             if quiet >= pause_ms and heard_all:  # the pause's words are known
                 if self.partial != self._pause_words:
