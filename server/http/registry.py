@@ -266,7 +266,7 @@ class SessionRegistry:
             self._ended.popitem(last=False)
         if peer is not None:
             await peer.close()
-            described["state"] = peer.state.value
+        described["state"] = PeerState.CLOSED.value  # ended, whether a peer carried it or not
         await conversation.close()
         self.closed_total += 1
         self.finished.append((conversation.owner, described))

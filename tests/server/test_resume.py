@@ -316,6 +316,10 @@ async def test_a_token_presented_after_the_window_gets_410() -> None:
             assert peer.session_id in registry.conversations  # kept for a resume
             await asyncio.sleep(35)
             assert peer.session_id not in registry.conversations
+            # it ended while detached, and its record says it ended (the page's test lost a race
+            # once: its connection's close came before its DELETE, and the record said detached)
+            ended = registry.finished[-1][1]
+            assert (ended["session_id"], ended["state"]) == (peer.session_id, "closed")
             with pytest.raises(RuntimeError, match="410"):
                 await peer.resume()
         finally:
