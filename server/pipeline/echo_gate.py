@@ -220,12 +220,21 @@ class ResidualEchoGate:
         self.silenced = 0  # frames
         self.since_silenced = 1 << 30  # frames heard since the last one silenced
         self._above = False  # the last frame heard was above the echo's bound
+        self._quiet_sent = 0  # far-end frames sent in a row below FAR_ACTIVE
 
     def sent(self, frame: Pcm16k) -> None:
-        """A far-end frame, as the canceller got it."""
+        """A far-end frame, as the canceller got it (or would have: see ``quiet``)."""
         power = mean_square(frame)
         self._far.append(power)
         self.delay.sent(db(power))
+        self._quiet_sent = self._quiet_sent + 1 if power < FAR_ACTIVE else 0
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing sent within any echo's reach (the last ``MAX_LAG_FRAMES`` +
+        ``REVERB_FRAMES`` far-end frames all quiet): every frame heard now passes untouched,
+        whatever a canceller made of it."""
+        return self._quiet_sent >= MAX_LAG_FRAMES + REVERB_FRAMES
 
     def apply(self, heard: Pcm16k, cleaned: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
         """The frame for the recogniser and for the voice detector, from ``heard`` and the

@@ -71,6 +71,21 @@ def test_the_avatars_echo_is_removed(reply: PCM, delay_ms: int, reverb: bool) ->
     assert -16 <= figures["echo_gain_db"] <= -4  # learnt: the echo comes back at -10 dB
 
 
+def test_after_a_rest_the_canceller_removes_the_echo_at_once(reply: PCM) -> None:
+    """Two replies 3 s apart: the canceller rests in between (nothing it could cancel), and
+    wakes on the second reply where it left the echo path (39.5-39.8 dB taken from the second
+    reply's first second, against 39.8-40.1 dB where it never rests, measured)."""
+    far = np.concatenate([reply, np.zeros(48_000 * 3, np.int16), reply])
+    mic = echo_of(far, 100, True)
+    path = EchoPath(WebRtcEchoCanceller())
+    cleaned, _ = through(path, far, mic)
+    heard = resample(mic, 48_000, 16_000)[: len(cleaned)]
+    second = (len(far) - len(reply)) // 3  # 16 kHz
+    first_second = slice(second, second + 16_000)
+    assert db(heard[first_second]) - db(cleaned[first_second]) >= 30
+    assert path.describe()["frames_rested"] >= 200  # of the 300 frames between the replies
+
+
 def test_the_user_talking_over_the_echo_is_heard(
     voice_model: OnnxVoiceTts, reply: PCM, asr: WhisperAsr
 ) -> None:

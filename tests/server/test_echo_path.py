@@ -9,7 +9,13 @@ import numpy as np
 import numpy.typing as npt
 
 from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
-from server.pipeline.echo_gate import EchoDelay, ResidualEchoGate, mean_square
+from server.pipeline.echo_gate import (
+    MAX_LAG_FRAMES,
+    REVERB_FRAMES,
+    EchoDelay,
+    ResidualEchoGate,
+    mean_square,
+)
 
 PCM = npt.NDArray[np.int16]
 
@@ -110,6 +116,32 @@ def test_a_new_inbound_stream_starts_clean() -> None:
     words = path.clean(np.zeros(FRAME, np.int16)).words
     assert len(words) == FRAME  # the 100 samples left from before are gone
     assert canceller.calls == [("capture", 0)]  # and what was sent to the old stream
+
+
+def test_the_canceller_rests_while_nothing_sent_can_come_back() -> None:
+    """750 ms of a quiet far end (the gate's window): the frames heard pass untouched, so the
+    canceller gets neither stream; a loud frame sent wakes it on the frame heard last."""
+    canceller = Scripted(keep=0.5)
+    path = EchoPath(canceller)
+    quiet = np.full(960, 3, np.int16)  # sent: 20 ms far below the avatar talking
+    window = (MAX_LAG_FRAMES + REVERB_FRAMES) // 2  # in 20 ms steps
+    calls = []
+    for step in range(window + 10):
+        path.played(quiet)
+        heard = np.full(320, step + 1, np.int16)
+        out = path.clean(heard)
+        assert (out.words == heard).all() and (out.voice == heard).all()
+        calls.append(len(canceller.calls))
+    captures = [kind for kind, _ in canceller.calls].count("capture")
+    # every frame heard until 750 ms of quiet were sent (the resampler's first 20 ms is
+    # short of a frame: the 38th step had them), then none
+    assert captures == 2 * window and calls[window - 1] == calls[-1]
+    assert path.describe()["frames_rested"] == 2 * (len(calls) - window)
+    path.played(np.full(960, 3000, np.int16))  # the avatar talks again
+    path.clean(np.full(320, 99, np.int16))
+    woke = canceller.calls[calls[-1] :]
+    assert woke[:2] == [("render", 0), ("capture", len(calls))]  # the frame heard last
+    assert [kind for kind, _ in woke[2:]] == ["render"] * 2 + ["capture"] * 2
 
 
 def test_the_gate_silences_a_leak_and_passes_the_user() -> None:
