@@ -14,6 +14,8 @@ The prediction, in ms after the end-of-turn decision:
                              after the warm-up at the pause)
   + the first chunk's tokens at the measured speed
   + speech for the first chunk (its duration x the TTS real-time factor)
+  (each timed alone at start: in a conversation they share the CPU with the session's own
+   media path and video, so the sum is stretched by cpus / (cpus - those), where CPU is short)
   + one 20 ms audio frame
 """
 
@@ -58,6 +60,9 @@ IDLE_S = 5.0
 # event loop) on the reference machine: avatar_sync measured 11.6 % of a core for a session
 # with audio and events only; it scales with the machine like the avatar frame does
 MEDIA_CORES = 0.12
+# the least share of the CPU the stages are predicted to have beside one session's media path
+# and video (where those would take more, the prediction says slow, not infinite)
+MIN_STAGE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -155,18 +160,22 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
     words = pc.first_chunk_words
     first_chunk = words * TOKENS_PER_WORD / tps * 1000
     speech = words * SPEECH_S_PER_WORD * 1000 * rtf
-    predicted = asr_left + ttft + first_chunk + speech + FRAME_MS
+
+    # CPU (cores) the session's media path and video take all the time: the stages were
+    # timed alone, and in a conversation they have what is left of the CPU
+    fps = config.transport.video_fps if config.transport.video else 0
+    video = frame_ms * fps / 1000
+    slowness = frame_ms / REFERENCE["frame_ms"] if costs.frame_ms else 1.0
+    media = MEDIA_CORES * slowness
+    left = max(MIN_STAGE_SHARE, 1 - (media + video) / cpus)
+    predicted = (asr_left + ttft + first_chunk + speech) / left + FRAME_MS
 
     # CPU (cores) one session needs on average: its media path and video all the time, plus
     # a turn's work spread over the turn (the user speaking, the reply, a pause)
-    fps = config.transport.video_fps if config.transport.video else 0
-    video = frame_ms * fps / 1000
     reply_s = REPLY_TOKENS * SPEECH_S_PER_WORD / TOKENS_PER_WORD
     partials = UTTERANCE_S * 1000 / pc.partial_interval_ms * asr_call if pc.incremental else 0
     turn_cpu_ms = partials + asr_call + REPLY_TOKENS / tps * 1000 + reply_s * 1000 * rtf
     turn_s = UTTERANCE_S + predicted / 1000 + reply_s + IDLE_S
-    slowness = frame_ms / REFERENCE["frame_ms"] if costs.frame_ms else 1.0
-    media = MEDIA_CORES * slowness
     per_session = media + video + turn_cpu_ms / 1000 / turn_s
     capacity = max(1, math.floor(cpus * UTILISATION / per_session))
     return Calibration(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
+
 from server.config import Config, load_config
 from server.pipeline.calibration import (
     MEDIA_CORES,
@@ -162,3 +164,19 @@ def test_where_not_one_session_fits_the_video_goes_to_its_least() -> None:
     kept, changed = adapt(chosen, calibrate(cheap_frames, chosen, 0.5))
     assert kept.transport.video_fps == 25 and kept.transport.video_width == 512
     assert "transport.video_width" not in changed
+
+
+def test_the_sessions_own_media_slows_a_reply_where_cpu_is_short() -> None:
+    """The stages were timed alone; in a conversation the session's media path and video take
+    their share first: half a CPU leaves the stages much less than sixteen do."""
+    audio_only = load_config(overrides={"transport.video": False})
+    alone = calibrate(FAST, audio_only, 16).predicted_voice_to_voice_ms
+    half_cpu = calibrate(FAST, audio_only, 0.5).predicted_voice_to_voice_ms
+    with_video = calibrate(FAST, Config(), 0.5).predicted_voice_to_voice_ms
+    assert alone < half_cpu < with_video
+    media = MEDIA_CORES  # FAST's frame is the reference's: the media path at its own cost
+    stages = alone - 20.0  # the last audio frame is not stretched
+    assert half_cpu - 20.0 == pytest.approx(stages / (1 - media / 0.5) * (1 - media / 16))
+    # a frame so dear that media and video would take all the CPU: slow, not infinite
+    dear = dataclasses.replace(FAST, frame_ms=200.0)
+    assert calibrate(dear, Config(), 0.5).predicted_voice_to_voice_ms < 20 * alone
