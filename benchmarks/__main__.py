@@ -27,6 +27,7 @@ from benchmarks import (
     avatar_bench,
     avatar_sync,
     cache_probe,
+    inbound_bench,
     llm_bench,
     prefill_ablation,
     realtime_bench,
@@ -247,6 +248,14 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         ("resume POST -> first audio median/p95 ms", f"{resume['median_ms']} / {resume['p95_ms']}")
     )
+    inbound = results["inbound"]["summary"]["rests"]
+    rows.append(
+        (
+            "inbound audio path CPU us per 20 ms, avatar silent/talking",
+            f"{inbound['cpu_us_per_20ms_avatar_silent']} / "
+            f"{inbound['cpu_us_per_20ms_avatar_talking']}",
+        )
+    )
     return rows
 
 
@@ -289,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         "talk_over": talk_over_bench.main(
             [*(["--seeds", "1"] if args.smoke else []), "--out", str(out / "talk_over.json")]
         ),
+        "inbound": inbound_bench.main(
+            [*(["--repeats", "1"] if args.smoke else []), "--out", str(out / "inbound.json")]
+        ),
     }
     results = {
         "scheduler": _load(out, "scheduler_sim.json"),
@@ -308,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "whip_connect": _load(out, "whip_connect.json"),
         "resume": _load(out, "resume.json"),
         "talk_over": _load(out, "talk_over.json"),
+        "inbound": _load(out, "inbound.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }

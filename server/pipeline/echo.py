@@ -62,6 +62,9 @@ class EchoPath:
     """One conversation's far end (what its link's audio track sent) and the cleaning of its
     inbound audio. Without a canceller, audio passes through untouched."""
 
+    rests = True  # the canceller rests while nothing sent can come back (see clean; False:
+    # it hears every frame, as before 2026-12-05: benchmarks/inbound_bench.py --ablate rest)
+
     def __init__(
         self, canceller: EchoCanceller | None, gate: ResidualEchoGate | None = None
     ) -> None:
@@ -114,7 +117,7 @@ class EchoPath:
             self.gate.sent(frame)
         far_level = pcm_level(self._far[:sent])
         self._far = self._far[sent:]
-        if self.gate.quiet:  # the canceller rests: what it would make of these goes unused
+        if self.rests and self.gate.quiet:  # it rests: what it would make of these goes unused
             self.rested_frames += whole // FRAME
             frames = [near[i : i + FRAME] for i in range(0, whole, FRAME)]
         else:
@@ -126,7 +129,7 @@ class EchoPath:
             for frame in far:
                 canceller.render(frame)
             frames = [canceller.capture(near[i : i + FRAME]) for i in range(0, whole, FRAME)]
-        self._resting = self.gate.quiet
+        self._resting = self.rests and self.gate.quiet
         if whole:
             self._last_near = near[whole - FRAME : whole].copy()
         cleaned = np.concatenate(frames) if frames else np.zeros(0, np.int16)
