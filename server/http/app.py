@@ -32,6 +32,7 @@ from server.pipeline.seams import QueueObservable, TurnPipeline
 from server.pipeline.turn_detector import TurnDetector
 from server.priority import lowest_priority
 from server.procstats import open_fds, rss_bytes
+from server.rtc.audio_level import faster_audio_level
 from server.rtc.settings import pin_host_addresses, widen_dtls_ciphers
 from server.vision.sampling import VisionModel
 
@@ -190,6 +191,7 @@ def create_app(
         pipeline.set_queue_observer(app[METRICS_KEY].observe_engine_job)
     pin_host_addresses(config.transport.ice_host_addresses)
     widen_dtls_ciphers()  # RSA-certificate peers (GStreamer, many WHIP publishers) too
+    faster_audio_level()  # each outbound audio packet's level from numpy, not a Python loop
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         log.info("accepting sessions (max %d)", config.transport.max_sessions)
