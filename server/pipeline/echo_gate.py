@@ -26,6 +26,7 @@ a silent microphone is wiped out whole), and the user's words would be lost to i
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -298,10 +299,15 @@ class ResidualEchoGate:
 
 
 def mean_square(pcm: Pcm16k) -> float:
-    """Mean square of int16 samples (int16 units; 0 for none)."""
-    return float(np.square(pcm.astype(np.float64)).mean()) if len(pcm) else 0.0
+    """Mean square of int16 samples (int16 units; 0 for none). A dot product: three times
+    quicker than squaring and averaging, and the same figure (each partial sum of squares of
+    int16 samples, below 2**53 for any frame here, is exact in float64)."""
+    if not len(pcm):
+        return 0.0
+    samples = pcm.astype(np.float64)
+    return float(np.dot(samples, samples)) / len(samples)
 
 
 def db(power: float) -> float:
     """A mean square (int16 units) in dB; 1e-3 keeps digital silence finite."""
-    return float(10 * np.log10(power + 1e-3))
+    return 10 * math.log10(power + 1e-3)
