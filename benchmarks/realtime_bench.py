@@ -123,7 +123,17 @@ def p50_of(turns: list[dict[str, Any]], key: str) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-def summary(turns: list[dict[str, Any]], before: str, after: str) -> dict[str, Any]:
+def cpu_cores(before: str, after: str, name: str, wall_s: float) -> float | None:
+    """The share of a core a CPU-seconds gauge of the server grew by between two scrapes
+    ``wall_s`` apart (None where the server does not report it)."""
+    if wall_s <= 0 or name not in after:
+        return None
+    return round((metric_value(after, name) - metric_value(before, name)) / wall_s, 3)
+
+
+def summary(
+    turns: list[dict[str, Any]], before: str, after: str, wall_s: float = 0.0
+) -> dict[str, Any]:
     def p50(key: str) -> float | None:
         return p50_of(turns, key)
 
@@ -149,6 +159,9 @@ def summary(turns: list[dict[str, Any]], before: str, after: str) -> dict[str, A
         "loop_lag_ms_p99_at_most": None if lag is None else lag * 1000,
         "early_replies_played": sum(bool(t.get("early_reply")) for t in turns),
         "early_replies_dropped": dropped(after) - dropped(before),
+        # the server's event loop thread and whole process, as shares of one core
+        "loop_cpu_cores": cpu_cores(before, after, "avatar_event_loop_cpu_seconds", wall_s),
+        "process_cpu_cores": cpu_cores(before, after, "avatar_process_cpu_seconds", wall_s),
     }
 
 
@@ -172,18 +185,20 @@ async def conversing(
             await peer.connect(timeout=60)
         await asyncio.sleep(1.0)  # media flowing both ways before the first question
         before = await asyncio.to_thread(server.metrics)
+        started = time.monotonic()
 
         async def asks(peer: ClientPeer, mine: list[npt.NDArray[np.int16]]) -> list[Any]:
             return [await ask(peer, q) for q in mine]
 
         turns = await asyncio.gather(*(asks(p, q) for p, q in zip(peers, questions, strict=True)))
         after = await asyncio.to_thread(server.metrics)
+        wall_s = time.monotonic() - started
     finally:
         for peer in peers:
             await peer.close()
     both = [t for mine in turns for t in mine]
     return {
-        **summary(both, before, after),
+        **summary(both, before, after, wall_s),
         "underruns": underruns(after) - underruns(before),
         "turns": [{k: v for k, v in t.items() if k != "gaps_ms"} for t in both],
     }

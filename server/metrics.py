@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -27,6 +28,17 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions_active = Gauge("avatar_sessions_active", "Connected sessions.", registry=r)
+        self.loop_cpu = Gauge(
+            "avatar_event_loop_cpu_seconds",
+            "CPU time (s) the event loop's thread has used since start, read at each scrape "
+            "(its rate: the loop's share of a core).",
+            registry=r,
+        )
+        self.process_cpu = Gauge(
+            "avatar_process_cpu_seconds",
+            "CPU time (s) the whole process has used since start, read at each scrape.",
+            registry=r,
+        )
         self.sessions_total = Counter("avatar_sessions", "Sessions created.", registry=r)
         self.sessions_rejected = Counter(
             "avatar_sessions_rejected", "Session requests refused (full).", registry=r
@@ -142,5 +154,8 @@ class Metrics:
             self.deadline_misses.labels(engine).inc()
 
     def render(self) -> bytes:
-        """The Prometheus text exposition."""
+        """The Prometheus text exposition. Call it on the event loop's thread: the loop's
+        CPU time is this thread's."""
+        self.loop_cpu.set(time.thread_time())
+        self.process_cpu.set(time.process_time())
         return generate_latest(self.registry)
