@@ -1,7 +1,9 @@
 """Benchmarks: ``python -m benchmarks`` runs the suite (see benchmarks/__main__.py)."""
 
+import json
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from server.machine import this_machine
@@ -45,3 +47,14 @@ def stamped(results: dict[str, Any]) -> dict[str, Any]:
         machine.update({k: v for k, v in this_machine().to_dict().items() if k not in machine})
     results.setdefault("commit", source_commit())
     return results
+
+
+def write_summarised(result: dict[str, Any], out: Path) -> None:
+    """Stamp ``result`` (:func:`stamped`), print the machine and its ``summary``, and write it
+    as JSON to ``out``."""
+    stamped(result)
+    print(f"machine: {this_machine().describe()}")
+    print(json.dumps(result["summary"], indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")

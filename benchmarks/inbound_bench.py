@@ -21,7 +21,6 @@ Run: ``.venv/bin/python -m benchmarks.inbound_bench [--repeats 5]``; no server, 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,10 +31,9 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import stamped
+from benchmarks import write_summarised
 from models.echo import WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
-from server.machine import this_machine
 from server.pipeline.echo import EchoPath
 from server.runtime.media import resample
 from tests.support.echo import HEARD, PULL, detector, echo_of
@@ -145,12 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     result = run(args.repeats, ["rests", "always"] if args.ablate else ["rests"])
     result["seconds"] = round(time.monotonic() - started, 1)
-    result = stamped(result)  # the machine (CPU model, ISA flags) and the commit
-    print(f"machine: {this_machine().describe()}")
-    print(json.dumps(result["summary"], indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_summarised(result, args.out)  # with the machine (CPU model, ISA flags), the commit
     return 0
 
 

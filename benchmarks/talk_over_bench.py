@@ -35,10 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import stamped
+from benchmarks import write_summarised
 from models.echo import WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
-from server.machine import this_machine
 from server.pipeline.echo import EchoPath
 from server.pipeline.echo_gate import ResidualEchoGate
 from server.pipeline.turn_detector import VadEventKind
@@ -133,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = ["gate", "learns_user"] if args.ablate else ["gate"]
     result = run(args.seeds, arms)
     result["seconds"] = round(time.monotonic() - started, 1)
-    result = stamped(result)  # the machine (CPU model, ISA flags) and the commit
-    print(f"machine: {this_machine().describe()}")
-    print(json.dumps(result["summary"], indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_summarised(result, args.out)  # with the machine (CPU model, ISA flags), the commit
     return 0
 
 
