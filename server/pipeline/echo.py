@@ -117,7 +117,8 @@ class EchoPath:
             self.gate.sent(frame)
         far_level = pcm_level(self._far[:sent])
         self._far = self._far[sent:]
-        if self.rests and self.gate.quiet:  # it rests: what it would make of these goes unused
+        resting = self.rests and self.gate.quiet  # what it would make of these goes unused
+        if resting:
             self.rested_frames += whole // FRAME
             frames = [near[i : i + FRAME] for i in range(0, whole, FRAME)]
         else:
@@ -129,7 +130,7 @@ class EchoPath:
             for frame in far:
                 canceller.render(frame)
             frames = [canceller.capture(near[i : i + FRAME]) for i in range(0, whole, FRAME)]
-        self._resting = self.rests and self.gate.quiet
+        self._resting = resting
         if whole:
             self._last_near = near[whole - FRAME : whole].copy()
         cleaned = np.concatenate(frames) if frames else np.zeros(0, np.int16)
