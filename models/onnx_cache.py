@@ -9,7 +9,8 @@ chosen for this CPU, so the file's name carries a key of everything it depends o
 file (path, size, modification time), what was changed in it before optimising (``variant``),
 the onnxruntime version and the CPU's feature flags. A file that will not load is removed and
 built again; a folder that cannot be written only costs the saving. One graph is kept per
-source file name: building one removes those of other versions and CPUs.
+source file name and part (a graph split in parts keeps each part): building one removes those
+of other versions and CPUs.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def cpu_flags() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def cache_path(cache_dir: Path, source: Path, variant: str) -> Path:
-    """Where the optimised graph of ``source`` (changed as ``variant`` says) is kept for this
-    onnxruntime and this CPU."""
+def cache_path(cache_dir: Path, source: Path, variant: str, part: str = "") -> Path:
+    """Where the optimised graph of ``source`` (changed as ``variant`` says; ``part``: which
+    part of it, "" for the whole) is kept for this onnxruntime and this CPU."""
     import onnxruntime
 
     stat = source.stat()
@@ -58,7 +59,11 @@ def cache_path(cache_dir: Path, source: Path, variant: str) -> Path:
         )
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir / f"{source.stem}.{digest}.onnx"
+    return cache_dir / f"{_stem(source, part)}.{digest}.onnx"
+
+
+def _stem(source: Path, part: str) -> str:
+    return f"{source.stem}.{part}" if part else source.stem
 
 
 def open_cached_session(
@@ -68,11 +73,13 @@ def open_cached_session(
     *,
     cache_dir: Path | None,
     variant: str = "",
+    part: str = "",
 ) -> Any:
     """A CPU ``onnxruntime.InferenceSession`` of ``source``.
 
-    ``build`` gives the model's bytes as the session should see them (it may change the graph;
-    ``variant`` names the change). ``options`` makes a fresh ``SessionOptions`` (threads, log
+        ``build`` gives the model's bytes as the session should see them (it may change the graph;
+    ``variant`` names the change; ``part``: the part of the model it gives, "" for the whole,
+    kept under a name of its own). ``options`` makes a fresh ``SessionOptions`` (threads, log
     level) and is called just before each session is made (a process-wide seed set there holds
     for that session). With ``cache_dir`` the optimised graph is loaded from there if it is
     kept, and kept there once built; None: optimised in memory each time. onnxruntime's own
@@ -82,7 +89,7 @@ def open_cached_session(
     providers = ["CPUExecutionProvider"]
     if cache_dir is None:
         return onnxruntime.InferenceSession(build(), sess_options=options(), providers=providers)
-    kept = cache_path(cache_dir, source, variant)
+    kept = cache_path(cache_dir, source, variant, part)
     if kept.exists():
         try:
             session = _open_kept(kept, options)
@@ -107,9 +114,9 @@ def open_cached_session(
         _remove(writing)
         log.warning("cannot keep the optimised graph of %s in %s (%s)", source, cache_dir, exc)
         return onnxruntime.InferenceSession(model, sess_options=options(), providers=providers)
-    # one graph kept per source name: those of other versions, other CPUs go
-    for stale in cache_dir.glob(f"{source.stem}.*.onnx"):
-        if stale != kept:
+    # one graph kept per source name and part: those of other versions, other CPUs go
+    for stale in cache_dir.glob(f"{_stem(source, part)}.*.onnx"):
+        if stale != kept and stale.name.count(".") == kept.name.count("."):
             _remove(stale)
     log.info("kept the optimised graph of %s in %s", source.name, kept)
     # the session runs on the graph as kept, as every later one will: a graph optimised in

