@@ -9,7 +9,7 @@ carry, and what the video frame for media time t looks up.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -55,24 +55,28 @@ def _visemes(phonemes: Sequence[PhonemeTiming]) -> list[Viseme]:
 
 
 def cues_for(
-    phonemes: Sequence[PhonemeTiming], pcm: npt.NDArray[np.int16]
+    phonemes: Sequence[PhonemeTiming], pcm: npt.NDArray[np.int16], offset: int = 0
 ) -> tuple[VisemeCue, ...]:
-    """Viseme cues of a chunk: one per run of phonemes with the same viseme.
+    """Viseme cues of a chunk's audio ``pcm`` that starts ``offset`` samples into the chunk
+    (a piece of its speech; 0 and all of it: the whole chunk): one per run of phonemes with
+    the same viseme, cut to the audio, in the chunk's samples.
 
-    The weight follows how loud the run is against the chunk's loud parts (its RMS over the
+    The weight follows how loud the run is against the audio's loud parts (its RMS over the
     90th percentile of the phoneme RMS values), so stressed vowels open the mouth wider.
     """
+    end = offset + len(pcm)
     spans: list[tuple[int, int, Viseme]] = []
     for ph, viseme in zip(phonemes, _visemes(phonemes), strict=True):
-        if ph.end <= ph.start:
+        start, stop = max(ph.start, offset), min(ph.end, end)
+        if stop <= start:
             continue
-        if spans and spans[-1][2] is viseme and spans[-1][1] == ph.start:
-            spans[-1] = (spans[-1][0], ph.end, viseme)
+        if spans and spans[-1][2] is viseme and spans[-1][1] == start:
+            spans[-1] = (spans[-1][0], stop, viseme)
         else:
-            spans.append((ph.start, ph.end, viseme))
+            spans.append((start, stop, viseme))
     if not spans:
         return ()
-    rms = [pcm_level(pcm[s:e]) for s, e, _ in spans]
+    rms = [pcm_level(pcm[s - offset : e - offset]) for s, e, _ in spans]
     sounding = [r for r, (_, _, v) in zip(rms, spans, strict=True) if v is not Viseme.SIL]
     loud = float(np.percentile(sounding, 90)) if sounding else 0.0
     cues = []
@@ -108,6 +112,12 @@ class LipSync:
         self._chunks[chunk_id] = _Placed(epoch, appearance, cues)
         while len(self._chunks) > MAX_CHUNKS:
             del self._chunks[next(iter(self._chunks))]
+
+    def extend(self, chunk_id: int, cues: tuple[VisemeCue, ...]) -> None:
+        """More cues of a chunk whose speech comes in pieces (after those it has)."""
+        entry = self._chunks.get(chunk_id)
+        if entry is not None:
+            self._chunks[chunk_id] = replace(entry, cues=entry.cues + cues)
 
     def placed(self, chunk_id: int, position: int, queued: int) -> list[dict[str, object]]:
         """The chunk starts at output ``position`` (samples) and ``queued`` of its samples are

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from server.avatar.lipsync import LipSync, cues_for
+from server.avatar.lipsync import LipSync
 from server.clock import Clock
 from server.config import Config
 from server.conversation.early import EarlyReply
@@ -21,6 +21,7 @@ from server.conversation.outbound import ResponseTimings, TranscriptDelta, Trans
 from server.conversation.partials import Partials, warm_context
 from server.conversation.protocol import error_event
 from server.conversation.realtime_session import TurnSettings
+from server.conversation.voicing import Voicing
 from server.metrics import Metrics
 from server.pipeline.seams import (
     ReplyRequest,
@@ -28,12 +29,13 @@ from server.pipeline.seams import (
     TurnPipeline,
     TurnTrace,
     engines_busy,
+    one_piece,
+    speech_pieces,
 )
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.history import CacheClass
-from server.runtime.session import REPLYING, ChunkAudio, Session
+from server.runtime.session import REPLYING, Session
 from server.runtime.session_view import SessionView
-from server.runtime.stage import Stage
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, StaleWork
 from server.tasks import cancel
@@ -107,6 +109,7 @@ class Replies:
         self.early: EarlyReply | None = None  # begun at the user's pause (early.py)
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
         self._room = asyncio.Event()  # set by every pull from the playback buffer
+        self._voicing = Voicing(session, lipsync, clock, announce, self._wait_for_room)
 
     def room_made(self) -> None:
         """The playback buffer was pulled from: there may be room in the lookahead budget."""
@@ -346,26 +349,12 @@ class Replies:
                 session.deliver_text(chunk)
                 continue
             if ready is not None and session.conditions == voice:
-                audio = ready  # the early reply's first sentence (the same voice)
+                pieces = one_piece(ready)  # the early reply's first sentence (the same voice)
             else:
-                async with asyncio.timeout(limit_s):
-                    audio = await pipeline.synthesize(chunk.text, session.conditions, self._tag())
+                pieces = speech_pieces(pipeline, chunk.text, session.conditions, self._tag())
             ready = None
-            if trace.first_tts_ms is None:
-                trace.first_tts_ms = self._clock.now_ms()
-            cues = cues_for(audio.phonemes, audio.pcm)
-            self._lipsync.add_chunk(chunk.chunk_id, epoch, session.conditions.appearance, cues)
-            pcm = audio.pcm
-            while True:
-                payload = ChunkAudio(pcm, audio.words, audio.phonemes, final=True)
-                accepted = session.deliver_audio(session.message(chunk, Stage.TTS, payload))
-                if accepted is None:
-                    return
-                self._announce(chunk.chunk_id)
-                pcm = pcm[accepted:]
-                if len(pcm) == 0:
-                    break
-                await self._wait_for_room()
+            if not await self._voicing.deliver(chunk, pieces, limit_s, trace):
+                return
             await self._wait_for_room()
 
     def report(self, done: ResponseDone) -> None:

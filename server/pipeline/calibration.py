@@ -13,7 +13,8 @@ The prediction, in ms after the end-of-turn decision:
   + LLM first token        (a reply's: its prompt cached but for the turn's last words, as
                              after the warm-up at the pause)
   + the first chunk's tokens at the measured speed
-  + speech for the first chunk (its duration x the TTS real-time factor)
+  + speech for the first chunk (its duration x the TTS real-time factor; where the TTS gives
+                             speech in pieces, the warm-up's time to its first piece if less)
   (each timed alone at start: in a conversation they share the CPU with the session's own
    media path and video, so the sum is stretched by cpus / (cpus - those), where CPU is short)
   + one 20 ms audio frame
@@ -75,6 +76,7 @@ class StageCosts:
     llm_tokens_per_s: float | None = None
     tts_ms: float | None = None
     tts_audio_ms: float | None = None
+    tts_first_ms: float | None = None  # the first piece of the same speech (None: whole)
     frame_ms: float | None = None  # render and VP8-encode one avatar frame
 
     @classmethod
@@ -86,6 +88,7 @@ class StageCosts:
             llm_tokens_per_s=times.get("llm_tokens_per_s"),
             tts_ms=times.get("tts_ms"),
             tts_audio_ms=times.get("tts_audio_ms"),
+            tts_first_ms=times.get("tts_first_ms"),
             frame_ms=frame_ms,
         )
 
@@ -104,6 +107,7 @@ class Calibration:
     capacity: int  # sessions in conversation at once
     session_cores: float  # CPU (cores) one session in conversation needs on average
     fallbacks: tuple[str, ...]  # stages that failed to measure (reference figures used)
+    tts_first_ms: float | None = None  # the warm-up speech's first piece (None: said whole)
 
     def to_dict(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
@@ -115,12 +119,17 @@ class Calibration:
             f"expected voice-to-voice {self.predicted_voice_to_voice_ms:.0f} ms"
             f" (ASR {self.asr_call_ms:.0f} ms a question, LLM first token"
             f" {self.llm_first_token_ms:.0f} ms and {self.llm_tokens_per_s:.0f} tokens/s,"
-            f" TTS real-time factor {self.tts_rtf:.2f}, a video frame {self.frame_ms:.1f} ms);"
+            f" TTS real-time factor {self.tts_rtf:.2f}{self._first_piece()},"
+            f" a video frame {self.frame_ms:.1f} ms);"
             f" capacity {self.capacity} sessions"
         )
         if self.fallbacks:
             line += f"; not measured, reference figures used: {', '.join(self.fallbacks)}"
         return line
+
+    def _first_piece(self) -> str:
+        first = self.tts_first_ms
+        return "" if first is None else f" (its first piece in {first:.0f} ms)"
 
 
 def _window_s(audio_s: float) -> float:
@@ -160,6 +169,11 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
     words = pc.first_chunk_words
     first_chunk = words * TOKENS_PER_WORD / tps * 1000
     speech = words * SPEECH_S_PER_WORD * 1000 * rtf
+    first_piece = costs.tts_first_ms
+    if first_piece is None or not math.isfinite(first_piece) or first_piece <= 0:
+        first_piece = None
+    else:
+        speech = min(speech, first_piece)  # the first chunk's first piece plays first
 
     # CPU (cores) the session's media path and video take all the time: the stages were
     # timed alone, and in a conversation they have what is left of the CPU
@@ -189,6 +203,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
         capacity=capacity,
         session_cores=per_session,
         fallbacks=tuple(fallbacks),
+        tts_first_ms=first_piece,
     )
 
 

@@ -3,7 +3,7 @@ Protocols that models/ satisfies without knowing them (models.asr, models.llm, m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -106,6 +106,26 @@ class SpeechLike(Protocol):
 
 class Tts(Protocol):
     def synthesize(self, text: str) -> SpeechLike: ...
+
+
+class SpeechPieceLike(SpeechLike, Protocol):
+    """A piece of a text's speech: its own audio; the first piece has the whole text's
+    timings, later ones none. ``last``: no piece follows."""
+
+    @property
+    def last(self) -> bool: ...
+
+
+@runtime_checkable
+class TtsInPieces(Protocol):
+    """A TTS that gives a text's speech in pieces, each as soon as it is made
+    (models.tts.OnnxVoiceTts: the first after a quarter of a second of audio or more is
+    decoded). ``pace``: how long speech took to make lately over its duration, waits for the
+    engine included (None: not known); the engine sizes the pieces so that each is made
+    before the audio before it plays out, or gives one piece. Each ``next`` is one
+    synchronous, CPU-bound step."""
+
+    def pieces(self, text: str, pace: float | None) -> Iterator[SpeechPieceLike]: ...
 
 
 @runtime_checkable

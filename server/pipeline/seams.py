@@ -12,7 +12,7 @@ import hmac
 import importlib
 import inspect
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, cast, runtime_checkable
 
@@ -88,7 +88,7 @@ class TurnTrace:
     asr_final_ms: float | None = None  # final transcript known
     llm_first_token_ms: float | None = None
     first_chunk_text_ms: float | None = None
-    first_tts_ms: float | None = None  # first chunk's audio synthesized
+    first_tts_ms: float | None = None  # the first audio of the first chunk synthesized
     first_audio_ms: float | None = None  # first non-silent frame sent
     cached_tokens: int = 0  # prefix-cache tokens reused by the reply's prompt
     prompt_tokens: int = 0
@@ -119,11 +119,15 @@ class TurnTrace:
 
 @dataclass(frozen=True)
 class SpeechAudio:
-    """A sentence's audio: int16 mono at 48 kHz, with word and phoneme timings (samples)."""
+    """A sentence's audio: int16 mono at 48 kHz, with word and phoneme timings (samples).
+
+    Or a piece of it (``SpeaksInPieces``): its own audio, the sentence's timings in the first
+    piece (none in later ones); ``last``: no piece follows."""
 
     pcm: npt.NDArray[np.int16]
     words: tuple[WordTiming, ...] = ()
     phonemes: tuple[PhonemeTiming, ...] = ()
+    last: bool = True
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,18 @@ class TurnPipeline(Protocol):
 
     async def close(self) -> None:
         """Release engines at shutdown."""
+        ...
+
+
+@runtime_checkable
+class SpeaksInPieces(Protocol):
+    """A pipeline that gives a chunk's speech in pieces when the session needs it soon (the
+    first piece sooner than the whole would come)."""
+
+    def synthesize_pieces(
+        self, text: str, conditions: Conditions, tag: JobTag
+    ) -> AsyncGenerator[SpeechAudio, None]:
+        """The speech of ``text`` as ``synthesize`` gives it, in one piece or several."""
         ...
 
 
@@ -230,6 +246,24 @@ class ReportsLoad(Protocol):
 def engines_busy(pipeline: object) -> bool:
     """Whether ``pipeline`` reports required work (any session's): optional work waits."""
     return isinstance(pipeline, ReportsLoad) and pipeline.busy
+
+
+async def one_piece(audio: SpeechAudio) -> AsyncGenerator[SpeechAudio, None]:
+    """``audio`` (already made) as the only piece of its chunk."""
+    yield audio
+
+
+def speech_pieces(
+    pipeline: TurnPipeline, text: str, conditions: Conditions, tag: JobTag
+) -> AsyncGenerator[SpeechAudio, None]:
+    """The speech of ``text``: in pieces where ``pipeline`` gives them, else whole."""
+    if isinstance(pipeline, SpeaksInPieces):
+        return pipeline.synthesize_pieces(text, conditions, tag)
+
+    async def whole() -> AsyncGenerator[SpeechAudio, None]:
+        yield await pipeline.synthesize(text, conditions, tag)
+
+    return whole()
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -40,7 +40,7 @@ from server.pipeline.engines import (
 )
 from server.pipeline.repetition import loop_end
 from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, Transcript, TurnTrace
-from server.runtime.chunk import PhonemeTiming, WordTiming
+from server.pipeline.speaker import Speaker
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry
 from server.runtime.media import MEDIA_RATE_HZ, resample
@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 # a Whisper tiny.en call on 2 cores of a fast machine, encoding the utterance and 1 s of silence
 ASR_COST_FIXED_MS = 40.0
 ASR_COST_MS_PER_S = 30.0  # per second of audio
-TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
-TTS_COST_MS_FIXED = 20.0
 SPEECH_MS_PER_CHAR = 6.0  # text to audio until measured: the joe voice, 2-core AVX2 host
 WARM_UP_SESSION = "warm-up"  # the engine queues' name for the start-up calls
 WARM_UP_SPEECH = "Hello there, how are you today?"
@@ -124,6 +122,7 @@ class VoicePipeline:
         self._ids = itertools.count(1)
         self._writing: dict[str, TurnTrace] = {}  # request id -> trace: replies being written
         self.speech_time = SpeechTime(SPEECH_MS_PER_CHAR)  # from the warm-up, then each chunk
+        self._speaker = Speaker(tts, self.tts_queue, clock, lambda: self.speech_time)
 
     def tune(self, settings: PipelineConfig) -> None:
         """Take the calibrated settings (the first chunk's length)."""
@@ -311,31 +310,26 @@ class VoicePipeline:
         return starving
 
     async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:
-        cost = TTS_COST_MS_PER_CHAR * len(text) + TTS_COST_MS_FIXED
-        job = functools.partial(self._tts.synthesize, text)
-        asked = self._clock.now_ms()
-        speech = await self.tts_queue.run(tag, Stage.TTS, cost, job)
-        self.speech_time.observe(len(text), self._clock.now_ms() - asked)
-        words = tuple(WordTiming(w.word, w.start, max(w.start, w.end)) for w in speech.words)
-        phonemes = tuple(
-            PhonemeTiming(p, start, max(start, end)) for p, start, end in speech.phonemes
-        )
-        return SpeechAudio(np.asarray(speech.pcm, np.int16), words, phonemes)
+        return await self._speaker.whole(text, tag)
+
+    def synthesize_pieces(
+        self, text: str, conditions: Conditions, tag: JobTag
+    ) -> AsyncGenerator[SpeechAudio, None]:
+        return self._speaker.pieces(text, tag)
 
     async def warm_up(self) -> dict[str, float | None]:
         """The engines' first calls, through their queues, before the server says ready: the
-        TTS says a short sentence, the ASR transcribes it (three times), the LLM writes a few
-        tokens. Times in ms, and what they were measured on (``tts_audio_ms``,
+        TTS says a short sentence (``tts_first_ms``: its first piece, where it gives pieces),
+        the ASR transcribes it (three times), the LLM writes a few tokens. Times in ms, and
+        what they were measured on (``tts_audio_ms``,
         ``asr_audio_ms``, ``llm_first_token_ms``, ``llm_tokens_per_s``: the calibration's
         inputs; the first token is a reply's whose prompt the cache holds but for the turn's
         last words, as after a warm-up in a call); a stage that fails is logged and reported
         as None (the server still starts)."""
         tag = JobTag(WARM_UP_SESSION, 0, lambda: SessionView(WARM_UP_SESSION, 0, 0.0, 1.0))
         times: dict[str, float | None] = {}
-        say = functools.partial(self._tts.synthesize, WARM_UP_SPEECH)
-        speech = await self._timed(
-            times, "tts_ms", self.tts_queue.run(tag, Stage.TTS, TTS_COST_MS_FIXED, say)
-        )
+        spoken = await self._timed(times, "tts_ms", self._speaker.warm_up(WARM_UP_SPEECH, tag))
+        speech, times["tts_first_ms"] = (None, None) if spoken is None else spoken
         if times["tts_ms"] is not None:
             self.speech_time = SpeechTime(times["tts_ms"] / len(WARM_UP_SPEECH))
         pcm = np.zeros(16_000, np.int16)  # at least 1 s at 16 kHz, so that the ASR runs

@@ -10,7 +10,9 @@ import pytest
 from server.config import Config, load_config
 from server.pipeline.calibration import (
     MEDIA_CORES,
+    MIN_STAGE_SHARE,
     REFERENCE,
+    SPEECH_S_PER_WORD,
     UTILISATION,
     StageCosts,
     adapt,
@@ -180,3 +182,27 @@ def test_the_sessions_own_media_slows_a_reply_where_cpu_is_short() -> None:
     # a frame so dear that media and video would take all the CPU: slow, not infinite
     dear = dataclasses.replace(FAST, frame_ms=200.0)
     assert calibrate(dear, Config(), 0.5).predicted_voice_to_voice_ms < 20 * alone
+
+
+def test_speech_in_pieces_waits_only_for_its_first_piece() -> None:
+    # the first chunk (6 words, 2 s of speech) takes 2000 x 0.35 = 700 ms whole in the slow
+    # profile; where the TTS gave its warm-up sentence's first piece after 250 ms, the reply's
+    # first audio waits that long instead
+    whole = calibrate(SLOW, Config(), 2)
+    pieces = calibrate(dataclasses.replace(SLOW, tts_first_ms=250.0), Config(), 2)
+    saved = whole.predicted_voice_to_voice_ms - pieces.predicted_voice_to_voice_ms
+    words = Config().pipeline.first_chunk_words
+    whole_speech_ms = words * SPEECH_S_PER_WORD * 1000 * (700 / 2000)
+    # the 450-odd ms saved, stretched as every stage is where the session's media takes CPU
+    assert saved >= whole_speech_ms - 250.0 - 1e-6
+    assert saved <= (whole_speech_ms - 250.0) / MIN_STAGE_SHARE
+    assert pieces.tts_first_ms == 250.0 and "first piece in 250 ms" in pieces.describe()
+    assert whole.tts_first_ms is None and "first piece" not in whole.describe()
+    # a first piece slower than the whole chunk (a short chunk) changes nothing
+    slow_piece = calibrate(dataclasses.replace(SLOW, tts_first_ms=5000.0), Config(), 2)
+    assert slow_piece.predicted_voice_to_voice_ms == whole.predicted_voice_to_voice_ms
+    # not measured, or nonsense: the whole chunk's time, and no stage counts as failed
+    for first in (None, float("nan"), 0.0):
+        other = calibrate(dataclasses.replace(SLOW, tts_first_ms=first), Config(), 2)
+        assert other.predicted_voice_to_voice_ms == whole.predicted_voice_to_voice_ms
+        assert not other.fallbacks
