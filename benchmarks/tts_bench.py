@@ -7,6 +7,9 @@ each sentence is synthesized on its own. Reports per engine:
 - ``rtf_p50``: real-time factor, synthesis time / audio duration, median over the sentences;
 - ``first_chunk_ms_p50``: time to synthesize a reply's first sentence (what the listener waits
   for once the text is there), median over the replies;
+- ``first_audio_ms_p50``: time to the first audio of a reply's first sentence: the same for an
+  engine that gives a sentence whole; for ``pieces`` (the server's path for a chunk the
+  playback waits for: ``OnnxVoiceTts.pieces``) the time to its first piece;
 - ``wer``: each sentence's audio (16 kHz) through Whisper tiny.en, word error rate over all.
 
 The voice is random (VITS noise), so the WER moves by a word or two between runs: each reply is
@@ -61,7 +64,7 @@ REPLIES = [
 QUICK = 3  # replies in a smoke run: one sentence each
 RATE_HZ = 48_000
 ASR_RATE_HZ = 16_000
-ENGINES = ("piper", "onnx")
+ENGINES = ("piper", "onnx", "pieces")
 # Whisper writes small numbers as digits or words: count both as the same word
 _NUMBER_WORDS = (
     *("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"),
@@ -71,6 +74,7 @@ _NUMBER_WORDS = (
 NUMBERS = {w: str(i) for i, w in enumerate(_NUMBER_WORDS)}
 
 Say = Callable[[str], npt.NDArray[np.int16]]  # text -> 48 kHz mono int16
+FIRST_PIECE_S: list[float] = []  # the ``pieces`` engine's time to its last call's first piece
 
 
 def words(text: str) -> list[str]:
@@ -101,6 +105,25 @@ def onnx_engine(threads: int) -> Say:
 
     tts = OnnxVoiceTts(threads=threads)
     return lambda text: tts.synthesize(text).pcm
+
+
+def pieces_engine(threads: int) -> Say:
+    """The server's path in pieces (models.tts.OnnxVoiceTts.pieces); the time to the first
+    piece goes to ``FIRST_PIECE_S``."""
+    from models.tts import OnnxVoiceTts
+
+    tts = OnnxVoiceTts(threads=threads)
+
+    def say(text: str) -> npt.NDArray[np.int16]:
+        started = time.perf_counter()
+        pcm: list[npt.NDArray[np.int16]] = []
+        for piece in tts.pieces(text, 0.0):
+            if not pcm:
+                FIRST_PIECE_S.append(time.perf_counter() - started)
+            pcm.append(piece.pcm)
+        return np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
+
+    return say
 
 
 def piper_engine(threads: int) -> Say | None:
@@ -136,6 +159,7 @@ class Tally:
     load_ms: float
     rtf: list[float] = field(default_factory=list)  # synthesis time / audio time, a sentence
     first_ms: list[float] = field(default_factory=list)  # a reply's first sentence
+    first_audio_ms: list[float] = field(default_factory=list)  # its first audio
     spoken: list[tuple[str, npt.NDArray[np.int16]]] = field(default_factory=list)  # 48 kHz
 
     def say(self, say: Say, reply: str) -> None:
@@ -143,12 +167,14 @@ class Tally:
         from models.tts import flush_sentences
 
         for i, sentence in enumerate(flush_sentences(reply)):
+            FIRST_PIECE_S.clear()
             started = time.perf_counter()
             pcm = say(sentence)
             took = time.perf_counter() - started
             self.rtf.append(took / max(len(pcm) / RATE_HZ, 1e-3))
             if i == 0:
                 self.first_ms.append(took * 1000)
+                self.first_audio_ms.append((FIRST_PIECE_S or [took])[0] * 1000)
             self.spoken.append((sentence, pcm))
 
     def figures(self, heard: Sequence[str]) -> dict[str, Any]:
@@ -158,6 +184,8 @@ class Tally:
             "rtf_p90": round(pct(self.rtf, 0.9), 3),
             "first_chunk_ms_p50": round(statistics.median(self.first_ms)),
             "first_chunk_ms_p90": round(pct(self.first_ms, 0.9)),
+            "first_audio_ms_p50": round(statistics.median(self.first_audio_ms)),
+            "first_audio_ms_p90": round(pct(self.first_audio_ms, 0.9)),
             "wer": wer,
             "load_ms": round(self.load_ms),
             "sentences": len(self.rtf),
@@ -178,7 +206,7 @@ def run(
     loaded: dict[str, tuple[Say, Tally]] = {}
     for name in engines:
         started = time.perf_counter()
-        say = piper_engine(threads) if name == "piper" else onnx_engine(threads)
+        say = {"piper": piper_engine, "onnx": onnx_engine, "pieces": pieces_engine}[name](threads)
         if say is None:
             results[name] = {"skipped": "piper-tts is not installed (pip install -e '.[piper]')"}
             continue
