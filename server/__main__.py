@@ -218,7 +218,7 @@ async def calibrate_server(
     calibration = calibrate(costs, config, cpus)  # the prediction with those settings
     log.info("calibration: %s", calibration.describe())
     if isinstance(pipeline, Tunable):
-        pipeline.tune(config.pipeline)
+        pipeline.tune(config.pipeline, calibration.stage_share)
     size = ("transport.video_width", "transport.video_height")
     if renderer is not None and any(name in changed for name in size):
         renderer = avatar_renderer(config)

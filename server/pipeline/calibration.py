@@ -108,6 +108,9 @@ class Calibration:
     session_cores: float  # CPU (cores) one session in conversation needs on average
     fallbacks: tuple[str, ...]  # stages that failed to measure (reference figures used)
     tts_first_ms: float | None = None  # the warm-up speech's first piece (None: said whole)
+    # the share of the CPU a reply's stages have in a conversation, beside the session's own
+    # media path and video: what the engines did alone at start takes 1 / this as long
+    stage_share: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
@@ -204,6 +207,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
         session_cores=per_session,
         fallbacks=tuple(fallbacks),
         tts_first_ms=first_piece,
+        stage_share=left,
     )
 
 

@@ -268,9 +268,11 @@ def speech_pieces(
 
 @runtime_checkable
 class Tunable(Protocol):
-    """A pipeline that takes settings chosen after it was built (the calibration's)."""
+    """A pipeline that takes settings chosen after it was built (the calibration's), and the
+    share of the CPU its stages are expected to have in a conversation (``stage_share``: what
+    its engines did alone at start takes 1 / this as long there)."""
 
-    def tune(self, settings: PipelineConfig) -> None: ...
+    def tune(self, settings: PipelineConfig, stage_share: float = 1.0) -> None: ...
 
 
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]

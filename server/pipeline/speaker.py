@@ -24,6 +24,10 @@ from server.scheduling.engine_queue import EngineQueue, JobTag
 TTS_COST_MS_PER_CHAR = 1.5  # Piper, real-time factor ~0.03 at ~15 characters a second
 TTS_COST_MS_FIXED = 20.0
 PACE_WEIGHT = 0.3  # of the latest chunk in the running pace
+# how much slower speech is made in a conversation than alone at start, beside the CPU the
+# calibration gives the session's media path and video (measured, realtime_bench: 1.2-1.6x
+# on a fast 2-core host, 1.8-4x in the slow profile, where the LLM writes on meanwhile)
+CONTENTION = 1.5
 
 
 def speech_audio(speech: SpeechLike, last: bool = True) -> SpeechAudio:
@@ -51,6 +55,13 @@ class Speaker:
         self._clock = clock
         self._speech_time = speech_time
         self.pace: float | None = None
+
+    def expect(self, stage_share: float) -> None:
+        """Speech in a conversation is made with ``stage_share`` of the CPU the warm-up had,
+        beside the LLM writing on: until a chunk measures it, the pace measured alone
+        stretches by ``CONTENTION`` / that."""
+        if self.pace is not None and stage_share > 0:
+            self.pace *= CONTENTION / stage_share
 
     def _observe(self, text: str, took_ms: float, samples: int) -> None:
         """``text`` became ``samples`` of audio in ``took_ms``."""

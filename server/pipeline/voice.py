@@ -124,9 +124,11 @@ class VoicePipeline:
         self.speech_time = SpeechTime(SPEECH_MS_PER_CHAR)  # from the warm-up, then each chunk
         self._speaker = Speaker(tts, self.tts_queue, clock, lambda: self.speech_time)
 
-    def tune(self, settings: PipelineConfig) -> None:
-        """Take the calibrated settings (the first chunk's length)."""
+    def tune(self, settings: PipelineConfig, stage_share: float = 1.0) -> None:
+        """Take the calibrated settings (the first chunk's length), and expect speech to be
+        made at 1 / ``stage_share`` the pace of the warm-up's until a chunk measures it."""
         self._first_chunk_words = settings.first_chunk_words
+        self._speaker.expect(stage_share)
 
     def asr_cost_ms(self, samples: int) -> float:
         """Expected time (ms) of one ASR call on ``samples`` of 16 kHz audio."""

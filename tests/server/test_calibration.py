@@ -197,6 +197,7 @@ def test_speech_in_pieces_waits_only_for_its_first_piece() -> None:
     assert saved >= whole_speech_ms - 250.0 - 1e-6
     assert saved <= (whole_speech_ms - 250.0) / MIN_STAGE_SHARE
     assert pieces.tts_first_ms == 250.0 and "first piece in 250 ms" in pieces.describe()
+    assert MIN_STAGE_SHARE <= whole.stage_share < 1  # the session's media path takes some
     assert whole.tts_first_ms is None and "first piece" not in whole.describe()
     # a first piece slower than the whole chunk (a short chunk) changes nothing
     slow_piece = calibrate(dataclasses.replace(SLOW, tts_first_ms=5000.0), Config(), 2)

@@ -16,10 +16,11 @@ from models.tts import split_sentences
 from server.avatar.lipsync import LipSync, VisemeCue, cues_for
 from server.avatar.seam import Viseme
 from server.clock import FakeClock
-from server.config import RuntimeConfig
+from server.config import PipelineConfig, RuntimeConfig
 from server.conversation.voicing import Voicing
 from server.pipeline.chunks import SpeechTime
 from server.pipeline.seams import SpeechAudio, TurnTrace, speech_pieces
+from server.pipeline.speaker import CONTENTION
 from server.pipeline.voice import VoicePipeline
 from server.runtime.chunk import PhonemeTiming
 from server.runtime.conditions import Conditions
@@ -177,4 +178,8 @@ async def test_the_warm_up_times_the_first_piece_and_gives_the_whole_speech() ->
     assert first_ms == 40.0  # the first of three pieces, 40 ms each
     assert tts.paces == [0.0]  # alone at start: as soon as it can
     assert pipeline._speaker.pace == 120.0 / 300.0  # 300 ms of speech made in 120 ms
+    # in a conversation the stages have half the CPU (the calibration's share), and the LLM
+    # writes on meanwhile: speech is expected to be made more slowly until a chunk measures it
+    pipeline.tune(PipelineConfig(), stage_share=0.5)
+    assert pipeline._speaker.pace == 0.4 * CONTENTION / 0.5
     assert len(speech.pcm) == 14_400 and speech.phonemes[0].end == 14_400 and speech.last
