@@ -6,8 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from server.machine import this_machine
 from server.metrics import quantile
+
+MIC_PEAK = 0.9  # of full scale: the loudest sample of the user's words as a microphone sends them
 
 
 def pct(values: list[float], q: float) -> float:
@@ -58,3 +63,14 @@ def write_summarised(result: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
+
+
+def at_mic_level(pcm: npt.NDArray[np.int16], peak: float = MIC_PEAK) -> npt.NDArray[np.int16]:
+    """The user's words (int16, synthesized by the joe voice) with their loudest sample at
+    ``peak`` of full scale: what a microphone sends does not follow the gain the server's own
+    speech is made at."""
+    loudest = int(np.max(np.abs(pcm.astype(np.int32)))) if pcm.size else 0
+    if loudest == 0:
+        return pcm
+    scaled = np.round(pcm.astype(np.float64) * (peak * 32767 / loudest))
+    return np.clip(scaled, -32768, 32767).astype(np.int16)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct, source_commit
+from benchmarks import at_mic_level, pct, source_commit
 from server.machine import this_machine
 from tests.support.text import edit_distance
 
@@ -93,7 +93,8 @@ def voices(sentences: list[str]) -> list[tuple[str, str, npt.NDArray[np.int16]]]
     piper = OnnxVoiceTts()
     out = []
     for text in sentences:
-        out.append(("piper", text, resample(piper.synthesize(text).pcm, 48_000, RATE_HZ)))
+        said = at_mic_level(piper.synthesize(text).pcm)
+        out.append(("piper", text, resample(said, 48_000, RATE_HZ)))
     for text in sentences:
         wav = subprocess.run(
             ["espeak-ng", "--stdout", "-s", "165", text], capture_output=True, check=True

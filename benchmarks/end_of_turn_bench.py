@@ -83,7 +83,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct, stamped
+from benchmarks import at_mic_level, pct, stamped
 from server.config import Config, load_config
 from server.conversation.conversation import Conversation
 from server.conversation.hearing import HEARINGS
@@ -211,7 +211,7 @@ def build_set(quick: bool, rng: random.Random) -> list[Utterance]:
     tts = OnnxVoiceTts()
 
     def said(text: str) -> PCM:
-        pcm = tts.synthesize(text).pcm
+        pcm = at_mic_level(tts.synthesize(text).pcm)
         start, end = spoken_span(pcm)
         return pcm[start:end]
 

@@ -31,7 +31,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import write_summarised
+from benchmarks import at_mic_level, write_summarised
 from models.echo import WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
 from server.pipeline.echo import EchoPath
@@ -61,7 +61,7 @@ def conversation(voice: OnnxVoiceTts) -> tuple[PCM, PCM, list[tuple[int, int, bo
     at = 0
     for reply, question in zip(REPLIES, QUESTIONS, strict=True):
         said = voice.synthesize(reply).pcm
-        asked = voice.synthesize(question).pcm
+        asked = at_mic_level(voice.synthesize(question).pcm)
         pause = np.zeros(48_000, np.int16)  # a second between the reply's end and the question
         far += [said, pause, np.zeros(len(asked), np.int16), pause]
         user += [np.zeros(len(said) + len(pause), np.int16), asked, pause]

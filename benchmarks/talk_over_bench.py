@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import write_summarised
+from benchmarks import at_mic_level, write_summarised
 from models.echo import WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
 from server.pipeline.echo import EchoPath
@@ -85,7 +85,10 @@ def run(seeds: int, arms: list[str]) -> dict[str, Any]:
     for seed in range(seeds):
         voice = OnnxVoiceTts(threads=1, seed=20261203 + seed)
         reply = voice.synthesize(REPLY).pcm
-        users = [(voice.synthesize(text).pcm, int(len(reply) * at)) for text, at in TALK_OVERS]
+        users = [
+            (at_mic_level(voice.synthesize(text).pcm), int(len(reply) * at))
+            for text, at in TALK_OVERS
+        ]
         mic = microphone(reply, users, seed)
         row: dict[str, Any] = {"seed": 20261203 + seed}
         spans = [(at / 48, (at + len(user)) / 48) for user, at in users]  # ms

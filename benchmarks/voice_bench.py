@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import pct, stamped
+from benchmarks import at_mic_level, pct, stamped
 from benchmarks.netns import isolate
 from benchmarks.transport_bench import session_stats
 from client.cli import ClientPeer
@@ -49,23 +49,12 @@ QUESTIONS = [
 ]
 
 
-QUESTION_PEAK = 0.9  # of full scale: each question's loudest sample (a microphone's level)
-
-
 def synthesize_questions(texts: list[str]) -> list[npt.NDArray[np.int16]]:
-    """The questions in the joe voice, each at a peak of ``QUESTION_PEAK``: what the user's
-    microphone sends does not follow the gain the server's own speech is made at."""
+    """The questions in the joe voice, at a microphone's level (``at_mic_level``)."""
     from models.tts import OnnxVoiceTts
 
     tts = OnnxVoiceTts()
-    return [_at_peak(tts.synthesize(t).pcm, QUESTION_PEAK) for t in texts]
-
-
-def _at_peak(pcm: npt.NDArray[np.int16], peak: float) -> npt.NDArray[np.int16]:
-    loudest = int(np.max(np.abs(pcm.astype(np.int32)))) if pcm.size else 0
-    if loudest == 0:
-        return pcm
-    return np.clip(np.round(pcm * (peak * 32767 / loudest)), -32768, 32767).astype(np.int16)
+    return [at_mic_level(tts.synthesize(t).pcm) for t in texts]
 
 
 async def ask(

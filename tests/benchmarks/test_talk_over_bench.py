@@ -19,8 +19,9 @@ def test_one_seed_both_arms(tmp_path: Path) -> None:
     gate, before = row["gate"], row["learns_user"]
     for arm in (gate, before):  # each talk-over is heard (a start within its words)
         assert all(start is not None for start in arm["starts_after_ms"])
-    # over 30 seeds: the gate's highest gain -10.0 to -4.4 dB, the other's -2.9 to +0.6 dB,
-    # at least 3.6 dB apart in each
+    # over 10 seeds (the user at a microphone's level, the reply at the voice's fixed gain):
+    # the gate's highest gain -10.0 to -6.5 dB, the other's -1.2 to +1.2 dB, at least 5.4 dB
+    # apart in each
     assert gate["gain_db_max"] <= -4.0
     assert before["gain_db_max"] >= gate["gain_db_max"] + 3.0
     summary = result["summary"]["gate"]
