@@ -1,5 +1,6 @@
 """A chunk's text to speech through the shared speech engine: whole, or in pieces where the
-session's playback would run dry before the whole is ready (a reply's first chunk always).
+session's playback would run dry before the whole is ready (a reply's first chunk always is)
+and the engine makes speech fast enough for pieces to help (its pace).
 
 A piece is one job of the engine's queue, so sessions take turns between pieces; the first
 holds the chunk's word and phoneme timings, the last says so (``SpeechAudio.last``).
@@ -18,6 +19,7 @@ from server.pipeline.chunks import STARVING_MARGIN_MS, SpeechTime
 from server.pipeline.engines import SpeechLike, SpeechPieceLike, Tts, TtsInPieces
 from server.pipeline.seams import SpeechAudio
 from server.runtime.chunk import PhonemeTiming, WordTiming
+from server.runtime.media import MEDIA_RATE_HZ
 from server.runtime.stage import Stage
 from server.scheduling.engine_queue import EngineQueue, JobTag
 
@@ -68,7 +70,7 @@ class Speaker:
         self._speech_time().observe(len(text), took_ms)
         if samples <= 0:
             return
-        latest = took_ms / (samples / 48.0)
+        latest = took_ms / (samples / (MEDIA_RATE_HZ / 1000))
         old = self.pace
         self.pace = latest if old is None else old + PACE_WEIGHT * (latest - old)
 
