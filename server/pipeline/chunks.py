@@ -35,6 +35,11 @@ class SpeechTime:
         """The time (ms) ``chars`` characters are expected to take to become audio."""
         return self.ms_per_char * max(chars, 0)
 
+    def runs_dry(self, slack_ms: float, text: str) -> bool:
+        """Whether ``slack_ms`` of audio queued ahead of the playback cursor runs out before
+        ``text`` becomes audio (``STARVING_MARGIN_MS`` to spare)."""
+        return slack_ms < STARVING_MARGIN_MS + self.expected_ms(len(text))
+
 
 class FirstChunkCutter:
     """Chunks streamed text: sentences from ``splitter``; the reply's first chunk is cut early,

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from server.clock import Clock
-from server.pipeline.chunks import STARVING_MARGIN_MS, SpeechTime
+from server.pipeline.chunks import SpeechTime
 from server.pipeline.engines import SpeechLike, SpeechPieceLike, Tts, TtsInPieces
 from server.pipeline.seams import SpeechAudio
 from server.runtime.chunk import PhonemeTiming, WordTiming
@@ -86,8 +86,7 @@ class Speaker:
 
     def urgent(self, text: str, tag: JobTag) -> bool:
         """Whether the session's playback would run dry before ``text`` is spoken whole."""
-        expected_ms = self._speech_time().expected_ms(len(text))
-        return tag.view().slack_ms < STARVING_MARGIN_MS + expected_ms
+        return self._speech_time().runs_dry(tag.view().slack_ms, text)
 
     async def warm_up(self, text: str, tag: JobTag) -> tuple[SpeechAudio, float | None]:
         """The engine's first call: ``text`` said (in pieces where the engine can, in one

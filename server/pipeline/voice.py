@@ -22,7 +22,6 @@ from server.clock import Clock, MonotonicClock
 from server.config import PipelineConfig, SchedulerConfig
 from server.errors import RuntimeErrorBase
 from server.pipeline.chunks import (
-    STARVING_MARGIN_MS,
     FirstChunkCutter,
     SpeechTime,
     Splitter,
@@ -306,8 +305,7 @@ class VoicePipeline:
         speech takes to make here lately)."""
 
         def starving(words: str) -> bool:
-            expected_ms = self.speech_time.expected_ms(len(words))
-            return view().slack_ms < STARVING_MARGIN_MS + expected_ms
+            return self.speech_time.runs_dry(view().slack_ms, words)
 
         return starving
 
