@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from models.tts import split_sentences
 from server.avatar.lipsync import LipSync, VisemeCue, cues_for
 from server.avatar.seam import Viseme
 from server.clock import FakeClock
@@ -27,6 +26,7 @@ from server.runtime.conditions import Conditions
 from server.runtime.session import Session
 from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag
+from tests.support.stand_ins import stand_in_pipeline
 from tests.support.tone_pipeline import tone, tone_phonemes
 
 CONDITIONS = Conditions("p", "joe", "a")
@@ -80,14 +80,7 @@ async def _said(pipeline: VoicePipeline, slack_ms: float) -> list[SpeechAudio]:
 
 async def test_a_chunk_the_playback_waits_for_comes_in_pieces_and_one_with_time_whole() -> None:
     tts = _PiecesTts()
-    pipeline = VoicePipeline(
-        tts,
-        tts,  # type: ignore[arg-type]
-        tts,
-        split_sentences,
-        max_tokens=10,
-        first_chunk_words=6,
-    )
+    pipeline = stand_in_pipeline(tts)
     pipeline.speech_time = SpeechTime(6.0)  # 12 characters: 72 ms expected
     try:
         first = await _said(pipeline, 0.0)  # nothing queued: a reply's first chunk
@@ -162,15 +155,7 @@ async def test_each_piece_is_queued_as_it_comes_and_the_last_completes_the_chunk
 async def test_the_warm_up_times_the_first_piece_and_gives_the_whole_speech() -> None:
     clock = FakeClock()
     tts = _PiecesTts(clock)
-    pipeline = VoicePipeline(
-        tts,
-        tts,  # type: ignore[arg-type]
-        tts,
-        split_sentences,
-        max_tokens=10,
-        first_chunk_words=6,
-        clock=clock,
-    )
+    pipeline = stand_in_pipeline(tts, clock)
     try:
         speech, first_ms = await pipeline._speaker.warm_up("Hello there.", _tag(0.0))
     finally:

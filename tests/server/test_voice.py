@@ -29,6 +29,7 @@ from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag, ShedWork
 from server.scheduling.scheduler import DeadlineScheduler
 from tests.support.detectors import deaf_detector
+from tests.support.stand_ins import stand_in_pipeline
 
 
 def feed_all(cutter: FirstChunkCutter, text: str, step: int = 3) -> list[str]:
@@ -195,14 +196,7 @@ def _served(pipeline: VoicePipeline) -> list[set[str]]:
 
 def _pipeline(engines: _Engines) -> VoicePipeline:
     """The real pipeline on stand-in engines (``engines`` is also the LLM)."""
-    return VoicePipeline(
-        engines,
-        engines,  # type: ignore[arg-type]
-        engines,
-        split_sentences,
-        max_tokens=10,
-        first_chunk_words=6,
-    )
+    return stand_in_pipeline(engines)
 
 
 async def test_a_closed_peer_is_forgotten_by_the_shared_engine_queues() -> None:
