@@ -77,7 +77,7 @@ def open_cached_session(
 ) -> Any:
     """A CPU ``onnxruntime.InferenceSession`` of ``source``.
 
-        ``build`` gives the model's bytes as the session should see them (it may change the graph;
+    ``build`` gives the model's bytes as the session should see them (it may change the graph;
     ``variant`` names the change; ``part``: the part of the model it gives, "" for the whole,
     kept under a name of its own). ``options`` makes a fresh ``SessionOptions`` (threads, log
     level) and is called just before each session is made (a process-wide seed set there holds
@@ -114,7 +114,8 @@ def open_cached_session(
         _remove(writing)
         log.warning("cannot keep the optimised graph of %s in %s (%s)", source, cache_dir, exc)
         return onnxruntime.InferenceSession(model, sess_options=options(), providers=providers)
-    # one graph kept per source name and part: those of other versions, other CPUs go
+    # one graph kept per source name and part: those of other versions, other CPUs go (the
+    # whole's pattern also matches the parts' names, which have one dot more: they stay)
     for stale in cache_dir.glob(f"{_stem(source, part)}.*.onnx"):
         if stale != kept and stale.name.count(".") == kept.name.count("."):
             _remove(stale)
