@@ -111,9 +111,20 @@ async def ask(peer: ClientPeer, audio: npt.NDArray[np.int16]) -> dict[str, Any]:
     first = next((t for t, peak in arrivals if peak > VOICED), None)
     during = [t for t, _ in arrivals if first is not None and first <= t <= done_at]
     gaps = [(b - a) * 1000 for a, b in itertools.pairwise(during)]
+
+    def seen(kind: str) -> float | None:
+        return next((t for t, e in peer.events[mark:] if e.get("type") == kind), None)
+
+    # the client's figure in three parts: the end of the turn (its event received), the
+    # server's reply up to its first audio sent (the event that says so), that audio's way
+    committed, started = seen("input_audio_buffer.committed"), seen("output_audio_buffer.started")
     return {
         **timings,
         "client_voice_to_voice_ms": None if first is None else (first - speech_end) * 1000,
+        "client_endpoint_ms": None if committed is None else (committed - speech_end) * 1000,
+        "client_audio_way_ms": (
+            None if first is None or started is None else (first - started) * 1000
+        ),
         "gaps_ms": gaps,
     }
 
@@ -148,6 +159,8 @@ def summary(
             [t for t in turns if not t.get("early_reply")], "voice_to_voice_ms"
         ),
         "client_voice_to_voice_ms_p50": p50("client_voice_to_voice_ms"),
+        "client_endpoint_ms_p50": p50("client_endpoint_ms"),
+        "client_audio_way_ms_p50": p50("client_audio_way_ms"),
         "asr_final_ms_p50": p50("asr_final_ms"),
         "llm_first_token_ms_p50": p50("llm_first_token_ms"),
         "first_chunk_text_ms_p50": p50("first_chunk_text_ms"),
@@ -215,6 +228,7 @@ async def run(
     slow_cpus: float = SLOW_CPUS,
     question_set: str = "everyday",
     settings: dict[str, str] | None = None,
+    server_log: Path | None = None,
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTION_SETS[question_set][: 3 if quick else 6]
@@ -263,6 +277,8 @@ async def run(
             if "calibration: " in line
         ]
     finally:
+        if server_log is not None:
+            server_log.write_text(server.log())
         server.stop()
     predicted = (results["calibration"] or {}).get("predicted_voice_to_voice_ms")
     measured = results["one_session"]["voice_to_voice_ms_p50_not_early"]
@@ -306,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a server setting (dotted name), e.g. pipeline.early_reply=false; repeatable",
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/realtime.json"))
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        default=None,
+        help="write the server's log here at the end (with --set server.log_level=DEBUG: "
+        "every stage of every turn)",
+    )
     args = parser.parse_args(argv)
     isolate("benchmarks.realtime_bench", argv)
     print(f"machine: {this_machine().describe()}")
@@ -324,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             args.slow_cpus,
             args.questions,
             settings,
+            args.server_log,
         )
     )
     results["machine"] = this_machine().to_dict()

@@ -73,8 +73,17 @@ _NUMBER_WORDS = (
 )
 NUMBERS = {w: str(i) for i, w in enumerate(_NUMBER_WORDS)}
 
-Say = Callable[[str], npt.NDArray[np.int16]]  # text -> 48 kHz mono int16
-FIRST_PIECE_S: list[float] = []  # the ``pieces`` engine's time to its last call's first piece
+
+@dataclass(frozen=True)
+class Voiced:
+    """A sentence said: 48 kHz mono int16, and the time (s) to its first audio where that
+    came before the whole (None: with the whole)."""
+
+    pcm: npt.NDArray[np.int16]
+    first_s: float | None = None
+
+
+Say = Callable[[str], Voiced]  # text -> its audio
 
 
 def words(text: str) -> list[str]:
@@ -104,24 +113,25 @@ def onnx_engine(threads: int) -> Say:
     from models.tts import OnnxVoiceTts
 
     tts = OnnxVoiceTts(threads=threads)
-    return lambda text: tts.synthesize(text).pcm
+    return lambda text: Voiced(tts.synthesize(text).pcm)
 
 
 def pieces_engine(threads: int) -> Say:
-    """The server's path in pieces (models.tts.OnnxVoiceTts.pieces); the time to the first
-    piece goes to ``FIRST_PIECE_S``."""
+    """The server's path in pieces (models.tts.OnnxVoiceTts.pieces), with the time to the
+    first piece."""
     from models.tts import OnnxVoiceTts
 
     tts = OnnxVoiceTts(threads=threads)
 
-    def say(text: str) -> npt.NDArray[np.int16]:
+    def say(text: str) -> Voiced:
         started = time.perf_counter()
         pcm: list[npt.NDArray[np.int16]] = []
+        first_s = None
         for piece in tts.pieces(text, 0.0):
             if not pcm:
-                FIRST_PIECE_S.append(time.perf_counter() - started)
+                first_s = time.perf_counter() - started
             pcm.append(piece.pcm)
-        return np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
+        return Voiced(np.concatenate(pcm) if pcm else np.zeros(0, np.int16), first_s)
 
     return say
 
@@ -142,12 +152,12 @@ def piper_engine(threads: int) -> Say | None:
     )
     syn_config = SynthesisConfig(volume=0.9)
 
-    def say(text: str) -> npt.NDArray[np.int16]:
+    def say(text: str) -> Voiced:
         chunks = list(voice.synthesize(text, syn_config=syn_config, include_alignments=True))
         if not chunks:
-            return np.zeros(0, np.int16)
+            return Voiced(np.zeros(0, np.int16))
         audio = np.concatenate([chunk.audio_int16_array for chunk in chunks])
-        return resample_to_48k(audio, voice.config.sample_rate)
+        return Voiced(resample_to_48k(audio, voice.config.sample_rate))
 
     return say
 
@@ -167,15 +177,15 @@ class Tally:
         from models.tts import flush_sentences
 
         for i, sentence in enumerate(flush_sentences(reply)):
-            FIRST_PIECE_S.clear()
             started = time.perf_counter()
-            pcm = say(sentence)
+            voiced = say(sentence)
             took = time.perf_counter() - started
-            self.rtf.append(took / max(len(pcm) / RATE_HZ, 1e-3))
+            self.rtf.append(took / max(len(voiced.pcm) / RATE_HZ, 1e-3))
             if i == 0:
                 self.first_ms.append(took * 1000)
-                self.first_audio_ms.append((FIRST_PIECE_S or [took])[0] * 1000)
-            self.spoken.append((sentence, pcm))
+                first_s = took if voiced.first_s is None else voiced.first_s
+                self.first_audio_ms.append(first_s * 1000)
+            self.spoken.append((sentence, voiced.pcm))
 
     def figures(self, heard: Sequence[str]) -> dict[str, Any]:
         wer, misses = score([text for text, _ in self.spoken], heard)
