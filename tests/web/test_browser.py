@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from openai.types.realtime import RealtimeServerEvent
-from playwright.sync_api import Browser, Page, Playwright, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, Route, sync_playwright
 from pydantic import TypeAdapter
 
 from client.cli import save_wav
@@ -705,6 +705,30 @@ def test_server_full_is_explained(server: ServerProcess, quiet: Browser) -> None
         assert second.is_enabled("#start")
         assert server.health()["sessions"] == 1  # the refused call left nothing behind
         stop(first, server)
+
+
+def test_start_right_after_stop_finds_room_on_a_full_server(
+    server: ServerProcess, quiet: Browser
+) -> None:
+    """Stop, then Start at once, on a server with room for one call: the new call connects
+    (not "Server full"), even with the page's request to end the old one held back a second:
+    the old peer connection's close frees its place."""
+    with open_page(quiet, server.url) as page:
+        first = start(page)
+        deletes: list[str] = []
+
+        def slow_delete(route: Route) -> None:
+            if route.request.method == "DELETE":
+                deletes.append(route.request.url)
+                time.sleep(1.0)
+            route.continue_()
+
+        page.route("**/whip/*", slow_delete)
+        page.click("#stop")
+        second = start(page)
+        assert second != first and len(deletes) == 1 and first in deletes[0]
+        assert server.health()["sessions"] == 1
+        stop(page, server)
 
 
 def test_lost_and_unreachable_server_are_explained(quiet: Browser) -> None:
