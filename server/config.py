@@ -293,12 +293,6 @@ class TransportConfig:
     ice_host_addresses: tuple[str, ...] = _setting(
         (), "Host addresses offered as ICE candidates (empty: every interface but 127.0.0.1)."
     )
-    jitter_prefetch_packets: int = _setting(
-        1,
-        "Inbound audio packets the jitter buffer holds before releasing (aiortc: 4).",
-        min=1,
-        max=8,
-    )
     video: bool = _setting(True, "Send a video track.")
     video_width: int = _setting(512, "Outbound avatar video width (px).", min=128, max=4096)
     video_height: int = _setting(512, "Outbound avatar video height (px).", min=128, max=4096)

@@ -39,7 +39,7 @@ from server.rtc.settings import (
     tune_audio_jitter,
 )
 from server.rtc.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
-from server.runtime.inbound import frames
+from server.runtime.inbound import Gaps, frames
 from server.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class PeerSession:
         self.sends_video = False  # the client offered video and we have a renderer
         self._hears_audio = False  # the client sends audio (every 20 ms, silence too)
         self.stalled_frames = 0  # outbound frames held back while inbound audio had stopped
+        self.inbound_gaps = Gaps()  # the microphone's lost packets, heard as silence
         playout = conversation.playout
         self.audio_track = PacedAudioTrack(
             self.media_clock, self._pull_audio, playout.on_sent, playout.on_cursor_held
@@ -125,7 +126,7 @@ class PeerSession:
     async def answer(self, offer_sdp: str) -> RTCSessionDescription:
         """Apply the client's offer and return our answer (ICE gathered: no trickle)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        tune_audio_jitter(self.pc, self.config.transport.jitter_prefetch_packets)
+        tune_audio_jitter(self.pc)
         guard_data_channels(self.pc, f"session {self.session_id[:8]}")
         # on the m-lines the client wants to receive on (none for a pure publisher)
         self.sends_audio = add_outbound_track(self.pc, self.audio_track)
@@ -245,9 +246,13 @@ class PeerSession:
             self._tasks.spawn(self.conversation.camera.consume(track), "video-in")
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
+        gaps = self.inbound_gaps
         async for frame in frames(track):
             self.last_media_ms = self.clock.now_ms()
             assert isinstance(frame, av.AudioFrame)
+            lost = gaps.before(frame)  # silence where packets were lost: the timeline stays
+            if lost is not None:
+                await self.conversation.hear(lost, self.last_media_ms)
             await self.conversation.hear(frame, self.last_media_ms)
 
     # --- events channel ---------------------------------------------------------------------

@@ -28,12 +28,12 @@ from OpenSSL import SSL
 
 from server.conversation.protocol import UndecodableText
 from server.rtc.ice import IceServer
+from server.rtc.jitter import ArrivalBuffer
 
 log = logging.getLogger(__name__)
 
 _original_host_addresses = aioice.ice.get_host_addresses
 _original_ssl_context = RTCCertificate._create_ssl_context
-AUDIO_JITTER_CAPACITY = 16  # packets (aiortc's own value; a power of two)
 
 # aiortc offers only ECDSA suites; peers with RSA certificates (GStreamer's webrtcbin, the
 # stack behind many WHIP publishers) then fail with "no shared cipher". Forward-secret AEAD
@@ -108,8 +108,9 @@ def pin_host_addresses(addresses: Sequence[str]) -> None:
     log.info("ICE host candidates pinned to %s", ", ".join(pinned))
 
 
-def tune_audio_jitter(pc: RTCPeerConnection, prefetch: int) -> int:
-    """Release inbound audio after ``prefetch`` packets instead of aiortc's 4.
+def tune_audio_jitter(pc: RTCPeerConnection) -> int:
+    """Release inbound audio packets as they arrive (server/rtc/jitter.py), instead of after
+    aiortc's 4 and 300 ms late for the rest of the call after a loss.
 
     aiortc has no public option; the receiver's buffer is replaced before media flows (call
     after setRemoteDescription). Returns how many audio receivers were tuned.
@@ -117,16 +118,16 @@ def tune_audio_jitter(pc: RTCPeerConnection, prefetch: int) -> int:
     tuned = 0
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio":
-            buffer = JitterBuffer(capacity=AUDIO_JITTER_CAPACITY, prefetch=prefetch)
+            buffer = ArrivalBuffer()
             transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
             tuned += 1
     return tuned
 
 
-def audio_jitter_prefetch(receiver: RTCRtpReceiver) -> int:
-    """The prefetch (packets) of a receiver's jitter buffer; for tests and diagnostics."""
+def audio_jitter_buffer(receiver: RTCRtpReceiver) -> JitterBuffer:
+    """A receiver's jitter buffer; for tests and diagnostics."""
     buffer: JitterBuffer = receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
-    return int(buffer._prefetch)
+    return buffer
 
 
 def remote_candidates_complete(pc: RTCPeerConnection) -> bool:
