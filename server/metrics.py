@@ -88,6 +88,12 @@ class Metrics:
             registry=r,
         )
         self.speech_starts = Counter("avatar_speech_starts", "Speech starts detected.", registry=r)
+        self.inbound_lost = Counter(
+            "avatar_inbound_audio_lost_seconds",
+            "The users' microphone audio lost on the way (packets lost, or dropped for coming "
+            "after newer ones), heard as silence in its place.",
+            registry=r,
+        )
         self.early_replies = Counter(
             "avatar_early_replies",
             "Replies begun at a pause before the turn ended, by outcome: adopted or dropped.",

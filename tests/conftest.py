@@ -52,6 +52,7 @@ E2E_TESTS = {  # single tests of otherwise unit modules
     "tests/server/test_rtc.py": (
         "test_server_peer_releases_inbound_audio_packets_as_they_arrive",
         "test_a_lost_packet_leaves_the_inbound_audio_as_late_as_before",
+        "test_a_lost_packet_is_heard_as_silence_and_counted",
     ),
     "tests/benchmarks/test_whip_connect.py": (
         "test_one_connect_per_pair_succeeds_and_writes_json",

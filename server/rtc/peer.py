@@ -252,6 +252,7 @@ class PeerSession:
             assert isinstance(frame, av.AudioFrame)
             lost = gaps.before(frame)  # silence where packets were lost: the timeline stays
             if lost is not None:
+                self.conversation.metrics.inbound_lost.inc(lost.samples / lost.sample_rate)
                 await self.conversation.hear(lost, self.last_media_ms)
             await self.conversation.hear(frame, self.last_media_ms)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 
 import aioice.ice
+import av
+import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc.mediastreams import AudioStreamTrack
 
 from models.vad import SileroVad, WebRtcGate
 from server.config import Config, TransportConfig, VadConfig
@@ -21,7 +25,8 @@ from server.rtc.settings import (
     rtc_configuration,
     tune_audio_jitter,
 )
-from tests.support.lossy_audio import Heard, aiortc_buffer, hear_over_loss
+from tests.support.lossy_audio import Heard, LossySender, aiortc_buffer, hear_over_loss
+from tests.support.server_process import metric_value
 
 
 async def test_server_peer_releases_inbound_audio_packets_as_they_arrive() -> None:
@@ -38,6 +43,47 @@ async def test_server_peer_releases_inbound_audio_packets_as_they_arrive() -> No
         assert "a=candidate" in answer.sdp and "127.0.0.1" in answer.sdp
         receivers = [t.receiver for t in peer.pc.getTransceivers() if t.kind == "audio"]
         assert [type(audio_jitter_buffer(r)) for r in receivers] == [ArrivalBuffer]
+    finally:
+        await peer.close()
+        await conversation.close()
+        await client.close()
+
+
+async def test_a_lost_packet_is_heard_as_silence_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client's microphone loses one packet: the server's conversation hears 20 ms of
+    silence in its place (its timeline stays the sender's), and /metrics counts it."""
+    pin_host_addresses(["127.0.0.1"])
+    client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    sender = client.addTrack(AudioStreamTrack())
+    client.createDataChannel("events")
+    await client.setLocalDescription(await client.createOffer())
+    detector = TurnDetector(WebRtcGate(2), SileroVad(), VadConfig())
+    metrics = Metrics()
+    conversation = Conversation("p" * 32, Config(), detector, None, metrics)
+    heard: list[int] = []  # the samples of each frame heard
+    hear = conversation.hear
+
+    async def hearing(frame: av.AudioFrame, arrival_ms: float) -> None:
+        heard.append(frame.samples)
+        await hear(frame, arrival_ms)
+
+    monkeypatch.setattr(conversation, "hear", hearing)
+    peer = PeerSession(conversation, Config(), lambda _peer, _why: None)
+    try:
+        answer = await peer.answer(client.localDescription.sdp)
+        await client.setRemoteDescription(answer)
+        LossySender(sender, lambda n: n == LOST_PACKET, frozenset())
+        for _ in range(300):  # 3 s at most
+            if len(heard) > LOST_PACKET + 10:
+                break
+            await asyncio.sleep(0.01)
+        assert len(heard) > LOST_PACKET + 10
+        lost_s = metric_value(metrics.render().decode(), "avatar_inbound_audio_lost_seconds_total")
+        assert lost_s == 0.02
+        assert peer.inbound_gaps.filled_ms == 20.0
+        assert set(heard) == {960}  # the silence put in is one frame long
     finally:
         await peer.close()
         await conversation.close()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import av
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCRtpSender
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamTrack
 
@@ -44,6 +44,40 @@ def _is_rtp(data: bytes) -> bool:
     return not 192 <= data[1] <= 223  # RTCP's packet types are 192-223
 
 
+class LossySender:
+    """The client's RTP packets through a sender's transport, some lost (``lose``), some sent
+    after the packet that follows them (``late``: numbers, 1-based); ``sent_at``: each sent
+    packet's media time (samples after the first packet's) -> when it went (monotonic s)."""
+
+    def __init__(self, sender: RTCRtpSender, lose: Lose, late: frozenset[int]) -> None:
+        self.sent_at: dict[int, float] = {}
+        self._lose, self._late = lose, late
+        self._first: int | None = None
+        self._held: list[bytes] = []
+        self._count = 0
+        self._transport = sender.transport
+        self._send = self._transport._send_rtp
+        self._transport._send_rtp = self._lossy  # type: ignore[method-assign]
+
+    async def _lossy(self, data: bytes) -> None:
+        if not _is_rtp(data):
+            await self._send(data)
+            return
+        self._count += 1
+        timestamp = struct.unpack_from("!I", data, 4)[0]
+        if self._first is None:
+            self._first = timestamp
+        if self._lose(self._count):
+            return
+        self.sent_at[(timestamp - self._first) % (1 << 32)] = time.monotonic()
+        if self._count in self._late:
+            self._held.append(data)
+            return
+        await self._send(data)
+        while self._held:
+            await self._send(self._held.pop())
+
+
 async def hear_over_loss(
     tune: Tune, lose: Lose, frames: int, late: frozenset[int] = frozenset()
 ) -> Heard:
@@ -62,32 +96,7 @@ async def hear_over_loss(
         tune(server)
         await server.setLocalDescription(await server.createAnswer())
         await client.setRemoteDescription(server.localDescription)
-        transport = sender.transport
-        send = transport._send_rtp
-        sent_at: dict[int, float] = {}  # media time (samples from the first) -> sent
-        first: list[int] = []
-        held: list[bytes] = []
-        count = 0
-
-        async def lossy(data: bytes) -> None:
-            nonlocal count
-            if not _is_rtp(data):
-                await send(data)
-                return
-            count += 1
-            timestamp = struct.unpack_from("!I", data, 4)[0]
-            first[:] = first or [timestamp]
-            if lose(count):
-                return
-            sent_at[(timestamp - first[0]) % (1 << 32)] = time.monotonic()
-            if count in late:
-                held.append(data)
-                return
-            await send(data)
-            while held:
-                await send(held.pop())
-
-        transport._send_rtp = lossy  # type: ignore[method-assign]
+        sent = LossySender(sender, lose, late)
         track = await asyncio.wait_for(tracks.get(), 10)
         delays: list[float] = []
         gaps = Gaps()
@@ -96,8 +105,8 @@ async def hear_over_loss(
             arrived = time.monotonic()
             assert isinstance(frame, av.AudioFrame) and frame.pts is not None
             gaps.before(frame)
-            if frame.pts in sent_at:
-                delays.append((arrived - sent_at[frame.pts]) * 1000)
+            if frame.pts in sent.sent_at:
+                delays.append((arrived - sent.sent_at[frame.pts]) * 1000)
         return Heard(delays, gaps.filled_ms)
     finally:
         await client.close()
