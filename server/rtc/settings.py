@@ -110,7 +110,7 @@ def pin_host_addresses(addresses: Sequence[str]) -> None:
 
 def tune_audio_jitter(pc: RTCPeerConnection) -> int:
     """Release inbound audio packets as they arrive (server/rtc/jitter.py), instead of after
-    aiortc's 4 and 300 ms late for the rest of the call after a loss.
+    aiortc's 4, and 280 ms late for the rest of the call after a loss.
 
     aiortc has no public option; the receiver's buffer is replaced before media flows (call
     after setRemoteDescription). Returns how many audio receivers were tuned.

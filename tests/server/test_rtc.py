@@ -28,6 +28,8 @@ from server.rtc.settings import (
 from tests.support.lossy_audio import Heard, LossySender, aiortc_buffer, hear_over_loss
 from tests.support.server_process import metric_value
 
+LOST_PACKET = 40  # the client's 40th RTP packet (0.8 s in) never arrives
+
 
 async def test_server_peer_releases_inbound_audio_packets_as_they_arrive() -> None:
     pin_host_addresses(["127.0.0.1"])
@@ -107,9 +109,6 @@ def test_host_address_pinning_filters_by_family() -> None:
     assert aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=True) == ["127.0.0.1", "::1"]
     pin_host_addresses([])
     assert "127.0.0.1" not in aioice.ice.get_host_addresses(use_ipv4=True, use_ipv6=False)
-
-
-LOST_PACKET = 40  # the client's 40th RTP packet (0.8 s in) never arrives
 
 
 async def test_a_lost_packet_leaves_the_inbound_audio_as_late_as_before() -> None:
