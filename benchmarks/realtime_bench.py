@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import random
 import statistics
 import sys
 import time
@@ -50,6 +51,7 @@ from client.cli import ClientPeer
 from server.config import LLM_ENGINES
 from server.machine import this_machine
 from server.rtc.settings import pin_host_addresses
+from tests.support.lossy_audio import LossySender
 from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import silence
 
@@ -187,15 +189,27 @@ def underruns(metrics: str) -> int:
     return int(metric_value(metrics, "avatar_playback_underruns_total"))
 
 
+def lose_mic_packets(peer: ClientPeer, share: float, seed: int) -> None:
+    """From now on ``share`` (0-1) of the peer's microphone packets are lost on the way, at
+    random (``seed``): a phone on Wi-Fi, not loopback."""
+    rng = random.Random(seed)
+    for sender in peer.pc.getSenders():
+        if sender.track is not None and sender.track.kind == "audio":
+            LossySender(sender, lambda _n: rng.random() < share, frozenset())
+
+
 async def conversing(
-    server: ServerProcess, questions: list[list[npt.NDArray[np.int16]]]
+    server: ServerProcess, questions: list[list[npt.NDArray[np.int16]]], mic_loss: float = 0.0
 ) -> dict[str, Any]:
     """One peer (audio and video) per list of questions, all connected first; then each asks
-    its questions one at a time, the peers at the same time. Figures of the asking part."""
+    its questions one at a time, the peers at the same time. Figures of the asking part.
+    ``mic_loss``: the share of each peer's microphone packets lost (0-1)."""
     peers = [ClientPeer(server.url, video=True) for _ in questions]
     try:
-        for peer in peers:
+        for seed, peer in enumerate(peers):
             await peer.connect(timeout=60)
+            if mic_loss:
+                lose_mic_packets(peer, mic_loss, seed)
         await asyncio.sleep(1.0)  # media flowing both ways before the first question
         before = await asyncio.to_thread(server.metrics)
         started = time.monotonic()
@@ -229,6 +243,7 @@ async def run(
     question_set: str = "everyday",
     settings: dict[str, str] | None = None,
     server_log: Path | None = None,
+    mic_loss: float = 0.0,
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTION_SETS[question_set][: 3 if quick else 6]
@@ -259,14 +274,15 @@ async def run(
             "settings": settings or {},
             "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
         }
-        results["one_session"] = await conversing(server, [questions])
+        results["mic_loss"] = mic_loss
+        results["one_session"] = await conversing(server, [questions], mic_loss)
         print(
             "one session",
             json.dumps({k: v for k, v in results["one_session"].items() if k != "turns"}),
         )
         per = 1 if quick else 2
         halves = [questions[0:per], questions[per : 2 * per]]
-        results["two_sessions"] = await conversing(server, halves)
+        results["two_sessions"] = await conversing(server, halves, mic_loss)
         print(
             "two sessions",
             json.dumps({k: v for k, v in results["two_sessions"].items() if k != "turns"}),
@@ -329,7 +345,16 @@ def main(argv: list[str] | None = None) -> int:
         help="write the server's log here at the end (with --set server.log_level=DEBUG: "
         "every stage of every turn)",
     )
+    parser.add_argument(
+        "--mic-loss",
+        type=float,
+        default=0.0,
+        help="the share (0-1) of each client's microphone packets lost at random, from the "
+        "connection on (default 0: loopback loses nothing)",
+    )
     args = parser.parse_args(argv)
+    if not 0.0 <= args.mic_loss < 1.0:
+        parser.error("--mic-loss must be in [0, 1)")
     isolate("benchmarks.realtime_bench", argv)
     print(f"machine: {this_machine().describe()}")
     started = time.monotonic()
@@ -348,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             args.questions,
             settings,
             args.server_log,
+            args.mic_loss,
         )
     )
     results["machine"] = this_machine().to_dict()

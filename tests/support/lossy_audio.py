@@ -45,12 +45,14 @@ def _is_rtp(data: bytes) -> bool:
 
 
 class LossySender:
-    """The client's RTP packets through a sender's transport, some lost (``lose``), some sent
-    after the packet that follows them (``late``: numbers, 1-based); ``sent_at``: each sent
-    packet's media time (samples after the first packet's) -> when it went (monotonic s)."""
+    """A sender's RTP packets (its own SSRC: a bundled transport carries the other tracks'
+    too), some lost (``lose``), some sent after the packet that follows them (``late``:
+    numbers, 1-based); ``sent_at``: each sent packet's media time (samples after the first
+    packet's) -> when it went (monotonic s)."""
 
     def __init__(self, sender: RTCRtpSender, lose: Lose, late: frozenset[int]) -> None:
         self.sent_at: dict[int, float] = {}
+        self._ssrc = sender._ssrc
         self._lose, self._late = lose, late
         self._first: int | None = None
         self._held: list[bytes] = []
@@ -60,7 +62,7 @@ class LossySender:
         self._transport._send_rtp = self._lossy  # type: ignore[method-assign]
 
     async def _lossy(self, data: bytes) -> None:
-        if not _is_rtp(data):
+        if not _is_rtp(data) or struct.unpack_from("!I", data, 8)[0] != self._ssrc:
             await self._send(data)
             return
         self._count += 1
