@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import pct, source_commit
+from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from server.machine import this_machine
 from server.rtc.settings import tune_audio_jitter
@@ -79,14 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/jitter.json"))
     args = parser.parse_args(argv)
     isolate("benchmarks.jitter_bench", argv)
-    machine = this_machine()
-    print(f"machine: {machine.describe()}")
-    results = {
-        "machine": machine.to_dict(),
-        "machine_line": machine.describe(),
-        "commit": source_commit(),
-        "scenarios": asyncio.run(run(100 if args.quick else 250)),
-    }
+    machine_line = this_machine().describe()
+    print(f"machine: {machine_line}")
+    scenarios_run = asyncio.run(run(100 if args.quick else 250))
+    results = stamped({"machine_line": machine_line, "scenarios": scenarios_run})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out}")
