@@ -4,8 +4,9 @@ Two aiortc peers on loopback (tests/support/lossy_audio.py): the client sends it
 20 ms frames in real time, and the server's track delivers them decoded. For each frame, the
 delay from its packet's sending to its arrival at the track (what the turn detector and the
 barge-in wait for, before any of their own work). Each scenario runs with the server's buffer
-(``arrival``: server/rtc/jitter.py, every packet on arrival) and with aiortc's own, releasing
-after one packet (``aiortc``: the server's until 2026-12-05), in turn:
+(``arrival``: server/rtc/jitter.py, every packet on arrival, and the server's decoder,
+server/rtc/opus.py) and with aiortc's own, releasing after one packet (``aiortc``: the
+server's until 2026-12-05), in turn:
 
 - ``none``: no packet lost;
 - ``one_lost``: the 40th packet lost (0.8 s in);
@@ -13,7 +14,9 @@ after one packet (``aiortc``: the server's until 2026-12-05), in turn:
 - ``reordered``: every 50th packet sent after the one that follows it.
 
 Reported per scenario and buffer: the delay's median, p90 and largest, the frames received,
-and the silence the inbound path puts in for frames that skipped (ms).
+the silence the inbound path puts in for frames that skipped (ms), and the frames the
+server's decoder made for lost packets (ms; this client sends no FEC copies, so they are
+extrapolated).
 
 Run: ``.venv/bin/python -m benchmarks.jitter_bench`` (``--quick``: fewer frames).
 """
@@ -32,10 +35,10 @@ from typing import Any
 from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from server.machine import this_machine
-from server.rtc.settings import tune_audio_jitter
+from server.rtc.settings import tune_audio_receive
 from tests.support.lossy_audio import Heard, Lose, Tune, aiortc_buffer, hear_over_loss
 
-BUFFERS: dict[str, Tune] = {"arrival": tune_audio_jitter, "aiortc": aiortc_buffer}
+BUFFERS: dict[str, Tune] = {"arrival": tune_audio_receive, "aiortc": aiortc_buffer}
 SEED = 7
 
 
@@ -59,6 +62,7 @@ def figures(heard: Heard) -> dict[str, Any]:
         "delay_ms_max": round(max(delays), 1),
         "frames": len(heard.delays_ms),
         "silence_filled_ms": heard.filled_ms,
+        "concealed_ms": heard.concealed_ms,
     }
 
 

@@ -91,7 +91,9 @@ class Metrics:
         self.inbound_lost = Counter(
             "avatar_inbound_audio_lost_seconds",
             "The users' microphone audio lost on the way (packets lost, or dropped for coming "
-            "after newer ones), heard as silence in its place.",
+            "after newer ones), by what was heard in its place: recovered (from the copy the "
+            "next packet carried, in-band FEC), extrapolated (Opus's concealment) or silence.",
+            ["heard_as"],
             registry=r,
         )
         self.early_replies = Counter(

@@ -42,6 +42,8 @@ E2E_MODULES = {  # modules whose tests (nearly all) start a server, real peers o
     "tests/server/test_turn_detector.py": "the Silero VAD model, espeak-ng",
     "tests/server/test_turn_relay.py": "coturn",
     "tests/benchmarks/test_talk_over_bench.py": "the joe voice, AEC3, the Silero VAD model",
+    "tests/server/test_opus.py": "the joe voice",
+    "tests/benchmarks/test_mic_loss_bench.py": "Whisper, the joe voice, espeak-ng",
 }
 E2E_TESTS = {  # single tests of otherwise unit modules
     "tests/server/test_config.py": (
@@ -52,7 +54,7 @@ E2E_TESTS = {  # single tests of otherwise unit modules
     "tests/server/test_rtc.py": (
         "test_server_peer_releases_inbound_audio_packets_as_they_arrive",
         "test_a_lost_packet_leaves_the_inbound_audio_as_late_as_before",
-        "test_a_lost_packet_is_heard_as_silence_and_counted",
+        "test_lost_packets_are_recovered_from_fec_and_counted",
     ),
     "tests/benchmarks/test_whip_connect.py": (
         "test_one_connect_per_pair_succeeds_and_writes_json",

@@ -32,11 +32,12 @@ from server.conversation.conversation import REALTIME_DIALECT, Conversation
 from server.conversation.protocol import quoted
 from server.conversation.resume import Resumed
 from server.rtc.ice import ice_servers
+from server.rtc.opus import Concealed
 from server.rtc.settings import (
     add_outbound_track,
     guard_data_channels,
     rtc_configuration,
-    tune_audio_jitter,
+    tune_audio_receive,
 )
 from server.rtc.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
 from server.runtime.inbound import Gaps, frames
@@ -126,7 +127,7 @@ class PeerSession:
     async def answer(self, offer_sdp: str) -> RTCSessionDescription:
         """Apply the client's offer and return our answer (ICE gathered: no trickle)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        tune_audio_jitter(self.pc)
+        tune_audio_receive(self.pc)
         guard_data_channels(self.pc, f"session {self.session_id[:8]}")
         # on the m-lines the client wants to receive on (none for a pure publisher)
         self.sends_audio = add_outbound_track(self.pc, self.audio_track)
@@ -252,9 +253,15 @@ class PeerSession:
             assert isinstance(frame, av.AudioFrame)
             lost = gaps.before(frame)  # silence where packets were lost: the timeline stays
             if lost is not None:
-                self.conversation.metrics.inbound_lost.inc(lost.samples / lost.sample_rate)
+                self._count_lost(lost, "silence")
                 await self.conversation.hear(lost, self.last_media_ms)
+            if isinstance(frame.opaque, Concealed):  # made by the decoder for a lost packet
+                self._count_lost(frame, frame.opaque.value)
             await self.conversation.hear(frame, self.last_media_ms)
+
+    def _count_lost(self, frame: av.AudioFrame, heard_as: str) -> None:
+        seconds = frame.samples / frame.sample_rate
+        self.conversation.metrics.inbound_lost.labels(heard_as=heard_as).inc(seconds)
 
     # --- events channel ---------------------------------------------------------------------
     def _on_datachannel(self, channel: RTCDataChannel) -> None:

@@ -27,6 +27,7 @@ from aiortc.sdp import candidate_from_sdp
 from OpenSSL import SSL
 
 from server.conversation.protocol import UndecodableText
+from server.rtc import opus
 from server.rtc.ice import IceServer
 from server.rtc.jitter import ArrivalBuffer
 
@@ -108,18 +109,22 @@ def pin_host_addresses(addresses: Sequence[str]) -> None:
     log.info("ICE host candidates pinned to %s", ", ".join(pinned))
 
 
-def tune_audio_jitter(pc: RTCPeerConnection) -> int:
+def tune_audio_receive(pc: RTCPeerConnection) -> int:
     """Release inbound audio packets as they arrive (server/rtc/jitter.py), instead of after
-    aiortc's 4, and 280 ms late for the rest of the call after a loss.
+    aiortc's 4, and 280 ms late for the rest of the call after a loss; and ask the sender for
+    in-band FEC, which the receiver's decoder uses for lost packets (server/rtc/opus.py).
 
-    aiortc has no public option; the receiver's buffer is replaced before media flows (call
-    after setRemoteDescription). Returns how many audio receivers were tuned.
+    aiortc has no public option for either; the receiver's buffer and the codecs to answer
+    with are replaced before media flows (call after setRemoteDescription, before
+    createAnswer). Returns how many audio receivers were tuned.
     """
+    opus.install()
     tuned = 0
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio":
             buffer = ArrivalBuffer()
             transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
+            transceiver._codecs = [opus.receiving_fec(codec) for codec in transceiver._codecs]
             tuned += 1
     return tuned
 

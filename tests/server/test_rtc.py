@@ -9,8 +9,9 @@ import aioice.ice
 import av
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
-from aiortc.mediastreams import AudioStreamTrack
 
+from client.cli import ScriptedMic
+from models.tts import OnnxVoiceTts
 from models.vad import SileroVad, WebRtcGate
 from server.config import Config, TransportConfig, VadConfig
 from server.conversation.conversation import Conversation
@@ -23,8 +24,9 @@ from server.rtc.settings import (
     audio_jitter_buffer,
     pin_host_addresses,
     rtc_configuration,
-    tune_audio_jitter,
+    tune_audio_receive,
 )
+from tests.support.browser_mic import encode_mic_as_browsers_do
 from tests.support.lossy_audio import Heard, LossySender, aiortc_buffer, hear_over_loss
 from tests.support.server_process import metric_value
 
@@ -43,6 +45,7 @@ async def test_server_peer_releases_inbound_audio_packets_as_they_arrive() -> No
     try:
         answer = await peer.answer(client.localDescription.sdp)
         assert "a=candidate" in answer.sdp and "127.0.0.1" in answer.sdp
+        assert "useinbandfec=1" in answer.sdp  # the sender is asked for FEC copies
         receivers = [t.receiver for t in peer.pc.getTransceivers() if t.kind == "audio"]
         assert [type(audio_jitter_buffer(r)) for r in receivers] == [ArrivalBuffer]
     finally:
@@ -51,14 +54,19 @@ async def test_server_peer_releases_inbound_audio_packets_as_they_arrive() -> No
         await client.close()
 
 
-async def test_a_lost_packet_is_heard_as_silence_and_counted(
+async def test_lost_packets_are_recovered_from_fec_and_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A client's microphone loses one packet: the server's conversation hears 20 ms of
-    silence in its place (its timeline stays the sender's), and /metrics counts it."""
+    """A client speaking as browsers send (mono speech, in-band FEC) loses every tenth packet
+    while it speaks: the server's conversation hears every 20 ms, none as silence, and
+    /metrics counts each lost frame by how it was made, some from the copy in the next
+    packet."""
     pin_host_addresses(["127.0.0.1"])
     client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    sender = client.addTrack(AudioStreamTrack())
+    mic = ScriptedMic()
+    mic.play(OnnxVoiceTts().synthesize("What is the capital of France? Tell me a story.").pcm)
+    sender = client.addTrack(mic)
+    encode_mic_as_browsers_do(sender)
     client.createDataChannel("events")
     await client.setLocalDescription(await client.createOffer())
     detector = TurnDetector(WebRtcGate(2), SileroVad(), VadConfig())
@@ -73,19 +81,23 @@ async def test_a_lost_packet_is_heard_as_silence_and_counted(
 
     monkeypatch.setattr(conversation, "hear", hearing)
     peer = PeerSession(conversation, Config(), lambda _peer, _why: None)
+    lost = range(20, 141, 10)  # within the speech (about 3 s: 150 packets)
     try:
         answer = await peer.answer(client.localDescription.sdp)
         await client.setRemoteDescription(answer)
-        LossySender(sender, lambda n: n == LOST_PACKET, frozenset())
-        for _ in range(300):  # 3 s at most
-            if len(heard) > LOST_PACKET + 10:
+        LossySender(sender, lambda n: n in lost, frozenset())
+        for _ in range(500):  # 5 s at most
+            if len(heard) > lost[-1] + 10:
                 break
             await asyncio.sleep(0.01)
-        assert len(heard) > LOST_PACKET + 10
-        lost_s = metric_value(metrics.render().decode(), "avatar_inbound_audio_lost_seconds_total")
-        assert lost_s == 0.02
-        assert peer.inbound_gaps.filled_ms == 20.0
-        assert set(heard) == {960}  # the silence put in is one frame long
+        assert len(heard) > lost[-1] + 10
+        text = metrics.render().decode()
+        name = "avatar_inbound_audio_lost_seconds_total"
+        assert metric_value(text, name) == pytest.approx(0.02 * len(lost))
+        assert metric_value(text, name, 'heard_as="recovered"') > 0
+        assert metric_value(text, name, 'heard_as="silence"') == 0
+        assert peer.inbound_gaps.filled_ms == 0.0
+        assert set(heard) == {960}  # each lost packet made one frame
     finally:
         await peer.close()
         await conversation.close()
@@ -113,9 +125,10 @@ def test_host_address_pinning_filters_by_family() -> None:
 
 async def test_a_lost_packet_leaves_the_inbound_audio_as_late_as_before() -> None:
     """After one lost packet the microphone's frames reach the server as soon as before, and
-    the lost frame is heard as 20 ms of silence. With aiortc's buffer (the ablation, same
-    path) they come about 280 ms later from then on: it waits until 15 packets are held,
-    drops the one before the gap too, then releases one frame per packet that arrives."""
+    the lost frame is made by the decoder (no silence put in). With aiortc's buffer (the
+    ablation, same path) they come about 280 ms later from then on: it waits until 15 packets
+    are held, drops the one before the gap too, then releases one frame per packet that
+    arrives, and the two frames are heard as silence."""
 
     def lost(n: int) -> bool:
         return n == LOST_PACKET
@@ -124,9 +137,9 @@ async def test_a_lost_packet_leaves_the_inbound_audio_as_late_as_before() -> Non
         delays = heard.delays_ms
         return statistics.median(delays[LOST_PACKET + 15 :]) - statistics.median(delays[5:30])
 
-    heard = await hear_over_loss(tune_audio_jitter, lost, 120)
+    heard = await hear_over_loss(tune_audio_receive, lost, 120)
     assert later_ms(heard) < 30.0
-    assert heard.filled_ms == 20.0
+    assert heard.filled_ms == 0.0
     heard = await hear_over_loss(aiortc_buffer, lost, 120)
     assert later_ms(heard) > 200.0
     assert heard.filled_ms == 40.0

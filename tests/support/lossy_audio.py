@@ -15,6 +15,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCRtpSe
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamTrack
 
+from server.rtc.opus import Concealed
 from server.rtc.settings import pin_host_addresses
 from server.runtime.inbound import Gaps
 
@@ -25,11 +26,12 @@ Lose = Callable[[int], bool]  # the client's nth RTP packet (1-based) -> whether
 @dataclass(frozen=True)
 class Heard:
     """What the server's track gave: each frame's delay from its packet's sending to its
-    arrival at the track (ms, in order), and the silence the inbound path would put in for
-    frames that skipped (ms)."""
+    arrival at the track (ms, in order), the silence the inbound path would put in for
+    frames that skipped (ms), and the frames the decoder made for lost packets (ms)."""
 
     delays_ms: list[float]
     filled_ms: float
+    concealed_ms: float
 
 
 def aiortc_buffer(server: RTCPeerConnection) -> None:
@@ -102,14 +104,17 @@ async def hear_over_loss(
         track = await asyncio.wait_for(tracks.get(), 10)
         delays: list[float] = []
         gaps = Gaps()
+        concealed_ms = 0.0
         for _ in range(frames):
             frame = await asyncio.wait_for(track.recv(), 5)
             arrived = time.monotonic()
             assert isinstance(frame, av.AudioFrame) and frame.pts is not None
             gaps.before(frame)
+            if isinstance(frame.opaque, Concealed):
+                concealed_ms += frame.samples * 1000 / frame.sample_rate
             if frame.pts in sent.sent_at:
                 delays.append((arrived - sent.sent_at[frame.pts]) * 1000)
-        return Heard(delays, gaps.filled_ms)
+        return Heard(delays, gaps.filled_ms, concealed_ms)
     finally:
         await client.close()
         await server.close()

@@ -1,0 +1,148 @@
+"""The microphone's Opus decoder (server/rtc/opus.py): lost packets recovered from the next
+packet's FEC copy or extrapolated, on real speech encoded as browsers send it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import av
+import numpy as np
+import numpy.typing as npt
+import pytest
+from aiortc import RTCRtpCodecParameters
+from aiortc.codecs.opus import OpusDecoder, OpusEncoder
+from aiortc.jitterbuffer import JitterFrame
+
+from models.tts import OnnxVoiceTts
+from server.rtc import opus
+from server.rtc.opus import Concealed, ConcealingOpusDecoder
+from server.runtime.inbound import Gaps
+from tests.support.browser_mic import MicEncoder
+
+FRAME = 960  # samples per 20 ms packet at 48 kHz
+Packets = list[tuple[bytes, int]]  # (payload, RTP timestamp)
+
+
+@pytest.fixture(scope="module")
+def speech() -> npt.NDArray[np.int16]:
+    """About 3 s of the voice at 48 kHz."""
+    said = OnnxVoiceTts().synthesize("What is the capital of France? Tell me a short story.")
+    pcm: npt.NDArray[np.int16] = said.pcm
+    return pcm
+
+
+def encode(encoder: MicEncoder | OpusEncoder, pcm: npt.NDArray[np.int16]) -> Packets:
+    packets: Packets = []
+    for start in range(0, len(pcm) - FRAME + 1, FRAME):
+        frame = av.AudioFrame.from_ndarray(
+            pcm[start : start + FRAME].reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = 48_000
+        frame.pts = start
+        payloads, timestamp = encoder.encode(frame)
+        packets += [(payload, timestamp) for payload in payloads]
+    return packets
+
+
+def decode(packets: Packets, lost: set[int]) -> Iterator[av.AudioFrame]:
+    decoder = ConcealingOpusDecoder()
+    for n, (payload, timestamp) in enumerate(packets):
+        if n not in lost:
+            for frame in decoder.decode(JitterFrame(payload, timestamp)):
+                assert isinstance(frame, av.AudioFrame)
+                yield frame
+
+
+def mono(frame: av.AudioFrame) -> npt.NDArray[np.float64]:
+    pcm: npt.NDArray[np.float64] = frame.to_ndarray().reshape(-1, 2).mean(axis=1)
+    return pcm
+
+
+def first_with_fec(packets: Packets, after: int) -> int:
+    """A packet number whose next packet carries its FEC copy."""
+    lib = opus.libopus()
+    for n in range(after, len(packets) - 1):
+        data = packets[n + 1][0]
+        if lib.opus_packet_has_lbrr(data, len(data)) > 0:
+            return n
+    raise AssertionError("no packet carries a FEC copy")
+
+
+def test_without_loss_frames_are_aiortcs(speech: npt.NDArray[np.int16]) -> None:
+    """Bit for bit what aiortc's decoder gives, with the same times, and nothing marked."""
+    packets = encode(OpusEncoder(), speech)
+    theirs = OpusDecoder()
+    ours = list(decode(packets, set()))
+    assert len(ours) == len(packets)
+    for frame, (payload, timestamp) in zip(ours, packets, strict=True):
+        (expected,) = theirs.decode(JitterFrame(payload, timestamp))
+        assert isinstance(expected, av.AudioFrame)
+        assert frame.pts == expected.pts == timestamp and frame.opaque is None
+        assert (frame.format.name, frame.layout.name) == ("s16", "stereo")
+        assert np.array_equal(frame.to_ndarray(), expected.to_ndarray())
+
+
+def test_a_lost_packet_is_recovered_from_the_next_ones_copy(
+    speech: npt.NDArray[np.int16],
+) -> None:
+    """A browser-like sender's lost packet comes back from its copy in the next packet: the
+    timeline has no hole, and the frame is close to the one lost, where silence is not."""
+    packets = encode(MicEncoder(fec=True), speech)
+    lost = first_with_fec(packets, 20)
+    whole = {int(f.pts or 0): mono(f) for f in decode(packets, set())}
+    heard = list(decode(packets, {lost}))
+    assert [f.pts for f in heard] == sorted(whole)  # every 20 ms there, in order
+    (made,) = [f for f in heard if f.opaque is not None]
+    assert made.opaque is Concealed.RECOVERED and made.pts == packets[lost][1]
+    reference = whole[int(made.pts or 0)]
+    error = np.sum((mono(made) - reference) ** 2)
+    assert error < 0.5 * np.sum(reference**2)  # silence's error is all of it
+    assert Gaps().before(made) is None
+
+
+def test_without_a_copy_the_lost_frames_are_extrapolated(
+    speech: npt.NDArray[np.int16],
+) -> None:
+    """A sender without FEC (aiortc's own): three lost packets are extrapolated, one frame
+    each, on the sender's timeline."""
+    packets = encode(MicEncoder(fec=False), speech)
+    heard = list(decode(packets, {30, 31, 32}))
+    made = [f for f in heard if f.opaque is not None]
+    assert [f.opaque for f in made] == [Concealed.EXTRAPOLATED] * 3
+    assert [f.pts for f in made] == [packets[n][1] for n in (30, 31, 32)]
+    assert all(f.samples == FRAME for f in made)
+    assert [f.pts for f in heard] == [t for _, t in packets]
+
+
+def test_a_long_gap_keeps_only_the_frame_before_the_packet(
+    speech: npt.NDArray[np.int16],
+) -> None:
+    """Over 100 ms lost: no extrapolation (it would fade out anyway); only the frame just
+    before the next packet is made, and the inbound path hears the rest as silence."""
+    packets = encode(MicEncoder(fec=True), speech)
+    lost = set(range(20, 30))  # 200 ms
+    heard = list(decode(packets, lost))
+    made = [f for f in heard if f.opaque is not None]
+    assert [f.pts for f in made] == [packets[29][1]]
+    gaps = Gaps()
+    filled = [gaps.before(f) for f in heard]
+    assert gaps.filled_ms == 180.0 and sum(f is not None for f in filled) == 1
+
+
+def test_an_older_packet_recovers_nothing(speech: npt.NDArray[np.int16]) -> None:
+    packets = encode(MicEncoder(fec=True), speech)
+    decoder = ConcealingOpusDecoder()
+    decoder.decode(JitterFrame(*packets[5]))
+    frames = decoder.decode(JitterFrame(*packets[3]))  # the buffer drops these; harmless
+    assert [f.opaque for f in frames] == [None]
+    assert decoder.made == dict.fromkeys(Concealed, 0)
+
+
+def test_only_opus_is_offered_fec_and_only_its_receivers_decode_with_it() -> None:
+    plain = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48_000, channels=2)
+    asked = opus.receiving_fec(plain)
+    assert asked.parameters == {"useinbandfec": 1} and plain.parameters == {}
+    pcmu = RTCRtpCodecParameters(mimeType="audio/PCMU", clockRate=8000, channels=1)
+    assert opus.receiving_fec(pcmu) is pcmu
+    assert isinstance(opus._decoder_for(asked), ConcealingOpusDecoder)
+    assert isinstance(opus._decoder_for(plain), OpusDecoder)
