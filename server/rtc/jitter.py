@@ -17,18 +17,24 @@ from __future__ import annotations
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
 
+from server.rtc.opus import has_copy
+
 SEQUENCE_SPAN = 1 << 16  # RTP sequence numbers wrap here
 RESTART_BEHIND = 100  # packets: one further behind than this starts a new numbering (aiortc's)
 
 
 class ArrivalBuffer(JitterBuffer):
-    """Audio packets released as they arrive, each one a frame; older ones dropped."""
+    """Audio packets released as they arrive, each one a frame; older ones dropped.
+    ``opus_types``: the payload types whose packets are Opus, counted in ``with_copy`` when
+    they carry the previous frame's FEC copy (does this sender send them?)."""
 
-    def __init__(self) -> None:
+    def __init__(self, opus_types: frozenset[int] = frozenset()) -> None:
         super().__init__(capacity=16)  # aiortc's store, left unused: nothing is held
         self._last: int | None = None  # sequence number of the last packet released
+        self._opus_types = opus_types
         self.released = 0
         self.dropped = 0  # reordered or repeated packets
+        self.with_copy = 0  # released Opus packets that carry a FEC copy
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         """The frame of ``packet``, or None for one older than the last released; the flag
@@ -42,4 +48,6 @@ class ArrivalBuffer(JitterBuffer):
         self._last = seq
         self.released += 1
         data: bytes = packet._data  # type: ignore[attr-defined]  # the receiver's depayload
+        if packet.payload_type in self._opus_types and has_copy(data):
+            self.with_copy += 1
         return False, JitterFrame(data=data, timestamp=packet.timestamp)

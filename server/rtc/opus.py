@@ -78,6 +78,11 @@ def install() -> None:
     aiortc.rtcrtpreceiver.get_decoder = _decoder_for  # type: ignore[attr-defined]
 
 
+def has_copy(packet: bytes) -> bool:
+    """Whether an Opus packet carries the previous frame's FEC copy."""
+    return bool(libopus().opus_packet_has_lbrr(packet, len(packet)) > 0)
+
+
 @cache
 def available() -> bool:
     """Whether libopus loads (else Opus is decoded by aiortc, lost frames left silent)."""

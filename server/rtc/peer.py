@@ -32,9 +32,11 @@ from server.conversation.conversation import REALTIME_DIALECT, Conversation
 from server.conversation.protocol import quoted
 from server.conversation.resume import Resumed
 from server.rtc.ice import ice_servers
+from server.rtc.jitter import ArrivalBuffer
 from server.rtc.opus import Concealed
 from server.rtc.settings import (
     add_outbound_track,
+    audio_jitter_buffer,
     guard_data_channels,
     rtc_configuration,
     tune_audio_receive,
@@ -189,8 +191,24 @@ class PeerSession:
         self.audio_track.stop()
         if self.video_track is not None:
             self.video_track.stop()
+        self._log_inbound_audio()
         await self.pc.close()
         self._set_state(PeerState.CLOSED)
+
+    def _log_inbound_audio(self) -> None:
+        """What the microphone's packets were like: how many, how many carried a FEC copy
+        (the sender heard the answer's ``useinbandfec=1``), how many came too late."""
+        audio = (t.receiver for t in self.pc.getTransceivers() if t.kind == "audio")
+        for buffer in map(audio_jitter_buffer, audio):
+            if isinstance(buffer, ArrivalBuffer):
+                log.info(
+                    "session %s peer: inbound audio: %d packets, %d with a FEC copy, "
+                    "%d dropped (late or repeated)",
+                    self.session_id[:8],
+                    buffer.released,
+                    buffer.with_copy,
+                    buffer.dropped,
+                )
 
     # --- the conversation's link --------------------------------------------------------------
     def media_ms(self) -> float | None:

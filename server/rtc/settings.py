@@ -122,9 +122,11 @@ def tune_audio_receive(pc: RTCPeerConnection) -> int:
     tuned = 0
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio":
-            buffer = ArrivalBuffer()
+            codecs = [opus.receiving_fec(codec) for codec in transceiver._codecs]
+            transceiver._codecs = codecs
+            asked = (c.payloadType for c in codecs if opus.FEC_PARAMETER in c.parameters)
+            buffer = ArrivalBuffer(frozenset(pt for pt in asked if pt is not None))
             transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
-            transceiver._codecs = [opus.receiving_fec(codec) for codec in transceiver._codecs]
             tuned += 1
     return tuned
 

@@ -12,9 +12,11 @@ import pytest
 from aiortc import RTCRtpCodecParameters
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
+from aiortc.rtp import RtpPacket
 
 from models.tts import OnnxVoiceTts
 from server.rtc import opus
+from server.rtc.jitter import ArrivalBuffer
 from server.rtc.opus import Concealed, ConcealingOpusDecoder
 from server.runtime.inbound import Gaps
 from tests.support.browser_mic import MicEncoder
@@ -146,3 +148,20 @@ def test_only_opus_is_offered_fec_and_only_its_receivers_decode_with_it() -> Non
     assert opus.receiving_fec(pcmu) is pcmu
     assert isinstance(opus._decoder_for(asked), ConcealingOpusDecoder)
     assert isinstance(opus._decoder_for(plain), OpusDecoder)
+
+
+def test_the_arrival_buffer_counts_the_opus_packets_that_carry_a_copy(
+    speech: npt.NDArray[np.int16],
+) -> None:
+    """Only packets of the Opus payload types are looked into (another codec's bytes mean
+    nothing to libopus); a FEC sender's speech packets carry copies, a plain one's none."""
+    for fec in (True, False):
+        buffer, other = ArrivalBuffer(frozenset({111})), ArrivalBuffer()
+        for n, (payload, timestamp) in enumerate(encode(MicEncoder(fec=fec), speech)):
+            for target in (buffer, other):
+                rtp = RtpPacket(payload_type=111, sequence_number=n, timestamp=timestamp)
+                rtp._data = payload  # type: ignore[attr-defined]  # as the receiver sets it
+                target.add(rtp)
+        assert buffer.released == other.released == len(encode(MicEncoder(), speech))
+        assert (buffer.with_copy > buffer.released // 2) if fec else buffer.with_copy == 0
+        assert other.with_copy == 0

@@ -98,6 +98,9 @@ async def test_lost_packets_are_recovered_from_fec_and_counted(
         assert metric_value(text, name, 'heard_as="silence"') == 0
         assert peer.inbound_gaps.filled_ms == 0.0
         assert set(heard) == {960}  # each lost packet made one frame
+        (receiver,) = [t.receiver for t in peer.pc.getTransceivers() if t.kind == "audio"]
+        buffer = audio_jitter_buffer(receiver)
+        assert isinstance(buffer, ArrivalBuffer) and buffer.with_copy > 0
     finally:
         await peer.close()
         await conversation.close()

@@ -8,6 +8,7 @@ screenshot of the page mid-conversation.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -35,6 +36,7 @@ from tests.support.browser import (
     wait_for,
 )
 from tests.support.coturn import Coturn
+from tests.support.lossy_relay import LossyRelay
 from tests.support.server_process import ServerProcess, metric_value, server_process, tone_env
 from tests.support.speech import silence, speak
 
@@ -548,6 +550,55 @@ def transcript(page: Page) -> list[dict[str, Any]]:
 def agent_level(page: Page) -> float:
     """The reply's level as the page's meter hears it (WebAudio on the remote track)."""
     return float(page.evaluate("() => window.avatarDemo.level.agent"))
+
+
+INBOUND_AUDIO_LOG = re.compile(r"inbound audio: (\d+) packets, (\d+) with a FEC copy")
+LOST = "avatar_inbound_audio_lost_seconds_total"
+
+
+def test_chromium_sends_fec_copies_and_the_server_recovers_lost_packets(
+    server: ServerProcess, talking: Browser
+) -> None:
+    """The server's answer says ``useinbandfec=1``. A relay loses 10 % of Chromium's audio
+    packets on their way; the server's reports of that loss make Chromium's encoder put a copy
+    of each frame into the packet after it, and the server hears lost frames recovered from
+    those copies (/metrics), where they would have been silence."""
+    relays: list[LossyRelay] = []
+
+    def via_relay(route: Route) -> None:
+        request = json.loads(route.request.post_data or "{}")
+        opus = re.search(r"a=rtpmap:(\d+) opus/48000", request["sdp"])
+        assert opus is not None, request["sdp"]
+        relays.append(relay := LossyRelay(int(opus.group(1)), share=0.1))
+        request["sdp"] = relay.offer(request["sdp"])
+        response = route.fetch(post_data=json.dumps(request))
+        body = response.json()
+        assert "useinbandfec=1" in body["sdp"], body["sdp"]
+        body["sdp"] = relay.answer(body["sdp"])
+        route.fulfill(status=response.status, json=body)
+
+    before = metric_value(server.metrics(), LOST, 'heard_as="recovered"')
+    try:
+        with open_page(talking, server.url) as page:
+            page.route("**/offer", via_relay)
+            page.check("#headphones")
+            start(page)
+            wait_for(lambda: events(page, "input_audio_buffer.speech_started"), 15, "speech", page)
+            wait_for(
+                lambda: metric_value(server.metrics(), LOST, 'heard_as="recovered"') > before,
+                30,
+                "a lost packet recovered from its copy",
+                page,
+            )
+            stop(page, server)
+    finally:
+        for each in relays:
+            each.close()
+    (used,) = relays
+    assert used.lost > 0 and used.relayed > 10 * used.lost // 2
+    found = wait_for(lambda: INBOUND_AUDIO_LOG.findall(server.log()), 5, "the peer's audio log")
+    packets, with_copy = map(int, found[-1])
+    assert packets > 0 and with_copy > 0, found[-1]
 
 
 def test_a_cut_connection_resumes_mid_reply(server: ServerProcess, quiet: Browser) -> None:
