@@ -43,7 +43,7 @@ E2E_MODULES = {  # modules whose tests (nearly all) start a server, real peers o
     "tests/server/test_turn_relay.py": "coturn",
     "tests/benchmarks/test_talk_over_bench.py": "the joe voice, AEC3, the Silero VAD model",
     "tests/server/test_opus.py": "the joe voice",
-    "tests/benchmarks/test_mic_loss_bench.py": "Whisper, the joe voice, espeak-ng",
+    "tests/benchmarks/test_audio_loss_bench.py": "Whisper, the joe voice, espeak-ng",
 }
 E2E_TESTS = {  # single tests of otherwise unit modules
     "tests/server/test_config.py": (
