@@ -41,6 +41,7 @@ from server.rtc.settings import (
     rtc_configuration,
     tune_audio_receive,
 )
+from server.rtc.speech_encoder import speak_as_speech
 from server.rtc.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
 from server.runtime.inbound import Gaps, frames
 from server.tasks import TaskOwner
@@ -136,6 +137,7 @@ class PeerSession:
         if self.video_track is not None:
             self.sends_video = add_outbound_track(self.pc, self.video_track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        speak_as_speech(self.pc)  # mono speech, FEC copies where the offer decodes them
         self._tasks.spawn(self._connect_watchdog(), "watchdog")
         return self.pc.localDescription
 

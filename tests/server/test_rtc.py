@@ -26,6 +26,7 @@ from server.rtc.settings import (
     rtc_configuration,
     tune_audio_receive,
 )
+from server.rtc.speech_encoder import SpeechEncoder
 from tests.support.browser_mic import encode_mic_as_browsers_do
 from tests.support.lossy_audio import Heard, LossySender, aiortc_buffer, hear_over_loss
 from tests.support.server_process import metric_value
@@ -48,6 +49,9 @@ async def test_server_peer_releases_inbound_audio_packets_as_they_arrive() -> No
         assert "useinbandfec=1" in answer.sdp  # the sender is asked for FEC copies
         receivers = [t.receiver for t in peer.pc.getTransceivers() if t.kind == "audio"]
         assert [type(audio_jitter_buffer(r)) for r in receivers] == [ArrivalBuffer]
+        (sender,) = [t.sender for t in peer.pc.getTransceivers() if t.kind == "audio"]
+        encoder = sender._RTCRtpSender__encoder  # type: ignore[attr-defined]
+        assert isinstance(encoder, SpeechEncoder) and not encoder.fec  # aiortc's offer: no FEC
     finally:
         await peer.close()
         await conversation.close()
