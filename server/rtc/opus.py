@@ -9,8 +9,8 @@ are extrapolated by libopus's concealment (PLC), up to ``MAX_CONCEALED_SAMPLES``
 stay gaps, which the inbound path fills with silence (server/runtime/inbound.py).
 
 Frames come out as aiortc's do: s16 stereo at 48 kHz, pts the receiver's mapped RTP
-timestamp (samples, growing without a wrap). A recovered frame's
-``opaque`` says how it was made (:class:`Concealed`), so the peer can count the loss.
+timestamp (samples, growing without a wrap). A frame made for a lost packet says how in its
+``opaque`` (:class:`Concealed`), so that the peer counts the loss.
 """
 
 from __future__ import annotations
@@ -182,13 +182,8 @@ class ConcealingOpusDecoder(Decoder):
                 frames.append(self._frame(pcm, start, Concealed.EXTRAPOLATED))
                 start, plc_total = start + step, plc_total - step
         fec_at = timestamp - fec_samples
-        how = (
-            Concealed.RECOVERED
-            if self._lib.opus_packet_has_lbrr(data, len(data)) > 0
-            else (
-                Concealed.EXTRAPOLATED  # libopus's FEC call conceals where the packet has no copy
-            )
-        )
+        # without a copy in the packet, libopus's FEC call extrapolates
+        how = Concealed.RECOVERED if has_copy(data) else Concealed.EXTRAPOLATED
         frames.append(self._frame(self._run(data, fec_samples, fec=True), fec_at, how))
         return frames
 

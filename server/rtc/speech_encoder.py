@@ -1,12 +1,12 @@
 """Opus for one voice: mono speech at 32 kbps, with in-band FEC where the receiver asked.
 
-aiortc encodes every audio track as stereo at 96 kbps, which Opus codes as music (CELT only,
-about 68 kbps on the avatar's voice) and protects with nothing. Browsers send a microphone
-as mono speech (Opus's hybrid mode: SILK for the voice, about 32 kbps) and, where the
-receiver's ``a=fmtp`` says ``useinbandfec=1``, put a low-bitrate copy of each frame's voice
-into the next packet, from which the receiver recovers a lost packet (server/rtc/opus.py).
-The avatar's voice goes out the same way: half the bandwidth, and a browser on a lossy link
-recovers what it lost instead of extrapolating it.
+aiortc encodes every audio track as stereo at 96 kbps, which Opus codes as music (CELT
+only; about 100 kbps on the voice, benchmarks/audio_loss_bench.py) and protects with nothing.
+Browsers send a microphone as mono speech (Opus's hybrid mode: SILK for the voice, about 32
+kbps) and, where the receiver's ``a=fmtp`` says ``useinbandfec=1``, put a low-bitrate copy of
+each frame's voice into the next packet, from which the receiver recovers a lost packet
+(server/rtc/opus.py). The avatar's voice goes out the same way: a third of the bandwidth, and
+a browser on a lossy link recovers what it lost instead of extrapolating it.
 """
 
 from __future__ import annotations
