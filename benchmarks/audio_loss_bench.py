@@ -35,7 +35,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,38 +52,16 @@ from server.machine import this_machine
 from server.rtc.opus import Concealed, ConcealingOpusDecoder
 from server.rtc.speech_encoder import SpeechEncoder
 from server.runtime.media import resample
+from tests.support.browser_mic import FRAME, RATE_HZ, Packets, encoded, frames
 
-RATE_HZ = 48_000
 ASR_RATE_HZ = 16_000
-FRAME = 960  # samples per packet
 RATES = (0.0, 0.02, 0.05, 0.10, 0.20)
 PCM = npt.NDArray[np.int16]
-Packets = list[tuple[bytes, int]]
 
 
 Encoders = dict[str, Callable[[], Encoder]]
 MIC: Encoders = {"fec": lambda: SpeechEncoder(fec=True), "plain": lambda: SpeechEncoder(fec=False)}
 VOICE: Encoders = {"aiortc": OpusEncoder, "speech": lambda: SpeechEncoder(fec=True)}
-
-
-def frames(pcm: PCM) -> Iterator[av.AudioFrame]:
-    """``pcm`` (48 kHz mono) as 20 ms frames, as a track gives them."""
-    for start in range(0, len(pcm) - FRAME + 1, FRAME):
-        frame = av.AudioFrame.from_ndarray(
-            pcm[start : start + FRAME].reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = RATE_HZ
-        frame.pts = start
-        yield frame
-
-
-def encode(pcm: PCM, encoder: Encoder) -> Packets:
-    """``pcm`` (48 kHz) as the sender's RTP payloads and timestamps."""
-    packets: Packets = []
-    for frame in frames(pcm):
-        payloads, timestamp = encoder.encode(frame)
-        packets += [(payload, timestamp) for payload in payloads]
-    return packets
 
 
 def heard(packets: Packets, lost: set[int], conceal: bool) -> tuple[PCM, dict[str, int]]:
@@ -172,12 +150,12 @@ def run(sentences: list[str], rates: tuple[float, ...], draws: int) -> dict[str,
     said = [resample(pcm, ASR_RATE_HZ, RATE_HZ) for _, _, pcm in clips]
     results: dict[str, Any] = {"clips": len(clips), "draws": draws}
     print("the microphone, as the server hears it:")
-    mic = {name: [encode(pcm, make()) for pcm in said] for name, make in MIC.items()}
+    mic = {name: [encoded(pcm, make()) for pcm in said] for name, make in MIC.items()}
     results["mic"] = {"rates": hear_all(asr, clips, mic, True, rates, draws)}
     print("the avatar's voice, as a browser hears it:")
     own = [(i, clip) for i, clip in enumerate(clips) if clip[0] == "piper"]
     voice_clips = [clip for _, clip in own]
-    voice = {name: [encode(said[i], make()) for i, _ in own] for name, make in VOICE.items()}
+    voice = {name: [encoded(said[i], make()) for i, _ in own] for name, make in VOICE.items()}
     results["voice"] = {
         "rates": hear_all(asr, voice_clips, voice, False, rates, draws),
         "kbps": {name: kbps(packets) for name, packets in {**mic, **voice}.items()},

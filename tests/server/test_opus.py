@@ -20,9 +20,7 @@ from server.rtc.jitter import ArrivalBuffer
 from server.rtc.opus import Concealed, ConcealingOpusDecoder
 from server.rtc.speech_encoder import SpeechEncoder
 from server.runtime.inbound import Gaps
-
-FRAME = 960  # samples per 20 ms packet at 48 kHz
-Packets = list[tuple[bytes, int]]  # (payload, RTP timestamp)
+from tests.support.browser_mic import FRAME, Packets, encoded
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +29,6 @@ def speech() -> npt.NDArray[np.int16]:
     said = OnnxVoiceTts().synthesize("What is the capital of France? Tell me a short story.")
     pcm: npt.NDArray[np.int16] = said.pcm
     return pcm
-
-
-def encode(encoder: SpeechEncoder | OpusEncoder, pcm: npt.NDArray[np.int16]) -> Packets:
-    packets: Packets = []
-    for start in range(0, len(pcm) - FRAME + 1, FRAME):
-        frame = av.AudioFrame.from_ndarray(
-            pcm[start : start + FRAME].reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = 48_000
-        frame.pts = start
-        payloads, timestamp = encoder.encode(frame)
-        packets += [(payload, timestamp) for payload in payloads]
-    return packets
 
 
 def decode(packets: Packets, lost: set[int]) -> Iterator[av.AudioFrame]:
@@ -72,7 +57,7 @@ def first_with_fec(packets: Packets, after: int) -> int:
 
 def test_without_loss_frames_are_aiortcs(speech: npt.NDArray[np.int16]) -> None:
     """Bit for bit what aiortc's decoder gives, with the same times, and nothing marked."""
-    packets = encode(OpusEncoder(), speech)
+    packets = encoded(speech, OpusEncoder())
     theirs = OpusDecoder()
     ours = list(decode(packets, set()))
     assert len(ours) == len(packets)
@@ -89,7 +74,7 @@ def test_a_lost_packet_is_recovered_from_the_next_ones_copy(
 ) -> None:
     """A browser-like sender's lost packet comes back from its copy in the next packet: the
     timeline has no hole, and the frame is close to the one lost, where silence is not."""
-    packets = encode(SpeechEncoder(fec=True), speech)
+    packets = encoded(speech, SpeechEncoder(fec=True))
     lost = first_with_fec(packets, 20)
     whole = {int(f.pts or 0): mono(f) for f in decode(packets, set())}
     heard = list(decode(packets, {lost}))
@@ -107,7 +92,7 @@ def test_without_a_copy_the_lost_frames_are_extrapolated(
 ) -> None:
     """A sender without FEC (aiortc's own): three lost packets are extrapolated, one frame
     each, on the sender's timeline."""
-    packets = encode(SpeechEncoder(fec=False), speech)
+    packets = encoded(speech, SpeechEncoder(fec=False))
     heard = list(decode(packets, {30, 31, 32}))
     made = [f for f in heard if f.opaque is not None]
     assert [f.opaque for f in made] == [Concealed.EXTRAPOLATED] * 3
@@ -121,7 +106,7 @@ def test_a_long_gap_keeps_only_the_frame_before_the_packet(
 ) -> None:
     """Over 100 ms lost: no extrapolation (it would fade out anyway); only the frame just
     before the next packet is made, and the inbound path hears the rest as silence."""
-    packets = encode(SpeechEncoder(fec=True), speech)
+    packets = encoded(speech, SpeechEncoder(fec=True))
     lost = set(range(20, 30))  # 200 ms
     heard = list(decode(packets, lost))
     made = [f for f in heard if f.opaque is not None]
@@ -132,7 +117,7 @@ def test_a_long_gap_keeps_only_the_frame_before_the_packet(
 
 
 def test_an_older_packet_recovers_nothing(speech: npt.NDArray[np.int16]) -> None:
-    packets = encode(SpeechEncoder(fec=True), speech)
+    packets = encoded(speech, SpeechEncoder(fec=True))
     decoder = ConcealingOpusDecoder()
     decoder.decode(JitterFrame(*packets[5]))
     frames = decoder.decode(JitterFrame(*packets[3]))  # the buffer drops these; harmless
@@ -157,12 +142,12 @@ def test_the_arrival_buffer_counts_the_opus_packets_that_carry_a_copy(
     nothing to libopus); a FEC sender's speech packets carry copies, a plain one's none."""
     for fec in (True, False):
         buffer, other = ArrivalBuffer(frozenset({111})), ArrivalBuffer()
-        for n, (payload, timestamp) in enumerate(encode(SpeechEncoder(fec=fec), speech)):
+        for n, (payload, timestamp) in enumerate(encoded(speech, SpeechEncoder(fec=fec))):
             for target in (buffer, other):
                 rtp = RtpPacket(payload_type=111, sequence_number=n, timestamp=timestamp)
                 rtp._data = payload  # type: ignore[attr-defined]  # as the receiver sets it
                 target.add(rtp)
-        assert buffer.released == other.released == len(encode(SpeechEncoder(fec=True), speech))
+        assert buffer.released == other.released == len(encoded(speech, SpeechEncoder(fec=True)))
         assert (buffer.with_copy > buffer.released // 2) if fec else buffer.with_copy == 0
         assert other.with_copy == 0
 
@@ -174,10 +159,10 @@ def test_the_voice_goes_out_as_speech_with_copies_where_asked(
     SILK for the voice), mono, a FEC copy in most packets where asked, none where not; a
     third of aiortc's bitrate."""
     for fec in (True, False):
-        sent = encode(SpeechEncoder(fec=fec), speech)
+        sent = encoded(speech, SpeechEncoder(fec=fec))
         assert all(payload[0] >> 3 < 16 and not payload[0] & 0x4 for payload, _ in sent)
         copies = sum(opus.has_copy(payload) for payload, _ in sent)
         assert copies > len(sent) // 2 if fec else copies == 0
-    ours = sum(len(p) for p, _ in encode(SpeechEncoder(fec=True), speech))
-    theirs = sum(len(p) for p, _ in encode(OpusEncoder(), speech))
+    ours = sum(len(p) for p, _ in encoded(speech, SpeechEncoder(fec=True)))
+    theirs = sum(len(p) for p, _ in encoded(speech, OpusEncoder()))
     assert ours < theirs / 2

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import av
 import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from server.rtc.opus import has_copy
 from server.rtc.speech_encoder import SpeechEncoder, asks_for_fec, speak_as_speech
+from tests.support.browser_mic import encoded
 
 CHROME_AUDIO = (
     "m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0\r\n"
@@ -27,21 +27,8 @@ def tone(seconds: float) -> np.ndarray:
     return (wave * 3000).astype(np.int16)
 
 
-def packets(encoder: SpeechEncoder, pcm: np.ndarray) -> list[tuple[bytes, int]]:
-    out = []
-    for start in range(0, len(pcm) - 959, 960):
-        frame = av.AudioFrame.from_ndarray(
-            pcm[start : start + 960].reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = 48_000
-        frame.pts = start
-        payloads, timestamp = encoder.encode(frame)
-        out += [(payload, timestamp) for payload in payloads]
-    return out
-
-
 def test_mono_speech_at_about_32_kbps_in_20_ms_packets() -> None:
-    sent = packets(SpeechEncoder(fec=False), tone(2.0))
+    sent = encoded(tone(2.0), SpeechEncoder(fec=False))
     assert len(sent) >= 95
     assert [t for _, t in sent[:3]] == [0, 960, 1920]
     for payload, _ in sent:
