@@ -12,15 +12,17 @@ a browser on a lossy link recovers what it lost instead of extrapolating it.
 from __future__ import annotations
 
 import fractions
-import re
 from typing import Any
 
 from aiortc import RTCPeerConnection
 from aiortc.codecs.base import Encoder
 from aiortc.mediastreams import convert_timebase
+from aiortc.sdp import SessionDescription
 from av import AudioFrame, AudioResampler, CodecContext
 from av.frame import Frame
 from av.packet import Packet
+
+from server.rtc.opus import FEC_PARAMETER
 
 RATE_HZ = 48_000
 FRAME_SAMPLES = 960  # 20 ms
@@ -72,8 +74,10 @@ class SpeechEncoder(Encoder):
 def asks_for_fec(sdp: str) -> bool:
     """Whether a description's Opus ``a=fmtp`` says ``useinbandfec=1`` (its author decodes
     FEC copies: every browser's offer does)."""
-    types = re.findall(r"^a=rtpmap:(\d+) opus/48000", sdp, re.MULTILINE | re.IGNORECASE)
-    return any(re.search(rf"^a=fmtp:{pt} .*useinbandfec=1", sdp, re.MULTILINE) for pt in types)
+    codecs = (c for m in SessionDescription.parse(sdp).media for c in m.rtp.codecs)
+    return any(
+        c.mimeType.lower() == "audio/opus" and c.parameters.get(FEC_PARAMETER) == 1 for c in codecs
+    )
 
 
 def speak_as_speech(pc: RTCPeerConnection) -> int:
