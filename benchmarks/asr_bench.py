@@ -1,14 +1,17 @@
-"""The speech recogniser: word error rate and what a call costs, by encoder window.
+"""The speech recognisers: word error rate and what a call costs, by recogniser and window.
 
 The test set is 24 questions and requests of the kind people ask the avatar, each spoken by two
-synthetic voices: Piper's joe (the avatar's own voice) and espeak-ng. Three ways to recognise:
+synthetic voices: Piper's joe (the avatar's own voice) and espeak-ng. Five ways to recognise:
 
 - ``full``: Whisper tiny.en encoding a 30 s window per call, as faster-whisper does (the
   server's recogniser before; ``pipeline.asr_window = "full"``);
-- ``audio``: the same weights encoding only the utterance plus 1 s of silence (the default);
+- ``audio``: the same weights encoding only the utterance plus 1 s of silence;
 - ``streaming``: ``audio`` as the server runs it while the user speaks: a partial transcript
   every 300 ms of audio, the words two partials agree on become the decoder's prefix, and the
-  final transcript continues after them.
+  final transcript continues after them;
+- ``moonshine`` and ``moonshine_streaming``: Moonshine tiny (``pipeline.asr_model =
+  "moonshine-tiny"``; its encoder reads the raw audio as long as it is), called the same ways
+  on the same clips.
 
 Reports each mode's WER on the whole set, the median call time by utterance length, and for
 streaming the final decode's time and the partials' CPU time per second of speech.
@@ -123,14 +126,25 @@ def streaming(asr: Any, pcm: npt.NDArray[np.int16]) -> tuple[str, float, float]:
     return final, (time.perf_counter() - started) * 1000, partial_ms
 
 
-def run(threads: int, sentences: list[str]) -> dict[str, Any]:
-    from models.asr import WhisperAsr
+MODES = ("full", "audio", "moonshine")
+STREAMED = {"audio": "streaming", "moonshine": "moonshine_streaming"}
 
+
+def recogniser(mode: str, threads: int) -> Any:
+    from models.asr import WhisperAsr
+    from models.moonshine import MoonshineAsr
+
+    if mode == "moonshine":
+        return MoonshineAsr(cpu_threads=threads)
+    return WhisperAsr(cpu_threads=threads, window=mode)
+
+
+def run(threads: int, sentences: list[str]) -> dict[str, Any]:
     clips = voices(sentences)
     results: dict[str, Any] = {"machine": this_machine().to_dict(), "threads": threads}
     speech_s = sum(len(pcm) for _, _, pcm in clips) / RATE_HZ
-    for mode in ("full", "audio"):
-        asr = WhisperAsr(cpu_threads=threads, window=mode)
+    for mode in MODES:
+        asr = recogniser(mode, threads)
         asr.transcribe(clips[0][2])
         heard, times = [], []
         for _, _, pcm in clips:
@@ -144,11 +158,11 @@ def run(threads: int, sentences: list[str]) -> dict[str, Any]:
             "call_ms_max": round(max(times)),
             "misheard": misses,
         }
-        if mode == "audio":
+        if mode in STREAMED:
             runs = [streaming(asr, pcm) for _, _, pcm in clips]
             finals = [final_ms for _, final_ms, _ in runs]
             wer, misses = score(clips, [text for text, _, _ in runs])
-            results["streaming"] = {
+            results[STREAMED[mode]] = {
                 "wer": wer,
                 "final_ms_p50": round(statistics.median(finals)),
                 "final_ms_p90": round(pct(finals, 0.9)),
@@ -171,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     results["commit"] = source_commit()
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"{results['clips']} clips, {results['speech_s_mean']} s each on average")
-    for mode in ("full", "audio", "streaming"):
+    for mode in (*MODES, *STREAMED.values()):
         shown = {k: v for k, v in results[mode].items() if k != "misheard"}
-        print(f"{mode:>9}: {shown}")
+        print(f"{mode:>19}: {shown}")
     print(f"wrote {args.out}")
     return 0
 

@@ -50,6 +50,8 @@ synthesis of each utterance on the same machine load:
 - ``gaps`` ("words_gap_verdicts"): a decode begun in a pause that returns after the speech
   went on is still taken as the pause's, and the LLM judges its words while the partial loop
   waits (``Partials.gaps_are_pauses``; before 2026-12-05, evening).
+- ``moonshine`` ("words_moonshine"): the recogniser is Moonshine tiny, Whisper only for clips
+  up to 1 s (``pipeline.asr_model = "moonshine-tiny"``; a pipeline of its own, calibrated).
 
 Per utterance the rows also keep Smart Turn's probabilities and, at each pause, the LLM's
 verdict, the ms it took, and the recogniser's weight on a word ending no sentence in place of
@@ -400,6 +402,8 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "warm-stable": ("words_warm_stable", warm_stable, {}),
     "words-first": ("words_model_at_once", model_at_once, {}),
     "gaps": ("words_gap_verdicts", gaps_are_pauses, {}),
+    # a pipeline of its own whose recogniser is Moonshine tiny (with Whisper for short clips)
+    "moonshine": ("words_moonshine", None, {"pipeline.asr_model": "moonshine-tiny"}),
 }
 
 
@@ -442,10 +446,14 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
         [Mode("words", model, pipeline, words)],
     ]
     alone = False  # the conversations of a pass hear each utterance together, not in turn
+    other, other_chose = None, {}  # its own pipeline, where an ablation changes a pipeline setting
     if ablate is not None:  # in turn, so that they do not share the recogniser
         name, part, more = ABLATIONS[ablate]
-        passes = [[Mode("words", model, pipeline, words),
-                   Mode(name, model, pipeline, {**words, **more}, ablate=part)]]  # fmt: skip
+        if any(key.startswith("pipeline.") for key in more):
+            other = await voice_pipeline(load_config(overrides={**base, **more}))
+            other_chose = await calibrated(other, load_config(overrides={**base, **more}))
+        changed = Mode(name, model, other or pipeline, {**words, **more}, ablate=part)
+        passes = [[Mode("words", model, pipeline, words), changed]]
         alone = True
     try:
         for stage in passes:
@@ -482,6 +490,8 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
                 await conv.close()
     finally:
         await pipeline.close()
+        if other is not None:
+            await other.close()
     held_out = [r for r in rows if not r["dev"]]
     modes: tuple[str, ...] = ("semantic", "fixed", "recognised", "words")
     if ablate is not None:
@@ -489,7 +499,9 @@ async def run(quick: bool, llm: bool, ablate: str | None = None) -> dict[str, An
     results: dict[str, Any] = {
         **{mode: summarize(rows, mode) for mode in modes},
         "held_out": {mode: summarize(held_out, mode) for mode in modes} if held_out else None,
-        "calibrated_settings": chosen,
+        "calibrated_settings": chosen,  # both passes run with these
+        # what the ablation's own pipeline would have chosen (its first chunk's length is taken)
+        **({"ablation_calibrated_settings": other_chose} if other is not None else {}),
         "utterances": rows,
     }
     if llm:

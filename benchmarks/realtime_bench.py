@@ -120,8 +120,11 @@ async def ask(peer: ClientPeer, audio: npt.NDArray[np.int16]) -> dict[str, Any]:
     # the client's figure in three parts: the end of the turn (its event received), the
     # server's reply up to its first audio sent (the event that says so), that audio's way
     committed, started = seen("input_audio_buffer.committed"), seen("output_audio_buffer.started")
+    final = "conversation.item.input_audio_transcription.completed"
+    finals = [e.get("transcript") for _, e in peer.events[mark:] if e.get("type") == final]
     return {
         **timings,
+        "heard": finals[0] if finals else None,
         "client_voice_to_voice_ms": None if first is None else (first - speech_end) * 1000,
         "client_endpoint_ms": None if committed is None else (committed - speech_end) * 1000,
         "client_audio_way_ms": (
