@@ -50,8 +50,9 @@ synthesis of each utterance on the same machine load:
 - ``gaps`` ("words_gap_verdicts"): a decode begun in a pause that returns after the speech
   went on is still taken as the pause's, and the LLM judges its words while the partial loop
   waits (``Partials.gaps_are_pauses``; before 2026-12-05, evening).
-- ``moonshine`` ("words_moonshine"): the recogniser is Moonshine tiny, Whisper only for clips
-  up to 1 s (``pipeline.asr_model = "moonshine-tiny"``; a pipeline of its own, calibrated).
+- ``whisper`` ("words_whisper"): the recogniser is Whisper alone, not Moonshine with Whisper
+  for clips up to 1 s (``pipeline.asr_model = "whisper-tiny.en"``; before 2026-12-06; a
+  pipeline of its own, calibrated).
 
 Per utterance the rows also keep Smart Turn's probabilities and, at each pause, the LLM's
 verdict, the ms it took, and the recogniser's weight on a word ending no sentence in place of
@@ -402,8 +403,8 @@ ABLATIONS: dict[str, tuple[str, Part, dict[str, str]]] = {
     "warm-stable": ("words_warm_stable", warm_stable, {}),
     "words-first": ("words_model_at_once", model_at_once, {}),
     "gaps": ("words_gap_verdicts", gaps_are_pauses, {}),
-    # a pipeline of its own whose recogniser is Moonshine tiny (with Whisper for short clips)
-    "moonshine": ("words_moonshine", None, {"pipeline.asr_model": "moonshine-tiny"}),
+    # a pipeline of its own whose recogniser is Whisper alone
+    "whisper": ("words_whisper", None, {"pipeline.asr_model": "whisper-tiny.en"}),
 }
 
 
