@@ -206,6 +206,16 @@ def heard_text(decode: Callable[[list[int]], str], tokens: list[int], forced: in
 Rivals = tuple[tuple[str, float], ...]
 
 
+def likeliest(logits: Any, count: int) -> list[tuple[int, float]]:
+    """The ``count`` likeliest tokens of a decoding step, best first, each with its softmax
+    share (0-1) of the step's ``logits``."""
+    scores = np.asarray(logits, np.float64).reshape(-1)
+    shares = np.exp(scores - scores.max())
+    shares /= shares.sum()
+    best = np.argpartition(-shares, count - 1)[:count]
+    return [(int(t), float(shares[t])) for t in best[np.argsort(-shares[best])]]
+
+
 class Heard(NamedTuple):
     """A transcript, and the words Whisper weighed in place of its last one: the likeliest
     other tokens where it began that word (stripped, lower case), each with its probability
@@ -355,14 +365,10 @@ class WhisperAsr:
     def _rivals(self, token: int, logits: Any) -> Rivals:
         """The likeliest tokens but ``token`` at its step (RIVALS, special ones left out), as
         text with the softmax share of the step's logits."""
-        scores = np.asarray(logits, np.float64).reshape(-1)
-        shares = np.exp(scores - scores.max())
-        shares /= shares.sum()
-        best = np.argpartition(-shares, RIVALS)[: RIVALS + 1]
-        best = best[np.argsort(-shares[best])]
-        rivals = [int(t) for t in best if t != token and t < self._prompt[0]][:RIVALS]
+        best = likeliest(logits, RIVALS + 1)
+        rivals = [(t, p) for t, p in best if t != token and t < self._prompt[0]][:RIVALS]
         decode = self._tokenizer.decode
-        return tuple((decode([t]).strip().lower(), float(shares[t])) for t in rivals)
+        return tuple((decode([t]).strip().lower(), p) for t, p in rivals)
 
     def _decode(
         self,

@@ -34,6 +34,7 @@ from models.asr import (
     WhisperAsr,
     heard_text,
     last_word_at,
+    likeliest,
     undecided_end,
 )
 
@@ -251,13 +252,9 @@ class MoonshineAsr:
     def _rivals(self, token: int, logits: npt.NDArray[np.float32]) -> Rivals:
         """The likeliest tokens but ``token`` at its step (RIVALS, special ones left out), as
         text with the softmax share of the step's logits."""
-        scores = np.asarray(logits, np.float64).reshape(-1)
-        shares = np.exp(scores - scores.max())
-        shares /= shares.sum()
-        best = np.argpartition(-shares, RIVALS * 2)[: RIVALS * 2 + 1]
-        best = best[np.argsort(-shares[best])]
-        rivals = [int(t) for t in best if t != token and not self.tokens.special(int(t))]
-        out = [(self.tokens.decode([t]).lower(), float(shares[t])) for t in rivals]
+        best = likeliest(logits, RIVALS * 2 + 1)
+        rivals = [(t, p) for t, p in best if t != token and not self.tokens.special(t)]
+        out = [(self.tokens.decode([t]).lower(), p) for t, p in rivals]
         return tuple((text, share) for text, share in out if text)[:RIVALS]
 
 
