@@ -17,16 +17,17 @@ from models.moonshine import (
     moonshine_model_dir,
     verify,
 )
-from models.tts import RATE_HZ, OnnxVoiceTts
+from models.tts import OnnxVoiceTts
 from server.pipeline.wiring import recogniser
-from server.runtime.media import resample
-from tests.support.recognisers import KITCHEN, check_last_word_rivals, words_of
-from tests.support.text import edit_distance
-
-SENTENCES = (
-    "The weather is sunny today.",
-    "Please open the window in the kitchen.",
-    "My favourite colour is blue.",
+from tests.support.recognisers import (
+    KITCHEN,
+    SENTENCES,
+    best_of_three_wer,
+    check_continues_after_a_pause,
+    check_continues_after_a_prefix,
+    check_last_word_rivals,
+    said,
+    words_of,
 )
 
 
@@ -38,10 +39,6 @@ def tts() -> OnnxVoiceTts:
 @pytest.fixture(scope="module")
 def moonshine() -> MoonshineAsr:
     return MoonshineAsr(cpu_threads=1)
-
-
-def said(tts: OnnxVoiceTts, text: str) -> np.ndarray:
-    return resample(tts.synthesize(text).pcm, RATE_HZ, 16_000)
 
 
 def test_the_packaged_files_are_the_ones_checked() -> None:
@@ -71,35 +68,18 @@ def test_the_vocabulary_reads_and_writes_text(moonshine: MoonshineAsr) -> None:
 
 
 def test_moonshine_round_trip(tts: OnnxVoiceTts, moonshine: MoonshineAsr) -> None:
-    errors = total = 0
-    heard = []
-    for sentence in SENTENCES:
-        # the voice samples noise (VITS): each sentence counts its best of three takes
-        takes = [moonshine.transcribe(said(tts, sentence)) for _ in range(3)]
-        text = min(takes, key=lambda t: edit_distance(words_of(sentence), words_of(t)))
-        heard.append(text)
-        errors += edit_distance(words_of(sentence), words_of(text))
-        total += len(words_of(sentence))
-    assert errors / total <= 0.25, heard
+    wer, heard = best_of_three_wer(moonshine, tts, SENTENCES, words_of)
+    assert wer <= 0.25, heard
 
 
 def test_moonshine_continues_after_a_prefix(tts: OnnxVoiceTts, moonshine: MoonshineAsr) -> None:
-    sentence = "Please open the window in the kitchen."
-    heard = moonshine.transcribe(said(tts, sentence), prefix="Please open the")
-    assert heard.startswith("Please open the ")
-    assert edit_distance(words_of(sentence), words_of(heard)) <= 1, heard
+    check_continues_after_a_prefix(moonshine, tts)
 
 
 def test_moonshine_continues_after_a_pause_without_reading_it_twice(
     tts: OnnxVoiceTts, moonshine: MoonshineAsr
 ) -> None:
-    pause = np.zeros(9600, np.int16)  # 600 ms at 16 kHz
-    parts = [said(tts, t) for t in ("How much water should I", "drink every day?")]
-    pcm = np.concatenate([parts[0], pause, parts[1]])
-    heard = moonshine.transcribe(pcm, prefix="How much water should I?")  # a mark left open
-    assert heard.startswith("How much water should I "), heard
-    assert words_of(heard).count("drink") == 1, heard
-    assert words_of(heard)[-3:] == ["drink", "every", "day"], heard
+    check_continues_after_a_pause(moonshine, tts)
 
 
 def test_moonshine_tells_the_words_it_weighed_in_place_of_the_last_one(
@@ -128,7 +108,7 @@ def test_the_pair_hears_speech_with_moonshine_and_no_words_in_short_noise(
     burst[1_600:4_800] = rng.standard_normal(3_200) * 3_000 * np.exp(-np.arange(3_200) / 800)
     assert moonshine.transcribe(burst) != ""  # Moonshine invents a word ...
     assert paired.transcribe(burst) == "" and paired.hear(burst) == ("", ())  # ... Whisper not
-    pcm = said(tts, "Please open the window in the kitchen.")
+    pcm = said(tts, KITCHEN)
     assert paired.hear(pcm) == moonshine.hear(pcm)
     assert paired.transcribe(pcm, "Please open") == moonshine.transcribe(pcm, "Please open")
     assert paired.transcribe_after(pcm, "Mm-hm.") == paired.whisper.transcribe_after(pcm, "Mm-hm.")

@@ -37,15 +37,17 @@ from models.tts import (
 )
 from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
 from server.runtime.media import resample
-from tests.support.recognisers import KITCHEN, check_last_word_rivals
+from tests.support.recognisers import (
+    KITCHEN,
+    SENTENCES,
+    best_of_three_wer,
+    check_continues_after_a_pause,
+    check_continues_after_a_prefix,
+    check_last_word_rivals,
+)
 from tests.support.speech import speak
 from tests.support.text import edit_distance
 
-SENTENCES = (
-    "The weather is sunny today.",
-    "Please open the window in the kitchen.",
-    "My favourite colour is blue.",
-)
 HOP_48K = 256 * 48_000 / 22_050  # one step of the voice's duration predictor, in 48 kHz samples
 
 
@@ -77,20 +79,7 @@ def test_edit_distance() -> None:
 
 
 def test_tts_to_asr_round_trip(tts: OnnxVoiceTts, asr: WhisperAsr) -> None:
-    errors = total = 0
-    heard = []
-    for sentence in SENTENCES:
-        # the voice samples noise (VITS): Whisper tiny once heard a clean take of the first
-        # sentence as "The WOtherSSSSSSSS"; each sentence counts its best of three takes
-        takes = [
-            asr.transcribe(resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000))
-            for _ in range(3)
-        ]
-        text = min(takes, key=lambda t: edit_distance(words_of(sentence), words_of(t)))
-        heard.append(text)
-        errors += edit_distance(words_of(sentence), words_of(text))
-        total += len(words_of(sentence))
-    wer = errors / total
+    wer, heard = best_of_three_wer(asr, tts, SENTENCES, words_of)
     assert wer <= 0.25, (wer, heard)
 
 
@@ -206,24 +195,11 @@ def test_the_stable_words_end_undecided() -> None:
 def test_asr_continues_after_a_pause_without_reading_it_twice(
     tts: OnnxVoiceTts, asr: WhisperAsr
 ) -> None:
-    # the stable words of the partials at a mid-sentence pause end in a mark ("should I?");
-    # forced on the decoder as they were, Whisper read "Drink every day? Drink every"
-    pause = np.zeros(9600, np.int16)  # 600 ms at 16 kHz
-    said = ("How much water should I", "drink every day?")
-    parts = [resample(tts.synthesize(t).pcm, RATE_HZ, 16_000) for t in said]
-    pcm = np.concatenate([parts[0], pause, parts[1]])
-    heard = asr.transcribe(pcm, prefix="How much water should I?")
-    assert heard.startswith("How much water should I "), heard
-    assert words_of(heard).count("drink") == 1, heard
-    assert words_of(heard)[-3:] == ["drink", "every", "day"], heard
+    check_continues_after_a_pause(asr, tts)
 
 
 def test_asr_continues_after_a_prefix(tts: OnnxVoiceTts, asr: WhisperAsr) -> None:
-    sentence = "Please open the window in the kitchen."
-    pcm = resample(tts.synthesize(sentence).pcm, RATE_HZ, 16_000)
-    heard = asr.transcribe(pcm, prefix="Please open the")
-    assert heard.startswith("Please open the ")
-    assert edit_distance(words_of(sentence), words_of(heard)) <= 1, heard
+    check_continues_after_a_prefix(asr, tts)
 
 
 @pytest.mark.parametrize(
