@@ -54,14 +54,26 @@ BACKCHANNELS = frozenset(
 )  # fmt: skip
 # noise tags and Whisper's inventions for sounds: "(coughs)", "[MUSIC]", "*sigh*", "== Intro =="
 _NOT_WORDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|=+[^=]*=+")
-# a hum or a grunt however it is spelt: "mmm", "mhm", "hmmm", "mm-hmm", "uhhh", "ahh", "ohh"
-_HUM = re.compile(r"^([mh]+|u+h+|u+m+|a+h+|o+h+|e+h+|e+r+m*)$")
+# a hum or a grunt however it is spelt: "mmm", "mhm", "hmmm", "mm-hmm", "uhhh", "ahh", "ohh", "emm"
+_HUM = re.compile(r"^([mh]+|u+h+|u+m+|a+h+|o+h+|e+h+|e+m+|e+r+m*)$")
 
 
 def words_of(text: str) -> list[str]:
-    """The words of a transcript, lower case, without punctuation or noise tags."""
-    plain = _NOT_WORDS.sub(" ", text.lower()).replace("-", " ")
-    return re.sub(r"[^a-z' ]", " ", plain).replace("'", "").split()
+    """The words of a transcript, lower case, without punctuation or noise tags; a drawn-out
+    sound spelt with hyphens ("A-mm-m-m-m", "Emm-m-hm") is one hum."""
+    plain = _NOT_WORDS.sub(" ", text.lower())
+    words: list[str] = []
+    for token in re.sub(r"[^a-z'\- ]", " ", plain).replace("'", "").split():
+        parts = [part for part in token.split("-") if part]
+        words.extend(["mm"] if len(parts) > 1 and _drawn_out(parts) else parts)
+    return words
+
+
+def _drawn_out(parts: list[str]) -> bool:
+    """The parts of a hyphenated token are one sound: hums and single letters, at least half
+    of them hums ("a-mm-m-m"; not "x-ray", "i-t")."""
+    hums = sum(_is_hum(part) for part in parts)
+    return all(_is_hum(part) or len(part) == 1 for part in parts) and 2 * hums >= len(parts)
 
 
 def _is_hum(word: str) -> bool:

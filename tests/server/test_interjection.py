@@ -61,7 +61,9 @@ RULES = JudgeRules(interruption_ms=600.0, quiet_ms=160.0)
      # what Whisper tiny wrote for espeak-ng's "Mm-hm." and "Mhm."
      "== Animation ==", "Mmmmmmmmm", "M-M-M-M-M", "Mm-hmm.", "Uhhh, okay.",
      # what it wrote for them primed with INTERJECTION_CONTEXT: repeats of the sound
-     "Mm-m-m-m-m-m-m.", "Mm-hm. Mm-hm. Mm-hm. Mm-h", "Uh-huh. Uh-huh. Uh-huh. Uh-h"],
+     "Mm-m-m-m-m-m-m.", "Mm-hm. Mm-hm. Mm-hm. Mm-h", "Uh-huh. Uh-huh. Uh-huh. Uh-h",
+     # a drawn-out sound spelt with hyphens (benchmarks/interjection_words.py)
+     "A-mm-m-m-m-m-m.", "Emm-m-hm.", "Emm."],
 )  # fmt: skip
 def test_backchannels_and_noises_are_no_bid_for_the_floor(text: str) -> None:
     assert is_backchannel(text)
@@ -70,7 +72,9 @@ def test_backchannels_and_noises_are_no_bid_for_the_floor(text: str) -> None:
 @pytest.mark.parametrize(
     "text",
     ["Wait.", "Stop.", "No.", "Hold on.", "Yeah, but what about Paris?", "Sorry, one question.",
-     "okay okay okay okay okay okay okay"],
+     "okay okay okay okay okay okay okay",
+     # hyphenated words, and letters spelt out, are no hum
+     "X-ray, please.", "A T-shirt.", "I-t.", "A-a-a."],
 )  # fmt: skip
 def test_words_that_take_the_floor(text: str) -> None:
     assert not is_backchannel(text)
