@@ -107,23 +107,35 @@ def voices(sentences: list[str]) -> list[tuple[str, str, npt.NDArray[np.int16]]]
     return out
 
 
-def streaming(asr: Any, pcm: npt.NDArray[np.int16]) -> tuple[str, float, float]:
-    """(final text, final decode ms, partials' ms) as the server's partial loop runs."""
-    from server.conversation.partial_words import stable_words
+def streaming(asr: Any, pcm: npt.NDArray[np.int16]) -> tuple[str, float, float, int]:
+    """(final text, final decode ms, partials' ms, decodes done again without the stable
+    words) as the server's partial loop runs (server/conversation/partials.py)."""
+    from server.conversation.partial_words import ended_early, heard_more, stable_words
+
+    again = 0
+
+    def decode(audio: npt.NDArray[np.int16], stable: str, before: str) -> str:
+        nonlocal again
+        text: str = asr.transcribe(audio, prefix=stable)
+        if not ended_early(stable, text, before):
+            return text
+        again += 1
+        whole: str = asr.transcribe(audio)
+        return whole if heard_more(whole, text) else text
 
     step = int(PARTIAL_STEP_S * RATE_HZ)
     previous = stable = ""
     partial_ms = 0.0
     for end in range(int(1.5 * RATE_HZ), len(pcm), step):
         started = time.perf_counter()
-        text = asr.transcribe(pcm[:end], prefix=stable)
+        text = decode(pcm[:end], stable, previous)
         partial_ms += (time.perf_counter() - started) * 1000
         agreed = stable_words(previous, text)
         stable = agreed if len(agreed) > len(stable) else stable
         previous = text
     started = time.perf_counter()
-    final = asr.transcribe(pcm, prefix=stable)
-    return final, (time.perf_counter() - started) * 1000, partial_ms
+    final = decode(pcm, stable, previous)
+    return final, (time.perf_counter() - started) * 1000, partial_ms, again
 
 
 MODES = ("full", "audio", "moonshine")
@@ -160,13 +172,14 @@ def run(threads: int, sentences: list[str]) -> dict[str, Any]:
         }
         if mode in STREAMED:
             runs = [streaming(asr, pcm) for _, _, pcm in clips]
-            finals = [final_ms for _, final_ms, _ in runs]
-            wer, misses = score(clips, [text for text, _, _ in runs])
+            finals = [final_ms for _, final_ms, _, _ in runs]
+            wer, misses = score(clips, [text for text, _, _, _ in runs])
             results[STREAMED[mode]] = {
                 "wer": wer,
                 "final_ms_p50": round(statistics.median(finals)),
                 "final_ms_p90": round(pct(finals, 0.9)),
-                "partials_cpu_ms_per_speech_s": round(sum(s for _, _, s in runs) / speech_s),
+                "partials_cpu_ms_per_speech_s": round(sum(s for _, _, s, _ in runs) / speech_s),
+                "decoded_again": sum(n for _, _, _, n in runs),
                 "misheard": misses,
             }
     results["clips"] = len(clips)

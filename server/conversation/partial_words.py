@@ -65,3 +65,17 @@ def stable_words(previous: str, current: str) -> str:
             break
         agreed.append(now)
     return " ".join(agreed)
+
+
+def ended_early(prefix: str, heard: str, before: str) -> bool:
+    """Whether a decode after ``prefix`` (the stable words) heard fewer words than the last
+    partial (``before``) did on less audio: the decoder may have ended right after the words
+    it was given (Moonshine wrote "What is the difference between a frog?" for "... between a
+    frog and a toad?"). Such audio is decoded again without them (see ``heard_more``)."""
+    return bool(prefix.strip()) and len(heard.split()) < len(before.split())
+
+
+def heard_more(again: str, heard: str) -> bool:
+    """Whether the decode without the stable words (``again``) heard more words than the one
+    after them (``heard``): it is kept then, else the first."""
+    return len(again.split()) > len(heard.split())

@@ -2,18 +2,19 @@
 
 The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when the
 speaker pauses (40 ms of quiet, ``PAUSE_MS``; 100 while a reply is being written), after the
-words two partials agreed on (the stable words); it looks as each frame is judged. A warm-up
-pushes the words said so far into the LLM's prefix cache, one at a time: the latest partial's
-as they grow while the user speaks (their turn left open; the LLM's verdict at a pause then
-reads only the words it lacked), and at a pause the whole partial, which heard all the speech
-and is usually the final transcript (a decode begun in a pause that returns after the user
-spoke on counts as one of speech: its words are not judged). None for the words of a decode
-begun in speech that returns in a pause (the pause's decode comes next), nor while the turn
-may end on them (the end-of-turn model has yet to judge the pause, or it and the words say
-complete): the reply starts right after, and would first wait for it. Where the turn waits
-on, an early reply (server/conversation/early.py) may read the pause's words in place of
-their warm-up, from 100 ms of quiet (a shorter gap is often one between two words); else
-they are warmed.
+words two partials agreed on (the stable words: a decode after them that hears fewer words
+than the last partial did is done again without them); it looks as each frame is judged. A
+warm-up pushes the words said so far into the LLM's prefix cache, one at a time: the latest
+partial's as they grow while the user speaks (their turn left open; the LLM's verdict at a
+pause then reads only the words it lacked), and at a pause the whole partial, which heard all
+the speech and is usually the final transcript (a decode begun in a pause that returns after
+the user spoke on counts as one of speech: its words are not judged). None for the words of a
+decode begun in speech that returns in a pause (the pause's decode comes next), nor while the
+turn may end on them (the end-of-turn model has yet to judge the pause, or it and the words
+say complete): the reply starts right after, and would first wait for it. Where the turn waits
+on, an early reply (server/conversation/early.py) may read the pause's words in place of their
+warm-up, from 100 ms of quiet (a shorter gap is often one between two words); else they are
+warmed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from server.conversation.partial_words import (
     MIN_PARTIAL_SAMPLES,
     Partial,
     Said,
+    ended_early,
+    heard_more,
     partial_due,
     stable_words,
 )
@@ -193,7 +196,7 @@ class Partials:
             audio = self._utterance.audio()
             heard = session.cursors.heard_until
             tag = JobTag(session.session_id, session.epoch, self.view)
-            decode = pipeline.partial_transcript(audio, tag, prefix=self.stable)
+            decode = self._decoded(pipeline, audio, tag, optional=True)
             job = asyncio.get_running_loop().create_task(decode)
             self.decode = (len(audio), job)
             try:
@@ -359,7 +362,28 @@ class Partials:
             if decode is not None and decode[0] >= speech_end:
                 with contextlib.suppress(Exception):
                     return (await decode[1]).text
-        return await pipeline.transcribe(utterance, tag, prefix=self.stable)
+        return (await self._decoded(pipeline, utterance, tag, optional=False)).text
+
+    async def _decoded(
+        self, pipeline: TurnPipeline, audio: npt.NDArray[np.int16], tag: JobTag, optional: bool
+    ) -> Transcript:
+        """``audio`` decoded after the stable words (``optional``: a partial, which may be
+        shed); again without them where that ``ended_early``, kept if it ``heard_more``."""
+        prefix, before = self.stable, self.partial.text
+
+        async def decode(after: str) -> Transcript:
+            if optional:
+                return await pipeline.partial_transcript(audio, tag, prefix=after)
+            return Transcript(await pipeline.transcribe(audio, tag, prefix=after))
+
+        got = await decode(prefix)
+        if not ended_early(prefix, got.text, before):
+            return got
+        again = await decode("")
+        log.debug("session %s: %d words after the stable ones (%d before), %d without them",
+                  tag.session_id[:8], len(got.text.split()), len(before.split()),
+                  len(again.text.split()))  # fmt: skip
+        return again if heard_more(again.text, got.text) else got
 
     def abandon_decode(self) -> asyncio.Task[Transcript] | None:
         """The decode in flight, handed over to be cancelled (the conversation closes)."""

@@ -418,6 +418,52 @@ async def test_a_partials_words_are_warmed_but_those_that_come_back_in_a_pause_a
         await rig.conversation.close()
 
 
+class StopsAfterItsPrefix(Partials):
+    """Moonshine on "What is the difference between a frog and a toad?": while the voice is
+    on, each decode hears one more word (the stable words lag one behind); in quiet, given
+    the stable words, it writes them and ends; given none, it hears them all."""
+
+    WORDS = ("What", "is", "the", "difference", "between", "a", "frog", "and", "a", "toad?")
+
+    def __init__(self) -> None:
+        super().__init__(" ".join(self.WORDS))
+        self.prefixes: list[str] = []
+        self.speaking_decodes = 0
+
+    async def partial_transcript(
+        self, utterance: npt.NDArray[np.int16], tag: JobTag, prefix: str = ""
+    ) -> Transcript:
+        self.decodes += 1
+        if self.voice is not None and self.voice.on:
+            self.speaking_decodes += 1
+            return Transcript(" ".join(self.WORDS[: 2 + self.speaking_decodes]))
+        self.prefixes.append(prefix)
+        return Transcript(f"{prefix}?" if prefix else " ".join(self.WORDS))
+
+
+async def test_a_decode_that_ends_after_its_stable_words_is_done_again_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recogniser = StopsAfterItsPrefix()
+    rig, _ = rig_with(monkeypatch, None, interval_ms=200, recogniser=recogniser)
+    try:
+        await speak(rig, 41)  # 20 ms more than the last decode heard: the pause is decoded
+        assert recogniser.speaking_decodes >= 2
+        stable = rig.conversation.partials.stable  # the words the last two partials agree on
+        assert 0 < len(stable.split()) < len(rig.conversation.partials.partial.text.split())
+        for _ in range(10):
+            await rig.tick()
+            await asyncio.sleep(0.01)
+            if len(recogniser.prefixes) >= 2:
+                break
+        # the pause's decode after the stable words heard fewer words than the last partial:
+        # ("What is the difference?"); again without them, the whole question
+        assert recogniser.prefixes == [stable, ""]
+        assert rig.conversation.partials.partial.text == " ".join(StopsAfterItsPrefix.WORDS)
+    finally:
+        await rig.conversation.close()
+
+
 @pytest.mark.parametrize(
     ("partial", "probability"),
     [

@@ -15,7 +15,7 @@ import pytest
 from models.tts import OnnxVoiceTts, TtsError, split_sentences
 from server.config import Config
 from server.conversation.conversation import Conversation
-from server.conversation.partial_words import partial_due, stable_words
+from server.conversation.partial_words import ended_early, heard_more, partial_due, stable_words
 from server.http.auth import token_digest
 from server.metrics import Metrics
 from server.owner import NO_OWNER
@@ -129,6 +129,21 @@ def test_context_becomes_chat_messages() -> None:
 )
 def test_stable_words(previous: str, current: str, agreed: str) -> None:
     assert stable_words(previous, current) == agreed
+
+
+def test_a_decode_that_heard_fewer_words_than_the_last_partial_ended_early() -> None:
+    stable, before = (
+        "What is the difference between a frog",
+        "What is the difference between a frog and a",
+    )
+    assert ended_early(stable, "What is the difference between a frog?", before)
+    assert not ended_early(stable, "What is the difference between a frog and a toad?", before)
+    assert not ended_early("", "What is", before)  # nothing was given to end after
+    assert not ended_early("Tell me", "Tell me a story.", "Tell me a story")
+    # the one without the stable words is kept only where it heard more
+    assert heard_more("What is the difference between a frog and a toad?", "... a frog?")
+    assert not heard_more("What is the difference?", "What is the difference between?")
+    assert not heard_more("Tell me a story.", "Tell me a story")
 
 
 async def test_synthesized_chunks_carry_word_and_phoneme_timings() -> None:
