@@ -595,7 +595,9 @@ def test_chromium_sends_fec_copies_and_the_server_recovers_lost_packets(
         for each in relays:
             each.close()
     (used,) = relays
-    assert used.lost > 0 and used.relayed > 10 * used.lost // 2
+    # lost, and not most of them: the seeded draws lose 10 % in the long run, and at most 5 of
+    # the first 21 (the page may stop after 30 packets, once one was recovered)
+    assert used.lost > 0 and used.relayed >= 3 * used.lost
     found = wait_for(lambda: INBOUND_AUDIO_LOG.findall(server.log()), 5, "the peer's audio log")
     packets, with_copy = map(int, found[-1])
     assert packets > 0 and with_copy > 0, found[-1]
