@@ -12,7 +12,8 @@ A linear canceller leaks while it relearns the path: at a session's first words,
 time the client's playout delay moves (its jitter buffer stretching or skipping). The
 residual echo gate (server/pipeline/echo_gate.py) catches those leaks for the voice detector;
 the recogniser hears the cancelled audio ungated (the quieter sounds of the user's words are
-kept for it).
+kept for it), and, until an echo path is found, the user talking over the avatar as heard
+(a canceller that has found no path damps their softer sounds to silence).
 """
 
 from __future__ import annotations

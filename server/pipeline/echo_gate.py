@@ -47,6 +47,8 @@ GATE_MARGIN_DB = 3.0  # above the bound: the echo of a far-end sound louder than
 USER_ABOVE_DB = 6.0  # a frame this far above the bound of a known gain: the user talks
 USER_FRAMES = 30  # and for 300 ms after (frames heard while the avatar talked) nothing is learnt,
 USER_BEFORE_FRAMES = 5  # nor in the 50 ms before it (a word's onset, damped the most)
+WORDS_HOLD_FRAMES = 10  # the recogniser hears the user's frames as heard, and 100 ms after them
+# (while no echo path is found: see ResidualEchoGate.apply)
 CANCELLED_DB = 20.0  # a frame the canceller took this much from is its echo (once it knows it)
 FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
 FLOOR_QUANTILE = 0.1
@@ -221,6 +223,8 @@ class ResidualEchoGate:
         self.silenced = 0  # frames
         self.since_silenced = 1 << 30  # frames heard since the last one silenced
         self._above = False  # the last frame heard was above the echo's bound
+        self.words_hold = WORDS_HOLD_FRAMES  # frames (0: the canceller's output, as before)
+        self._words_held = 0  # frames left that the recogniser hears as heard
         self._quiet_sent = 0  # far-end frames sent in a row below FAR_ACTIVE
 
     def sent(self, frame: Pcm16k) -> None:
@@ -242,11 +246,15 @@ class ResidualEchoGate:
         canceller's output for it, ``cleaned``: ``heard`` for both where nothing was sent that
         could come back, where nothing comes back, and where the user is louder than the echo
         could be, for a second frame in a row (the canceller damps a user talking over the far
-        end, and its output misleads both); else ``cleaned`` for the recogniser
-        (the avatar's words left out of what it transcribes) and white noise at the noise
-        floor for the detector (the voice gate calls even a faint frame of speech's shape
-        voice, and silence would reset its own noise estimate: the floor's return would then
-        sound like an onset)."""
+        end, and its output misleads both); else white noise at the noise floor for the
+        detector (the voice gate calls even a faint frame of speech's shape voice, and
+        silence would reset its own noise estimate: the floor's return would then sound like
+        an onset) and ``cleaned`` for the recogniser (the avatar's words left out of what it
+        transcribes), except from the user's first frame above the bound until ``words_hold``
+        frames after their last, while the delay estimates have not found an echo: ``heard``
+        (a canceller that has not learnt a path damps the user's softer sounds to silence
+        while the far end plays: "Mhm." was heard as "Okay, Kim."; one that has keeps them,
+        and the echo under them, heard, misleads the recogniser more)."""
         power, heard_power = mean_square(cleaned), mean_square(heard)
         self._floors.append(power)
         if self.frames % 10 == 0:
@@ -262,12 +270,15 @@ class ResidualEchoGate:
             self.delay.heard(db(heard_power))
             self._wide.learn(db(heard_power) - db(wide), alone)
         above, self._above = self._above, False
+        self._words_held = max(0, self._words_held - 1)
         if self.echo_heard is False:
             return heard, heard
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
             return heard, heard
         loud = db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB
         self._above = loud and not (self._wide.known and taken_db >= CANCELLED_DB)
+        if self._above and self.words_hold and self.delay.echo is not True:
+            self._words_held = self.words_hold + 1  # this frame and words_hold after it
         if self._above and above:
             return heard, heard
         self.silenced += 1
@@ -278,7 +289,7 @@ class ResidualEchoGate:
         level = min(self._floor, heard_power)
         noise = self._noise.standard_normal(len(cleaned)) * np.sqrt(level)
         comfort: Pcm16k = np.clip(noise, -32768, 32767).astype(np.int16)
-        return cleaned, comfort
+        return (heard if self._words_held else cleaned), comfort
 
     @property
     def gain_db(self) -> float | None:

@@ -12,6 +12,7 @@ from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
 from server.pipeline.echo_gate import (
     MAX_LAG_FRAMES,
     REVERB_FRAMES,
+    WORDS_HOLD_FRAMES,
     EchoDelay,
     ResidualEchoGate,
     mean_square,
@@ -177,6 +178,27 @@ def test_the_gate_learns_the_echo_and_opens_above_it() -> None:
     assert voice is not leak
 
 
+def test_the_recogniser_hears_the_user_as_heard_through_their_soft_frames() -> None:
+    # the canceller damps a user talking over the far end, most in their soft sounds (below
+    # the echo's bound): the recogniser hears every frame as heard from the user's first loud
+    # one until WORDS_HOLD_FRAMES after their last, and the canceller's output after that
+    gate = gate_that_learnt_the_echo()
+    user = tone(FRAME, 1000.0, hz=200)  # -10 dB: far above the echo
+    loud = user + ECHO
+    soft = tone(FRAME, 150.0, hz=200) + ECHO  # below the echo's bound
+    damped = (soft * 0.01).astype(np.int16)  # what the canceller left of it
+    words, voice = gate.apply(loud, user)  # the first loud frame: held back from the detector
+    assert words is loud and voice is not loud
+    assert gate.apply(loud, user) == (loud, loud)
+    for _ in range(WORDS_HOLD_FRAMES):
+        words, voice = gate.apply(soft, damped)
+        assert words is soft and voice is not soft  # the detector hears noise at the floor
+    words, _ = gate.apply(soft, damped)
+    assert words is damped
+    gate.apply(ECHO, RESIDUAL)
+    assert gate.apply(ECHO, RESIDUAL)[0] is RESIDUAL  # the echo alone: cancelled, as before
+
+
 def test_a_single_frame_above_the_echos_bound_is_not_the_user() -> None:
     # right after the client's playout delay moves, the canceller relearns the path and one
     # 10 ms peak of the echo may top the bound (the gain learnt, plus the margin)
@@ -258,6 +280,14 @@ def test_an_echo_that_follows_what_was_sent_is_found_and_gated() -> None:
     assert gate.delay.echo is True and gate.delay.lag == 12 and gate.echo_heard is True
     leak = tone(FRAME, 300.0, hz=300)
     assert gate.apply(leak, leak)[1] is not leak  # hidden from the detector
+    # the canceller has learnt the path: between the user's loud frames the recogniser hears
+    # its output (no words hold: heard, the echo under a soft sound misleads it more)
+    loud = tone(FRAME, float(max(far)), hz=200)
+    soft = tone(FRAME, 100.0, hz=200)
+    damped = (soft // 10).astype(np.int16)
+    gate.apply(loud, loud)
+    assert gate.apply(loud, loud) == (loud, loud)
+    assert gate.apply(soft, damped)[0] is damped
 
 
 def test_a_sound_that_does_not_follow_what_was_sent_passes_untouched() -> None:
