@@ -39,8 +39,8 @@ MAX_BACKCHANNEL_WORDS = 6  # hums and fillers aside: "Mm-hm. Mm-hm. Mm-hm." is n
 # what the recogniser reads as said before an interjection (Whisper's previous-text prompt):
 # primed so, it spells a short "mm-hm" as one instead of inventing words ("And then they
 # can..."), while "Stop." and longer requests come out as before (benchmarks/interjection_bench).
-# Both spellings of the hum: with "Mhm." too, 229 of 240 backchannels resumed against 225, and
-# 339 of 360 interruptions stopped against 340 (benchmarks/interjection_words.py)
+# Both spellings of the hum: with "Mhm." too, 225 of 240 backchannels resumed against 219, and
+# 339 of 360 interruptions stopped either way (benchmarks/interjection_words.py)
 INTERJECTION_CONTEXT = "Mm-hm. Mhm. Uh-huh. Yeah. Okay. Stop."
 FILLERS = frozenset(
     {"mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "umm", "ah", "oh", "aha", "ooh", "wow"}

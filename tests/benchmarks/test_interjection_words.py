@@ -8,10 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.interjection_words import RATE, clips_of, main, opus_round_trip, score, stops
+from benchmarks.interjection_words import (
+    RATE,
+    REPLY,
+    clips_of,
+    espeak,
+    main,
+    opus_round_trip,
+    over_reply,
+    score,
+    stops,
+)
 from server.config import VadConfig
 from server.conversation.floor import PREROLL_MS
 from server.conversation.interjection import INTERJECTION_CONTEXT
+from server.pipeline.echo_gate import WORDS_HOLD_FRAMES
 
 
 def voice(ms: float, before_ms: float = 300.0, after_ms: float = 500.0) -> np.ndarray:
@@ -60,6 +71,22 @@ def test_the_opus_round_trip_keeps_the_sound() -> None:
     back = opus_round_trip(tone)
     assert abs(len(back) - len(tone) // 3) <= 960
     assert np.abs(back.astype(np.int32)).max() > 2000
+
+
+def test_a_hum_over_a_sessions_first_reply_reaches_the_recogniser_whole() -> None:
+    # through the real canceller (AEC3): before the echo gate knows that nothing comes back,
+    # its output has silent 20 ms frames in the middle of the user's hum; the words hold
+    # gives the recogniser what was heard there
+    reply, phrase = espeak(REPLY, "en-us", 175), espeak("Mm-hm.", "en", 175)
+    silent = {}
+    for hold in (WORDS_HOLD_FRAMES, 0):
+        got = over_reply(phrase, reply, 300, False, hold)
+        first, last = got.span
+        assert first == 300 * RATE // 1000 and 300 < (last - first) * 1000 / RATE < 1000
+        hum = got.pcm[first:last].astype(np.float64)
+        frames = [hum[i : i + 320] for i in range(0, len(hum) - 320, 320)]
+        silent[hold] = sum(float(np.sqrt(np.mean(f**2))) < 30 for f in frames)
+    assert silent[0] >= silent[WORDS_HOLD_FRAMES] + 5
 
 
 @pytest.mark.e2e  # espeak-ng and Whisper tiny.en, about ten seconds
