@@ -194,9 +194,8 @@ def run(quick: bool, contexts: list[str], over: bool) -> dict[str, Any]:
     if quick:
         voices, speeds = VOICES[:1], SPEEDS[1:2]
     reply = OnnxVoiceTts(seed=SEED, cache_dir=None).synthesize(REPLY).pcm if over else None
-    arms = [
-        f"{scene}, words hold {hold}" for (scene, _, _), hold in itertools.product(SCENES, HOLDS)
-    ]
+    plan = list(itertools.product(SCENES, HOLDS))  # --over-reply's arms
+    arms = [f"{scene}, words hold {hold}" for (scene, _, _), hold in plan]
     trials: list[dict[str, Any]] = []
     for (text, real), voice, speed in itertools.product(phrases, voices, speeds):
         phrase = espeak(text, voice, speed)
@@ -205,9 +204,7 @@ def run(quick: bool, contexts: list[str], over: bool) -> dict[str, Any]:
             clips = clips_of(opus_round_trip(phrase), vad)
             hearings = {context: (clips, context) for context in contexts}
         else:
-            for arm, ((_, onset_ms, echo), hold) in zip(
-                arms, itertools.product(SCENES, HOLDS), strict=True
-            ):
+            for arm, ((_, onset_ms, echo), hold) in zip(arms, plan, strict=True):
                 got = over_reply(phrase, reply, onset_ms, echo, hold)
                 hearings[arm] = (clips_of(got.pcm, vad, got.span), INTERJECTION_CONTEXT)
         heard: dict[str, list[str]] = {}

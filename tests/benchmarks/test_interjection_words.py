@@ -99,3 +99,18 @@ def test_quick_run_writes_json(tmp_path: Path) -> None:
     # Whisper tiny mishears some; most must still be told apart
     assert primed["backchannels_resumed"] >= 12 and primed["interruptions_stopped"] >= 18
     assert "(none)" in result["summary"] and result["machine"]["cores"] >= 1
+
+
+@pytest.mark.e2e  # espeak-ng, the joe voice, AEC3 and Whisper tiny.en, about a minute
+def test_quick_run_over_a_reply_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "over.json"
+    assert main(["--quick", "--over-reply", "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert len(summary) == 6  # 3 scenes, with the words hold and without
+    assert all(s["backchannels"] == 16 and s["interruptions"] == 24 for s in summary.values())
+
+    def told_apart(arm: str) -> int:
+        return int(summary[arm]["backchannels_resumed"] + summary[arm]["interruptions_stopped"])
+
+    hold = f"start 300 ms, words hold {WORDS_HOLD_FRAMES}"
+    assert told_apart(hold) >= told_apart("start 300 ms, words hold 0")
