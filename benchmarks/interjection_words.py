@@ -150,8 +150,10 @@ def over_reply(phrase: PCM, reply: PCM, onset_ms: int, echo: bool, hold: int) ->
 def clips_of(pcm: PCM, vad: VadConfig, span: tuple[int, int] | None = None) -> Clips:
     """16 kHz speech cut as the floor cuts an interjection (see the module's docstring); its
     first and last loud sample are ``span``, else found in ``pcm``."""
-    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > LOUD)
-    onset, last = span or (int(loud[0]), int(loud[-1]))
+    if span is None:
+        loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > LOUD)
+        span = int(loud[0]), int(loud[-1])
+    onset, last = span
     preroll = int(PREROLL_MS * RATE / 1000)
     lead = np.zeros(max(0, preroll - onset), np.int16)  # silence where the audio began sooner
     tail = last + int(vad.interjection_quiet_ms * RATE / 1000)

@@ -23,6 +23,7 @@ from server.config import VadConfig
 from server.conversation.floor import PREROLL_MS
 from server.conversation.interjection import INTERJECTION_CONTEXT
 from server.pipeline.echo_gate import WORDS_HOLD_FRAMES
+from tests.support.speech import loud_frames
 
 
 def voice(ms: float, before_ms: float = 300.0, after_ms: float = 500.0) -> np.ndarray:
@@ -83,9 +84,7 @@ def test_a_hum_over_a_sessions_first_reply_reaches_the_recogniser_whole() -> Non
         got = over_reply(phrase, reply, 300, False, hold)
         first, last = got.span
         assert first == 300 * RATE // 1000 and 300 < (last - first) * 1000 / RATE < 1000
-        hum = got.pcm[first:last].astype(np.float64)
-        frames = [hum[i : i + 320] for i in range(0, len(hum) - 320, 320)]
-        silent[hold] = sum(float(np.sqrt(np.mean(f**2))) < 30 for f in frames)
+        silent[hold] = loud_frames(got.pcm[first:last], 30.0, 320).count(False)  # 20 ms
     assert silent[0] >= silent[WORDS_HOLD_FRAMES] + 5
 
 
