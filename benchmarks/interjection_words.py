@@ -23,9 +23,11 @@ said over the avatar's reply (its own voice) and heard as the recogniser hears i
 through a browser's microphone and the server's echo path (AEC3 and the residual echo gate:
 server/pipeline/echo.py), the reply falling silent ``PAUSE_MS`` after the onset, and cut at
 the phrase's own span. Scenes (``SCENES``): 300 and 600 ms into a session's first reply, the
-client cancelling its own echo (the gate does not know yet that nothing comes back), and 3 s
-into one whose echo comes back (no client AEC: -10 dB, 100 ms, a room). Each with the gate's
-``words_hold`` as it is and 0 (the canceller's output, as before 2026-12-06).
+client cancelling its own echo (the gate does not know yet that nothing comes back), and 300
+ms and 3 s into one whose echo comes back (no client AEC: -10 dB, 100 ms, a room; at 300 ms
+its path is not found yet). Each with the gate's
+``words_hold`` and ``onset_frames`` as they are, with the hold alone, and with neither (the
+canceller's output, as before 2026-12-06): ``GATES``.
 
 Run: ``.venv/bin/python -m benchmarks.interjection_words`` (``--quick``: one voice, one speed;
 ``--over-reply``).
@@ -55,7 +57,7 @@ from server.config import VadConfig
 from server.conversation.floor import PREROLL_MS
 from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
 from server.pipeline.echo import EchoPath
-from server.pipeline.echo_gate import WORDS_HOLD_FRAMES
+from server.pipeline.echo_gate import ONSET_FRAMES, WORDS_HOLD_FRAMES
 from server.rtc.speech_encoder import SpeechEncoder
 from server.runtime.media import resample
 from tests.support.browser_mic import FRAME, RATE_HZ, encoded
@@ -76,9 +78,16 @@ REPLY = (
 SEED = 20261206  # the avatar's voice samples noise: seeded, the reply is the same each run
 PAUSE_MS = 200  # the reply falls silent this long after the phrase's onset (the call: 150-250)
 # where a phrase falls over the reply: ms into it, and whether its echo comes back. At 300
-# and 600 ms the echo gate does not yet know that nothing comes back; at 3 s it has learnt
-SCENES = (("start 300 ms", 300, False), ("start 600 ms", 600, False), ("echo 3 s", 3000, True))
-HOLDS = (WORDS_HOLD_FRAMES, 0)  # the gate's words_hold (0: the canceller's output, as before)
+# and 600 ms the echo gate does not yet know whether anything comes back; at 3 s it has learnt
+SCENES = (
+    ("start 300 ms", 300, False),
+    ("start 600 ms", 600, False),
+    ("echo 300 ms", 300, True),
+    ("echo 3 s", 3000, True),
+)
+# the gate's words_hold and onset_frames: as they are, the hold alone (as before 2026-12-06,
+# 10:00), neither (the canceller's output, as before 2026-12-06, 06:50)
+GATES = ((WORDS_HOLD_FRAMES, ONSET_FRAMES), (WORDS_HOLD_FRAMES, 0), (0, 0))
 
 
 @dataclass(frozen=True)
@@ -121,10 +130,11 @@ def opus_round_trip(pcm: PCM) -> PCM:
     return resample(browser_mic(pcm), RATE_HZ, RATE)
 
 
-def over_reply(phrase: PCM, reply: PCM, onset_ms: int, echo: bool, hold: int) -> Heard:
+def over_reply(phrase: PCM, reply: PCM, onset_ms: int, echo: bool, gate: tuple[int, int]) -> Heard:
     """``phrase`` (48 kHz) said ``onset_ms`` into ``reply`` (48 kHz, the avatar's voice) as the
     recogniser hears it: through a browser's microphone and the server's echo path (AEC3 and
-    the residual echo gate with ``words_hold`` = ``hold``). The reply falls silent
+    the residual echo gate with ``words_hold`` and ``onset_frames`` = ``gate``, the rewinds
+    applied as the server applies them). The reply falls silent
     ``PAUSE_MS`` after the phrase's onset. Without ``echo`` the microphone hears only the
     phrase (a client that cancels its own echo), with it also the reply (-10 dB, 100 ms later,
     through a room: tests/support/echo.py)."""
@@ -141,7 +151,7 @@ def over_reply(phrase: PCM, reply: PCM, onset_ms: int, echo: bool, hold: int) ->
     mic = echo_of(far, 100, True).astype(np.int32) if echo else np.zeros(n, np.int32)
     mic[onset - lead : onset - lead + len(said)] += said
     path = EchoPath(WebRtcEchoCanceller())
-    path.gate.words_hold = hold
+    path.gate.words_hold, path.gate.onset_frames = gate
     words, _ = through(path, far, browser_mic(np.clip(mic, -32768, 32767).astype(np.int16)))
     last = onset + int(loud[-1] - loud[0])
     return Heard(words, (onset * RATE // RATE_HZ, last * RATE // RATE_HZ))
@@ -196,8 +206,8 @@ def run(quick: bool, contexts: list[str], over: bool) -> dict[str, Any]:
     if quick:
         voices, speeds = VOICES[:1], SPEEDS[1:2]
     reply = OnnxVoiceTts(seed=SEED, cache_dir=None).synthesize(REPLY).pcm if over else None
-    plan = list(itertools.product(SCENES, HOLDS))  # --over-reply's arms
-    arms = [f"{scene}, words hold {hold}" for (scene, _, _), hold in plan]
+    plan = list(itertools.product(SCENES, GATES))  # --over-reply's arms
+    arms = [f"{scene}, words hold {hold}, onset {onset}" for (scene, _, _), (hold, onset) in plan]
     trials: list[dict[str, Any]] = []
     for (text, real), voice, speed in itertools.product(phrases, voices, speeds):
         phrase = espeak(text, voice, speed)
@@ -206,8 +216,8 @@ def run(quick: bool, contexts: list[str], over: bool) -> dict[str, Any]:
             clips = clips_of(opus_round_trip(phrase), vad)
             hearings = {context: (clips, context) for context in contexts}
         else:
-            for arm, ((_, onset_ms, echo), hold) in zip(arms, plan, strict=True):
-                got = over_reply(phrase, reply, onset_ms, echo, hold)
+            for arm, ((_, onset_ms, echo), gate) in zip(arms, plan, strict=True):
+                got = over_reply(phrase, reply, onset_ms, echo, gate)
                 hearings[arm] = (clips_of(got.pcm, vad, got.span), INTERJECTION_CONTEXT)
         heard: dict[str, list[str]] = {}
         ms: dict[str, float] = {}

@@ -266,6 +266,8 @@ class Conversation:
         for out in self._resampler.resample(frame):
             inbound = self.echo.clean(out.to_ndarray().reshape(-1).astype(np.int16))
             pcm, voice = inbound.words, inbound.voice
+            if len(inbound.rewind):
+                self.utterance.repair(inbound.rewind)
             media_ms = None if link is None else link.media_ms()
             if media_ms is not None:  # never started by inbound audio
                 self.animator.hear_user(media_ms + self.playout.base_ms, pcm_level(voice))

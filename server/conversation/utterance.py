@@ -18,15 +18,37 @@ class Utterance:
         self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
         self._frames: list[npt.NDArray[np.int16]] = []
         self.samples = 0  # 16 kHz samples in the utterance
+        self._into: str | None = None  # where the last frame went: "preroll", "frames", None
         self.preroll_ms = 500  # of audio before the speech start given to the transcript
 
     def keep(self, pcm: npt.NDArray[np.int16], speaking: bool) -> None:
         """One frame: into the utterance while the user has the floor, else the pre-roll."""
+        self._into = None  # (an utterance past MAX_UTTERANCE_S drops it)
         if not speaking:
             self._preroll.append(pcm)
+            self._into = "preroll"
         elif self.samples < MAX_UTTERANCE_S * 16_000:
             self._frames.append(pcm)
             self.samples += len(pcm)
+            self._into = "frames"
+
+    def repair(self, pcm: npt.NDArray[np.int16]) -> None:
+        """The last ``len(pcm)`` samples kept are heard as ``pcm`` instead (the echo path's
+        rewind: a soft onset the canceller damped); as many as are still kept, where the turn
+        began or ended since."""
+        if self._into is None:
+            return
+        kept = self._frames if self._into == "frames" else self._preroll
+        end = len(pcm)
+        for i in range(len(kept) - 1, -1, -1):
+            if end <= 0:
+                break
+            old = kept[i]
+            start = max(0, end - len(old))
+            new = old.copy()
+            new[len(old) - (end - start) :] = pcm[start:end]
+            kept[i] = new
+            end = start
 
     def begin(self, back_ms: float = 0.0) -> None:
         """Speech started: the utterance opens with the pre-roll (its last ``preroll_ms``, plus
@@ -34,6 +56,7 @@ class Utterance:
         self._frames = self._last(self.preroll_ms + back_ms)
         self.samples = sum(len(p) for p in self._frames)
         self._preroll.clear()
+        self._into = "frames" if self._frames else None
 
     def recent(self, ms: float) -> npt.NDArray[np.int16]:
         """The last ``ms`` of audio heard outside the user's turn (the pre-roll's end)."""
@@ -60,3 +83,5 @@ class Utterance:
 
     def clear(self) -> None:
         self._frames, self.samples = [], 0
+        if self._into == "frames":
+            self._into = None

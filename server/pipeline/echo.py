@@ -13,12 +13,14 @@ time the client's playout delay moves (its jitter buffer stretching or skipping)
 residual echo gate (server/pipeline/echo_gate.py) catches those leaks for the voice detector;
 the recogniser hears the cancelled audio ungated (the quieter sounds of the user's words are
 kept for it), and, until an echo path is found, the user talking over the avatar as heard
-(a canceller that has found no path damps their softer sounds to silence).
+(a canceller that has found no path damps their softer sounds to silence), from 120 ms
+before their first loud frame: those frames, already given, are given again (the rewind).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import av
@@ -31,6 +33,7 @@ from server.runtime.media import MEDIA_RATE_HZ, pcm_level
 RATE_HZ = 16_000
 FRAME = RATE_HZ // 100  # samples in the canceller's 10 ms frame
 FAR_KEPT = 20 * FRAME  # far-end samples kept for the next inbound frame (200 ms)
+ONSET_KEPT = 20  # frames heard kept for a rewind (see Cleaned; at most gate.onset_frames used)
 FAR_ACTIVE_LEVEL = 0.003  # far-end RMS (0-1, ~-50 dBFS) above which the avatar is speaking
 Pcm16k = npt.NDArray[np.int16]
 
@@ -40,11 +43,14 @@ class Cleaned:
     """Inbound 16 kHz audio after the echo handling, three views of the same samples: for
     the recogniser (``words``: cancelled), for the voice detector (``voice``: cancelled, what
     is left of the echo gated) and as it was heard (``heard``: a tone's shape, which gating
-    breaks, is judged there)."""
+    breaks, is judged there). ``rewind``: the recogniser's last ``len(rewind)`` samples given
+    before these, to be heard as this instead (the user's soft onset, found only after it:
+    see EchoPath.clean); mostly empty."""
 
     words: Pcm16k
     voice: Pcm16k
     heard: Pcm16k
+    rewind: Pcm16k = field(default_factory=lambda: np.zeros(0, np.int16))
 
 
 class EchoCanceller(Protocol):
@@ -79,6 +85,8 @@ class EchoPath:
         self.rested_frames = 0  # inbound frames the canceller did not process (see clean)
         self._resting = False
         self._last_near: Pcm16k | None = None  # the last whole frame heard
+        self._heard_before: deque[Pcm16k] = deque(maxlen=ONSET_KEPT)  # the last frames heard
+        self.onsets = 0  # words holds begun: their onset given to the recogniser again
 
     def played(self, pcm: npt.NDArray[np.int16]) -> None:
         """Samples (48 kHz) the link's audio track just sent."""
@@ -141,11 +149,33 @@ class EchoPath:
             self._far_energy[1] += mean_square(cleaned) * whole
         if not frames:
             return Cleaned(cleaned, cleaned, cleaned)
-        gated = [
-            self.gate.apply(near[i * FRAME : (i + 1) * FRAME], f) for i, f in enumerate(frames)
-        ]
-        words = np.concatenate([for_words for for_words, _ in gated])
-        return Cleaned(words, np.concatenate([for_voice for _, for_voice in gated]), near[:whole])
+        heard = [near[i * FRAME : (i + 1) * FRAME] for i in range(len(frames))]
+        words, voice, began = [], [], []
+        for i, (as_heard, f) in enumerate(zip(heard, frames, strict=True)):
+            for_words, for_voice = self.gate.apply(as_heard, f)
+            words.append(for_words)
+            voice.append(for_voice)
+            if self.gate.hold_began:
+                began.append(i)
+        rewind = self._onsets(began, heard, words)
+        self._heard_before.extend(heard)
+        return Cleaned(np.concatenate(words), np.concatenate(voice), near[:whole], rewind)
+
+    def _onsets(self, began: list[int], heard: list[Pcm16k], words: list[Pcm16k]) -> Pcm16k:
+        """The recogniser hears the ``gate.onset_frames`` before each words hold begins (the
+        frames at ``began``) as heard: ``words`` of this call changed in place, and the heard
+        frames for those given before it returned (the rewind)."""
+        depth = 0  # frames given before this call to hear again
+        self.onsets += len(began)
+        for at in began:
+            start = at - self.gate.onset_frames
+            for i in range(max(0, start), at):
+                words[i] = heard[i]
+            depth = max(depth, -start)
+        depth = min(depth, len(self._heard_before))
+        if not depth:
+            return np.zeros(0, np.int16)
+        return np.concatenate(list(self._heard_before)[-depth:])
 
     @property
     def masked_ms(self) -> float:
@@ -160,6 +190,7 @@ class EchoPath:
         self._far = np.zeros(0, np.int16)
         self._near = np.zeros(0, np.int16)
         self._last_near = None
+        self._heard_before.clear()
 
     def describe(self) -> dict[str, Any]:
         """Whether echo is cancelled, and by how much (dB of inbound energy removed while the
@@ -181,4 +212,5 @@ class EchoPath:
             "echo_follows_sent": self.gate.delay.echo,  # the level envelopes correlate
             "frames_silenced": self.gate.silenced,
             "frames_rested": self.rested_frames,  # heard while the canceller rested
+            "onsets_heard_again": self.onsets,  # the user's soft onset, given again as heard
         }

@@ -49,6 +49,7 @@ USER_FRAMES = 30  # and for 300 ms after (frames heard while the avatar talked) 
 USER_BEFORE_FRAMES = 5  # nor in the 50 ms before it (a word's onset, damped the most)
 WORDS_HOLD_FRAMES = 10  # the recogniser hears the user's frames as heard, and 100 ms after them
 # (while no echo path is found: see ResidualEchoGate.apply)
+ONSET_FRAMES = 12  # and the 120 ms before their first one (a soft onset: EchoPath.clean)
 CANCELLED_DB = 20.0  # a frame the canceller took this much from is its echo (once it knows it)
 FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
 FLOOR_QUANTILE = 0.1
@@ -225,6 +226,8 @@ class ResidualEchoGate:
         self._above = False  # the last frame heard was above the echo's bound
         self.words_hold = WORDS_HOLD_FRAMES  # frames (0: the canceller's output, as before)
         self._words_held = 0  # frames left that the recogniser hears as heard
+        self.onset_frames = ONSET_FRAMES  # heard again before a hold begins (0: not)
+        self.hold_began = False  # the last frame applied began a words hold
         self._quiet_sent = 0  # far-end frames sent in a row below FAR_ACTIVE
 
     def sent(self, frame: Pcm16k) -> None:
@@ -254,7 +257,9 @@ class ResidualEchoGate:
         frames after their last, while the delay estimates have not found an echo: ``heard``
         (a canceller that has not learnt a path damps the user's softer sounds to silence
         while the far end plays: "Mhm." was heard as "Okay, Kim."; one that has keeps them,
-        and the echo under them, heard, misleads the recogniser more)."""
+        and the echo under them, heard, misleads the recogniser more). ``hold_began`` says
+        whether this frame began such a hold: the ``onset_frames`` before it were the user's
+        soft onset, and the echo path gives them to the recogniser again as heard."""
         power, heard_power = mean_square(cleaned), mean_square(heard)
         self._floors.append(power)
         if self.frames % 10 == 0:
@@ -271,6 +276,7 @@ class ResidualEchoGate:
             self._wide.learn(db(heard_power) - db(wide), alone)
         above, self._above = self._above, False
         self._words_held = max(0, self._words_held - 1)
+        self.hold_began = False
         if self.echo_heard is False:
             return heard, heard
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
@@ -278,6 +284,7 @@ class ResidualEchoGate:
         loud = db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB
         self._above = loud and not (self._wide.known and taken_db >= CANCELLED_DB)
         if self._above and self.words_hold and self.delay.echo is not True:
+            self.hold_began = not self._words_held
             self._words_held = self.words_hold + 1  # this frame and words_hold after it
         if self._above and above:
             return heard, heard

@@ -22,7 +22,7 @@ from benchmarks.interjection_words import (
 from server.config import VadConfig
 from server.conversation.floor import PREROLL_MS
 from server.conversation.interjection import INTERJECTION_CONTEXT
-from server.pipeline.echo_gate import WORDS_HOLD_FRAMES
+from server.pipeline.echo_gate import ONSET_FRAMES, WORDS_HOLD_FRAMES
 from tests.support.speech import loud_frames
 
 
@@ -81,11 +81,27 @@ def test_a_hum_over_a_sessions_first_reply_reaches_the_recogniser_whole() -> Non
     reply, phrase = espeak(REPLY, "en-us", 175), espeak("Mm-hm.", "en", 175)
     silent = {}
     for hold in (WORDS_HOLD_FRAMES, 0):
-        got = over_reply(phrase, reply, 300, False, hold)
+        got = over_reply(phrase, reply, 300, False, (hold, 0))
         first, last = got.span
         assert first == 300 * RATE // 1000 and 300 < (last - first) * 1000 / RATE < 1000
         silent[hold] = loud_frames(got.pcm[first:last], 30.0, 320).count(False)  # 20 ms
     assert silent[0] >= silent[WORDS_HOLD_FRAMES] + 5
+
+
+def test_a_soft_first_sound_over_a_sessions_first_reply_reaches_the_recogniser() -> None:
+    # "Sure." opens with a soft "sh" below the echo's bound: AEC3, with no echo path found,
+    # damps it; the onset's rewind gives the recogniser what was heard before the first loud
+    # frame (ONSET_FRAMES of it)
+    reply, phrase = espeak(REPLY, "en-us", 175), espeak("Sure.", "en-us", 175)
+    got = {}
+    for onset in (ONSET_FRAMES, 0):
+        heard = over_reply(phrase, reply, 300, False, (WORDS_HOLD_FRAMES, onset))
+        got[onset] = heard.pcm
+    diff = np.flatnonzero(got[ONSET_FRAMES] != got[0])
+    assert len(diff) and diff[-1] - diff[0] < ONSET_FRAMES * 160  # within the onset only
+    before = got[0][diff[0] : diff[-1] + 1].astype(np.float64)
+    after = got[ONSET_FRAMES][diff[0] : diff[-1] + 1].astype(np.float64)
+    assert np.sqrt(np.mean(after**2)) > 3 * np.sqrt(np.mean(before**2))  # louder: as heard
 
 
 @pytest.mark.e2e  # espeak-ng and Whisper tiny.en, about ten seconds
@@ -105,11 +121,12 @@ def test_quick_run_over_a_reply_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "over.json"
     assert main(["--quick", "--over-reply", "--out", str(out)]) == 0
     summary = json.loads(out.read_text())["summary"]
-    assert len(summary) == 6  # 3 scenes, with the words hold and without
+    assert len(summary) == 12  # 4 scenes; the words hold with its onset, alone, and neither
     assert all(s["backchannels"] == 16 and s["interruptions"] == 24 for s in summary.values())
 
     def told_apart(arm: str) -> int:
         return int(summary[arm]["backchannels_resumed"] + summary[arm]["interruptions_stopped"])
 
     hold = f"start 300 ms, words hold {WORDS_HOLD_FRAMES}"
-    assert told_apart(hold) >= told_apart("start 300 ms, words hold 0")
+    assert told_apart(f"{hold}, onset 0") >= told_apart("start 300 ms, words hold 0, onset 0")
+    assert told_apart(f"{hold}, onset {ONSET_FRAMES}") >= told_apart(f"{hold}, onset 0")

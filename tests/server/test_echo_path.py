@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from server.conversation.utterance import Utterance
 from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
 from server.pipeline.echo_gate import (
     MAX_LAG_FRAMES,
+    ONSET_FRAMES,
     REVERB_FRAMES,
     WORDS_HOLD_FRAMES,
     EchoDelay,
@@ -410,3 +412,47 @@ def test_the_delay_estimate_is_the_best_correlated_lag() -> None:
             assert ours == (reference if reference is not None else ours)
         if trial % 4 == 0:
             assert found and found[-1] == delay
+
+
+def test_the_users_soft_onset_is_heard_again_once_their_words_are_loud() -> None:
+    # a session's first second: the gate does not know yet whether anything comes back, and
+    # the canceller damps the user's soft first sound (below the echo's bound) to nearly
+    # nothing; which frames were the onset is known only at the first loud one, so the
+    # recogniser's last ONSET_FRAMES are given again as heard (the rewind), once
+    path = EchoPath(Scripted(keep=0.01))
+    utterance = Utterance()
+    far = tone(960, 3000.0, rate=48_000)  # 20 ms of the avatar talking, as sent (48 kHz)
+    quiet, soft, loud = tone(320, 30.0, 200), tone(320, 150.0, 200), tone(320, 4000.0, 200)
+    rewinds = []
+    said = [quiet] * 20 + [soft] * 2 + [loud] * 3
+    for heard in said:
+        path.played(far)
+        cleaned = path.clean(heard)
+        if len(cleaned.rewind):
+            rewinds.append(len(cleaned.rewind))
+            utterance.repair(cleaned.rewind)
+        utterance.keep(cleaned.words, speaking=False)
+    assert path.gate.echo_heard is None and path.gate.onset_frames == ONSET_FRAMES
+    assert rewinds == [ONSET_FRAMES * FRAME]  # the frames before the first loud one, once
+    assert path.describe()["onsets_heard_again"] == 1
+    got = utterance.recent(200)  # the last 10 frames kept
+    expected = np.concatenate(said)[-len(got) :]
+    onset = len(got) - 3 * 320 - ONSET_FRAMES * FRAME  # where the rewind begins
+    assert (got[onset:] == expected[onset:]).all()  # the onset and the words as heard
+    assert np.abs(got[:onset]).max() <= 1  # before it: the canceller's output, as given
+
+
+def test_a_repair_changes_only_the_samples_still_kept() -> None:
+    utterance = Utterance()
+    for n in range(3):
+        utterance.keep(np.full(320, n, np.int16), speaking=False)
+    utterance.repair(np.full(400, 9, np.int16))
+    assert list(np.unique(utterance.recent(60), return_counts=True)[1]) == [320, 240, 400]
+    utterance.begin()
+    utterance.keep(np.full(320, 5, np.int16), speaking=True)
+    utterance.repair(np.full(100, 7, np.int16))  # the tail of the utterance now
+    audio = utterance.audio()
+    assert (audio[-100:] == 7).all() and (audio[-320:-100] == 5).all()
+    utterance.take()
+    utterance.repair(np.full(100, 7, np.int16))  # the turn ended since: nothing kept to change
+    assert utterance.samples == 0 and len(utterance.audio()) == 0

@@ -113,13 +113,18 @@ def through(
     path: EchoPath, far: PCM, mic: PCM, each: Callable[[], None] | None = None
 ) -> tuple[PCM, PCM]:
     """``far`` sent and ``mic`` heard, 20 ms at a time in the server's order; the mic as the
-    recogniser and as the voice detector hear it (16 kHz). ``each`` is called after each
-    20 ms (to follow the path's state)."""
+    recogniser (with the echo path's rewinds) and as the voice detector hear it (16 kHz).
+    ``each`` is called after each 20 ms (to follow the path's state)."""
     heard = resample(mic, 48_000, 16_000)
-    words, voice = [], []
+    words: list[PCM] = []
+    voice: list[PCM] = []
     for n in range(len(far) // PULL):
         path.played(far[n * PULL : (n + 1) * PULL])
         cleaned = path.clean(heard[n * HEARD : (n + 1) * HEARD])
+        if len(cleaned.rewind):  # as the server's Utterance.repair
+            given = np.concatenate(words)
+            given[len(given) - len(cleaned.rewind) :] = cleaned.rewind
+            words = [given]
         words.append(cleaned.words)
         voice.append(cleaned.voice)
         if each is not None:
