@@ -29,8 +29,8 @@ its path is not found yet). Each with the gate's
 ``words_hold`` and ``onset_frames`` as they are, with the hold alone, and with neither (the
 canceller's output, as before 2026-12-06): ``GATES``.
 
-Run: ``.venv/bin/python -m benchmarks.interjection_words`` (``--quick``: one voice, one speed;
-``--over-reply``).
+Run: ``.venv/bin/python -m benchmarks.interjection_words`` (``--quick``: one voice, one speed,
+and over a reply the first scene only; ``--over-reply``).
 """
 
 from __future__ import annotations
@@ -206,7 +206,8 @@ def run(quick: bool, contexts: list[str], over: bool) -> dict[str, Any]:
     if quick:
         voices, speeds = VOICES[:1], SPEEDS[1:2]
     reply = OnnxVoiceTts(seed=SEED, cache_dir=None).synthesize(REPLY).pcm if over else None
-    plan = list(itertools.product(SCENES, GATES))  # --over-reply's arms
+    scenes = SCENES[:1] if quick else SCENES
+    plan = list(itertools.product(scenes, GATES))  # --over-reply's arms
     arms = [f"{scene}, words hold {hold}, onset {onset}" for (scene, _, _), (hold, onset) in plan]
     trials: list[dict[str, Any]] = []
     for (text, real), voice, speed in itertools.product(phrases, voices, speeds):
@@ -242,7 +243,9 @@ def run(quick: bool, contexts: list[str], over: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the words of interjections, offline")
-    parser.add_argument("--quick", action="store_true", help="one voice at one speed")
+    parser.add_argument(
+        "--quick", action="store_true", help="one voice at one speed (over a reply: one scene)"
+    )
     parser.add_argument(
         "--context",
         action="append",
