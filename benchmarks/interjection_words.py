@@ -25,9 +25,9 @@ server/pipeline/echo.py), the reply falling silent ``PAUSE_MS`` after the onset,
 the phrase's own span. Scenes (``SCENES``): 300 and 600 ms into a session's first reply, the
 client cancelling its own echo (the gate does not know yet that nothing comes back), and 300
 ms and 3 s into one whose echo comes back (no client AEC: -10 dB, 100 ms, a room; at 300 ms
-its path is not found yet). Each with the gate's
-``words_hold`` and ``onset_frames`` as they are, with the hold alone, and with neither (the
-canceller's output, as before 2026-12-06): ``GATES``.
+its path is not found yet). Each with the gate's ``words_hold`` and ``onset_frames`` as they
+are, with the hold alone, and with neither (the canceller's output, as before 2026-12-06):
+``GATES``.
 
 Run: ``.venv/bin/python -m benchmarks.interjection_words`` (``--quick``: one voice, one speed,
 and over a reply the first scene only; ``--over-reply``).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +19,7 @@ class Utterance:
         self._preroll: deque[npt.NDArray[np.int16]] = deque(maxlen=PREROLL_FRAMES)
         self._frames: list[npt.NDArray[np.int16]] = []
         self.samples = 0  # 16 kHz samples in the utterance
-        self._into: str | None = None  # where the last frame went: "preroll", "frames", None
+        self._into: Literal["preroll", "frames"] | None = None  # where the last frame went
         self.preroll_ms = 500  # of audio before the speech start given to the transcript
 
     def keep(self, pcm: npt.NDArray[np.int16], speaking: bool) -> None:

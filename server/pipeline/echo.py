@@ -36,6 +36,8 @@ FAR_KEPT = 20 * FRAME  # far-end samples kept for the next inbound frame (200 ms
 ONSET_KEPT = 20  # frames heard kept for a rewind (see Cleaned; at most gate.onset_frames used)
 FAR_ACTIVE_LEVEL = 0.003  # far-end RMS (0-1, ~-50 dBFS) above which the avatar is speaking
 Pcm16k = npt.NDArray[np.int16]
+NO_REWIND: Pcm16k = np.zeros(0, np.int16)  # shared by every Cleaned without one: read-only
+NO_REWIND.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Cleaned:
     words: Pcm16k
     voice: Pcm16k
     heard: Pcm16k
-    rewind: Pcm16k = field(default_factory=lambda: np.zeros(0, np.int16))
+    rewind: Pcm16k = field(default_factory=lambda: NO_REWIND)
 
 
 class EchoCanceller(Protocol):
@@ -174,7 +176,7 @@ class EchoPath:
             depth = max(depth, -start)
         depth = min(depth, len(self._heard_before))
         if not depth:
-            return np.zeros(0, np.int16)
+            return NO_REWIND
         return np.concatenate(list(self._heard_before)[-depth:])
 
     @property
