@@ -253,6 +253,7 @@ async def trial(
     )
     session = server.session(peer.session_id) or {}
     words = session.get("interjections", {}).get("words", [])
+    hearing = session.get("interjections", {}).get("hearing_ms", [])
     assistant = [t for t in session.get("history", []) if t["role"] == "assistant"]
     last = assistant[-1] if assistant else {}
     whole = bool(last) and not last["truncated"] and last["text"].split() == deltas.split()
@@ -273,6 +274,7 @@ async def trial(
         "resume_check": check,
         "client_reaction_ms": reaction,
         "last_words_judged": words[-1] if words and (resumed or truncated) else None,
+        "last_hearing_ms": hearing[-1] if hearing and (resumed or truncated) else None,
     }
 
 
@@ -331,6 +333,7 @@ def summarize(outcomes: list[dict[str, Any]], code: int, slow_server: bool) -> d
         o["client_reaction_ms"] for o in false if o.get("client_reaction_ms") is not None
     ]
     paused_ms = [o["paused_ms"] for o in false if o.get("paused_ms") is not None]
+    hearings = [o["last_hearing_ms"] for o in outcomes if o.get("last_hearing_ms") is not None]
     return {
         "slow_server": slow_server,
         "false_interruptions": {
@@ -360,6 +363,11 @@ def summarize(outcomes: list[dict[str, Any]], code: int, slow_server: bool) -> d
             "stopped": sum(o["interrupted"] for o in real),
             "client_reaction_p50_ms": round(statistics.median(reactions), 1) if reactions else None,
             "client_reaction_p95_ms": round(pct(reactions, 0.95), 1) if reactions else None,
+        },
+        "interjection_hearing_ms": {  # the words of a pause's last hearing: asked -> heard
+            "count": len(hearings),
+            "p50": round(statistics.median(hearings), 1) if hearings else None,
+            "max": max(hearings, default=None),
         },
         "skipped": sum("skipped" in o for o in outcomes),
         "trials": outcomes,

@@ -120,6 +120,7 @@ class Floor:
         self.resumed = 0  # pauses that were no interruption
         self.interrupted = 0  # pauses that were
         self.heard_words: deque[str] = deque(maxlen=8)  # recent interjections' transcripts
+        self.hearing_ms: deque[float] = deque(maxlen=8)  # their words asked -> heard (ms)
         self._resumed_in_speech = False  # resumed while the speech over it had only paused
         self.room = RoomNoise(clock, self._sid)
 
@@ -205,6 +206,7 @@ class Floor:
         audio = self._utterance.recent(back_ms)
         pipeline = self._pipeline
         assert pipeline is not None  # a reply plays, so there is a pipeline
+        asked_ms = self._clock.now_ms()
         try:
             if isinstance(pipeline, PrimedTranscripts):
                 text = await pipeline.transcribe_primed(audio, self._tag(), INTERJECTION_CONTEXT)
@@ -215,7 +217,12 @@ class Floor:
         except Exception as exc:  # the recogniser failed: the pause's deadline decides
             log.warning("session %s: interjection not transcribed: %s", self._sid, exc)
             return
+        took_ms = self._clock.now_ms() - asked_ms
         self.heard_words.append(text)
+        self.hearing_ms.append(took_ms)
+        log.info(
+            "session %s: an interjection's %.0f ms heard in %.0f ms", self._sid, back_ms, took_ms
+        )
         decision = self.judge.words(ask.attempt, text)
         if decision is not None and self._session.state is TurnState.PAUSED:
             await self.decide(decision)
