@@ -139,6 +139,11 @@ async def test_tokens_guard_creation_and_only_the_creator_may_end_a_resource(off
         assert len(app[REGISTRY_KEY]) == 1
         async with http.get(url + "/debug/sessions", headers=bearer(TOKEN_B)) as resp:
             assert resp.status == 200
+            # polled during calls: no garbage collection (it holds the loop), no peer count
+            assert (await resp.json())["peer_objects"] is None
+        query = "/debug/sessions?collect=1"
+        async with http.get(url + query, headers=bearer(TOKEN_B)) as resp:
+            assert (await resp.json())["peer_objects"] == 1  # TOKEN_A's session, still live
         async with http.delete(url + location, headers=bearer(TOKEN_A)) as resp:
             assert resp.status == 200
         assert len(app[REGISTRY_KEY]) == 0

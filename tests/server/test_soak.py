@@ -84,7 +84,7 @@ async def live_ids(server: ServerProcess) -> set[str]:
     """Ids of the live sessions. Every query of the server runs off the event loop: a busy
     server may take seconds to answer, and meanwhile this loop's peers must keep sending audio
     (a peer silent for ``DEAD_PEER_TIMEOUT_S`` is reaped)."""
-    debug = await asyncio.to_thread(server.debug_sessions)
+    debug = await asyncio.to_thread(server.debug_sessions, None, True)
     return {s["session_id"] for s in debug["live"]}
 
 
@@ -114,7 +114,7 @@ async def settled(server: ServerProcess, sessions: int) -> Figures:
     )
     await asyncio.sleep(1.5)  # one reaper tick: the heap is trimmed after closes
     health = await asyncio.to_thread(server.health)
-    debug = await asyncio.to_thread(server.debug_sessions)
+    debug = await asyncio.to_thread(server.debug_sessions, None, True)
     return Figures(
         health["sessions"],
         health["tasks"],

@@ -175,11 +175,13 @@ class ServerProcess:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as resp:
             return str(resp.read().decode())
 
-    def debug_sessions(self, token: str | None = None) -> dict[str, Any]:
+    def debug_sessions(self, token: str | None = None, collect: bool = False) -> dict[str, Any]:
         """GET /debug/sessions (needs ``server.debug_endpoints``; ``token``: the bearer token
-        when the server has ``server.auth_tokens``)."""
+        when the server has ``server.auth_tokens``; ``collect``: with ``peer_objects``, counted
+        after a garbage collection that holds the server's loop for a while)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        request = urllib.request.Request(f"{self.url}/debug/sessions", headers=headers)
+        query = "?collect=1" if collect else ""
+        request = urllib.request.Request(f"{self.url}/debug/sessions{query}", headers=headers)
         with urllib.request.urlopen(request, timeout=10) as resp:
             return dict(json.loads(resp.read()))
 
