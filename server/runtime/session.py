@@ -125,10 +125,12 @@ class Session:
     def view(self) -> SessionView:
         """What the scheduler needs to know about this session now."""
         waiting = self._turn_ended_ms if self.state is TurnState.THINKING else None
-        if self.state is TurnState.PAUSED:  # the user waits for the reply to go on (or stop)
+        paused = self.state is TurnState.PAUSED
+        if paused:  # the user waits for the reply to go on (or stop)
             waiting = self.turn.entered_ms
         budget = float(self.config.lookahead_budget_ms)
-        return SessionView(self.session_id, self.epoch, self.playback.slack_ms, budget, waiting)
+        slack = self.playback.slack_ms
+        return SessionView(self.session_id, self.epoch, slack, budget, waiting, paused)
 
     # --- input side -----------------------------------------------------------------------
     def speech_started(self, at_ms: float | None = None) -> BargeIn | None:

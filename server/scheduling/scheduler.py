@@ -72,18 +72,25 @@ def _over_budget(view: SessionView) -> bool:
     return view.slack_ms >= view.budget_ms
 
 
+def _holds(view: SessionView) -> bool:
+    """The session's playback work waits: past its budget, or its reply paused."""
+    return view.paused or _over_budget(view)
+
+
 def _partition(
     items: Sequence[WorkItem], sessions: Mapping[str, SessionView]
 ) -> tuple[list[WorkItem], list[WorkItem], list[WorkItem], list[WorkItem]]:
     """Split work into (stale, deferred: session past its budget, shed, runnable). Optional
     work is shed whenever required work is runnable: running it first would delay a final
     transcript or a reply's speech by its whole cost. Recognition adds no playback, so it is
-    never deferred (a paused reply's buffer is full while the voice over it is judged)."""
+    never deferred (a paused reply's buffer is full while the voice over it is judged). The
+    rest of a paused reply waits too: the voice over it is heard first, and the reply may
+    not go on at all."""
     stale, deferred, runnable = [], [], []
     for item in items:
         if _is_stale(item, sessions):
             stale.append(item)
-        elif item.stage is not Stage.ASR and _over_budget(sessions[item.session_id]):
+        elif item.stage is not Stage.ASR and _holds(sessions[item.session_id]):
             deferred.append(item)
         else:
             runnable.append(item)

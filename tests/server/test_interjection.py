@@ -9,6 +9,7 @@ whose recogniser says what the test wants, and its output pulled as the audio tr
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -495,6 +496,72 @@ async def test_a_paused_reply_with_a_full_buffer_still_has_its_words_heard() -> 
         assert conversation.session.state is TurnState.AGENT_SPEAKING
         assert rig.events("output_audio_buffer.resumed")[0]["reason"] == "backchannel"
     finally:
+        await conversation.close()
+        assert conversation.pipeline is not None
+        await conversation.pipeline.close()
+
+
+class SlowHearing(Engines):
+    """The LLM writes its first sentence, the rest once ``more`` is set; the recogniser hears
+    only once ``heard`` is set (a slow machine); every sentence synthesised is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.more = asyncio.Event()
+        self.heard = threading.Event()
+        self.synthesised: list[str] = []
+
+    def transcribe(self, pcm: object, prefix: str = "") -> str:
+        self.heard.wait(10.0)
+        return self.words
+
+    async def stream(self, messages: Any, request_id: str, max_tokens: int, **_: Any) -> Any:
+        yield "One day a dragon woke up. "
+        await self.more.wait()
+        yield "It flew over the hills. It saw a castle. "
+
+    def synthesize(self, text: str) -> Any:
+        self.synthesised.append(text)
+        return SpeechAudio(REPLY)
+
+
+async def test_a_paused_replys_speech_waits_while_the_voice_over_it_is_heard() -> None:
+    """Its buffer far from full, a paused reply's next sentences are not synthesised while the
+    voice over it is heard (the hearing gets the cores first); once it resumes, they are."""
+    engines = SlowHearing()
+
+    def voice_pipeline(clock: FakeClock) -> TurnPipeline:
+        return VoicePipeline(
+            engines, engines, engines, split_sentences, max_tokens=60, first_chunk_words=6,
+            clock=clock,
+        )  # fmt: skip
+
+    rig = Rig(voice_pipeline, settings={"runtime.lookahead_budget_ms": "10000"})
+    conversation = rig.conversation
+    try:
+        await rig.ask()
+        engines.words = "Mm-hm."
+        rig.voice.on = True
+        await rig.tick(12)
+        rig.voice.on = False
+        assert conversation.session.state is TurnState.PAUSED
+        engines.more.set()  # the rest of the reply's text comes while it is paused
+        for _ in range(20):
+            await rig.tick()
+            await asyncio.sleep(0.005)  # the TTS would run in its engine thread
+        assert conversation.session.state is TurnState.PAUSED
+        assert engines.synthesised == ["One day a dragon woke up."]
+        assert conversation.session.playback.space > 0  # room: only the pause holds it
+        engines.heard.set()
+        for _ in range(100):
+            await rig.tick()
+            await asyncio.sleep(0.005)
+            if len(engines.synthesised) == 3:
+                break
+        assert rig.events("output_audio_buffer.resumed")[0]["reason"] == "backchannel"
+        assert engines.synthesised[1:] == ["It flew over the hills.", "It saw a castle."]
+    finally:
+        engines.heard.set()
         await conversation.close()
         assert conversation.pipeline is not None
         await conversation.pipeline.close()

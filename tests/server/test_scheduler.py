@@ -80,6 +80,22 @@ def test_recognition_of_a_session_over_budget_still_runs(edf: DeadlineScheduler)
     assert plan.run == (words,) and plan.deferred == (speech,)
 
 
+def test_a_paused_replys_speech_waits_while_the_voice_over_it_is_heard(
+    edf: DeadlineScheduler,
+) -> None:
+    # little buffered (a slow machine): still, the hearing goes first and the speech waits
+    paused = SessionView("paused", 0, 300.0, budget_ms=2000.0, waiting_since_ms=0.0, paused=True)
+    words, speech = WorkItem(1, "paused", Stage.ASR, 0, 300.0, 0.0), item(2, "paused")
+    other = item(3, "other")
+    views = {"paused": paused, "other": view("other", 400.0)}
+    for scheduler in (edf, RoundRobinScheduler(aware=True)):
+        plan = scheduler.schedule(0.0, [words, speech, other], views, 3)
+        assert set(plan.run) == {words, other} and plan.deferred == (speech,)
+    # resumed: its speech runs again
+    views["paused"] = view("paused", 300.0)
+    assert edf.schedule(10.0, [speech], views, 1).run == (speech,)
+
+
 def test_max_items_leaves_the_rest_waiting(edf: DeadlineScheduler) -> None:
     views = {s: view(s, 100 * i) for i, s in enumerate("abcd")}
     plan = edf.schedule(0.0, [item(i, s) for i, s in enumerate("abcd")], views, 2)
