@@ -390,13 +390,7 @@ class Conversation:
     def describe(self) -> dict[str, Any]:
         """Per-session figures for diagnostics and benchmarks (the debug endpoint)."""
         turns, floor = list(self.replies.traces), self.floor
-        words = list(floor.heard_words)
-        judged = {
-            "resumed": floor.resumed,
-            "interrupted": floor.interrupted,
-            "words": words,
-            "hearing_ms": [round(ms) for ms in floor.hearing_ms],
-        }
+        judged = {"resumed": floor.resumed, "interrupted": floor.interrupted, **floor.heard.view()}
         session, playout, starts = self.session, self.playout, floor.speech_starts
         figures = describe(session, playout, turns, self.avatar, self.animator, starts, judged)
         return {**figures, "attached": self.attached, "echo": self.echo.describe()}

@@ -41,6 +41,7 @@ from server.conversation.interjection import (
     INTERJECTION_CONTEXT,
     AskWords,
     Decision,
+    HeardWords,
     InterjectionJudge,
     JudgeRules,
     Listening,
@@ -119,8 +120,7 @@ class Floor:
         self.speech_starts = 0
         self.resumed = 0  # pauses that were no interruption
         self.interrupted = 0  # pauses that were
-        self.heard_words: deque[str] = deque(maxlen=8)  # recent interjections' transcripts
-        self.hearing_ms: deque[float] = deque(maxlen=8)  # their words asked -> heard (ms)
+        self.heard = HeardWords(session.session_id)  # recent interjections' transcripts
         self._resumed_in_speech = False  # resumed while the speech over it had only paused
         self.room = RoomNoise(clock, self._sid)
 
@@ -202,11 +202,9 @@ class Floor:
 
     async def _judge_words(self, ask: AskWords) -> None:
         """Transcribe the interjection (from just before its onset) and let the judge decide."""
-        back_ms = self._detector.position_ms - ask.from_ms + PREROLL_MS
-        audio = self._utterance.recent(back_ms)
-        pipeline = self._pipeline
+        audio = self._utterance.recent(self._detector.position_ms - ask.from_ms + PREROLL_MS)
+        pipeline, asked_ms = self._pipeline, self._clock.now_ms()
         assert pipeline is not None  # a reply plays, so there is a pipeline
-        asked_ms = self._clock.now_ms()
         try:
             if isinstance(pipeline, PrimedTranscripts):
                 text = await pipeline.transcribe_primed(audio, self._tag(), INTERJECTION_CONTEXT)
@@ -217,12 +215,7 @@ class Floor:
         except Exception as exc:  # the recogniser failed: the pause's deadline decides
             log.warning("session %s: interjection not transcribed: %s", self._sid, exc)
             return
-        took_ms = self._clock.now_ms() - asked_ms
-        self.heard_words.append(text)
-        self.hearing_ms.append(took_ms)
-        log.info(
-            "session %s: an interjection's %.0f ms heard in %.0f ms", self._sid, back_ms, took_ms
-        )
+        self.heard.add(text, self._clock.now_ms() - asked_ms)
         decision = self.judge.words(ask.attempt, text)
         if decision is not None and self._session.state is TurnState.PAUSED:
             await self.decide(decision)

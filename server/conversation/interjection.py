@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 from server.config import VadConfig
@@ -245,3 +246,21 @@ class InterjectionJudge:
     def _to(self, new: Phase, reason: str) -> None:
         old, self.phase = self.phase, new
         log.debug("session %s interjection: %s -> %s (%s)", self._sid, old.name, new.name, reason)
+
+
+@dataclass
+class HeardWords:
+    """The latest interjections' transcripts, and how long each took to hear (ms: the words
+    asked for -> their transcript), newest last; for diagnostics."""
+
+    session_id: str = ""
+    words: deque[str] = field(default_factory=lambda: deque(maxlen=8))
+    took_ms: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+
+    def add(self, text: str, took_ms: float) -> None:
+        self.words.append(text)
+        self.took_ms.append(took_ms)
+        log.info("session %s: an interjection heard in %.0f ms", self.session_id[:8], took_ms)
+
+    def view(self) -> dict[str, object]:
+        return {"words": list(self.words), "hearing_ms": [round(ms) for ms in self.took_ms]}
