@@ -38,7 +38,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -155,6 +155,7 @@ class _Request:
     queue: asyncio.Queue[Any]
     stop: threading.Event
     done: concurrent.futures.Future[None] | None = None
+    held: bool = False  # stopped by its hold, not at its end
 
 
 class LlamaCppEngine:
@@ -214,6 +215,28 @@ class LlamaCppEngine:
     ) -> AsyncGenerator[str, None]:
         """Reply deltas; ``aclose()`` or cancelling the consumer stops the request."""
         return self._generate(self.chat.render(messages), request_id, max_tokens, cache_salt)
+
+    def stream_held(
+        self,
+        messages: Sequence[Message],
+        said: str,
+        request_id: str,
+        max_tokens: int,
+        *,
+        hold: Callable[[], bool],
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Reply deltas after ``said`` (the reply's words so far, "" for a new reply: then the
+        prompt ends right after them, the assistant's turn open; the slot still holds them),
+        until the reply ends or ``hold()`` turns true: llama.cpp stops at that token, and the
+        request's finish reason is "held". ``hold`` is called at every token, in an engine
+        thread: it must only read."""
+        if said:
+            chat = [*messages, {"role": "assistant", "content": said}]
+            prompt = words_open_text(self.chat.render, chat)
+        else:
+            prompt = self.chat.render(messages)
+        return self._generate(prompt, request_id, max_tokens, cache_salt, hold)
 
     async def prefill(
         self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
@@ -364,7 +387,12 @@ class LlamaCppEngine:
             self._freed.notify_all()
 
     async def _generate(
-        self, prompt: str, request_id: str, max_tokens: int, cache_salt: str | None
+        self,
+        prompt: str,
+        request_id: str,
+        max_tokens: int,
+        cache_salt: str | None,
+        hold: Callable[[], bool] | None = None,
     ) -> AsyncGenerator[str, None]:
         if self._closed:
             raise LlmError("the engine is closed")
@@ -382,7 +410,7 @@ class LlamaCppEngine:
             reuse = await self._starts_from(lease)
             leased = time.perf_counter()
             body = self._body(prompt, max_tokens, lease.slot, reuse)
-            request.done = self._submit(body, request)
+            request.done = self._submit(body, request, hold)
             async for text in self._chunks(request, tally, request_id):
                 if tally.ttft_ms is None:
                     tally.ttft_ms = (time.perf_counter() - started) * 1000.0
@@ -400,6 +428,8 @@ class LlamaCppEngine:
             if lease is not None:
                 await self._release(lease.slot)
             self._requests.pop(request_id, None)
+            if request.held and tally.finish is None:
+                tally.finish = "held"
             if request.stop.is_set() and tally.finish is None:
                 tally.finish = "abort"
             stats = tally.stats()
@@ -434,13 +464,17 @@ class LlamaCppEngine:
             "cache_prompt": reuse,
         }
 
-    def _submit(self, body: dict[str, Any], request: _Request) -> concurrent.futures.Future[None]:
+    def _submit(
+        self, body: dict[str, Any], request: _Request, hold: Callable[[], bool] | None = None
+    ) -> concurrent.futures.Future[None]:
         loop = asyncio.get_running_loop()
         put = request.queue.put_nowait
 
         def on_chunk(chunk: Any) -> bool:
             loop.call_soon_threadsafe(put, chunk)
-            return request.stop.is_set()
+            if hold is not None and not request.stop.is_set() and hold():
+                request.held = True  # read once the stream has ended
+            return request.stop.is_set() or request.held
 
         def run() -> None:
             try:

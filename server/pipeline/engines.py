@@ -3,7 +3,7 @@ Protocols that models/ satisfies without knowing them (models.asr, models.llm, m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -53,6 +53,25 @@ class Llm(Protocol):
     def last_stats(self, request_id: str) -> Any: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class HoldsReplies(Protocol):
+    """An LLM whose reply can stop where it is and go on later: its text after ``said`` (the
+    reply's words so far), until it ends or ``hold()`` turns true, checked at every token in
+    an engine thread (models.llamacpp.LlamaCppEngine.stream_held; its finish reason is then
+    "held")."""
+
+    def stream_held(
+        self,
+        messages: Sequence[Message],
+        said: str,
+        request_id: str,
+        max_tokens: int,
+        *,
+        hold: Callable[[], bool],
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[str]: ...
 
 
 @runtime_checkable

@@ -37,6 +37,7 @@ from server.pipeline.engines import (
     Tts,
     WeighsLastWord,
 )
+from server.pipeline.held import reply_text
 from server.pipeline.repetition import loop_end
 from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.pipeline.speaker import Speaker
@@ -257,9 +258,8 @@ class VoicePipeline:
         starving = None if view is None else self._starving(view)
         cutter = FirstChunkCutter(self._splitter, self._first_chunk_words, starving)
         salt = self._salts.of(request)
-        stream = self._llm.stream(
-            to_messages(request.context), rid, self._max_tokens, cache_salt=salt
-        )
+        messages = to_messages(request.context)
+        stream = reply_text(self._llm, messages, rid, self._max_tokens, salt, view)
         if not trace.held:
             await self._shed_held()
         self._writing[rid] = trace

@@ -121,6 +121,32 @@ async def test_a_reply_streams_with_its_stats(engine: LlamaCppEngine) -> None:
 
 
 @on_module_loop
+async def test_a_held_reply_stops_at_its_hold_and_goes_on_from_its_words(
+    engine: LlamaCppEngine,
+) -> None:
+    messages = chat("Tell me a long story about a dragon and a train.")
+    calls: list[int] = []
+
+    def hold() -> bool:  # a pause after the fifth token
+        calls.append(1)
+        return len(calls) >= 5
+
+    first = await collect(engine.stream_held(messages, "", "h1", 60, hold=hold, cache_salt="h"))
+    held = stats_of(engine, "h1")
+    assert held.finish_reason == "held" and 5 <= held.output_tokens < 60
+    said = "".join(first)
+    assert said.strip()
+    rest = await collect(
+        engine.stream_held(messages, said, "h2", 30, hold=lambda: False, cache_salt="h")
+    )
+    after = stats_of(engine, "h2")
+    assert after.finish_reason in {"stop", "length"} and "".join(rest).strip()
+    # the slot still held the prompt and the words written: little is read again
+    assert after.prompt_tokens - after.cached_tokens <= 4
+    assert after.prompt_tokens >= held.prompt_tokens + held.output_tokens - 2
+
+
+@on_module_loop
 async def test_a_prefill_leaves_the_prompt_in_the_scopes_slot(engine: LlamaCppEngine) -> None:
     messages = chat("Name a colour of the sky.")
     warm = await engine.prefill(messages, "p1", cache_salt="session-p")
