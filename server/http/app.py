@@ -85,7 +85,7 @@ async def debug_sessions(request: web.Request) -> web.Response:
     """Figures of live and recently closed sessions (only with server.debug_endpoints;
     transcripts inside, so it needs the bearer token when tokens are configured, and a token
     sees only the sessions it created). ``?collect=1``: with ``peer_objects``, counted after
-    a full garbage collection, which holds the loop (0.1-0.4 s on a slow CPU)."""
+    a full garbage collection, which holds the loop (calls then stutter on a slow CPU)."""
     caller = authenticate(request)
     registry = request.app[REGISTRY_KEY]
     collect = request.query.get("collect") == "1"
