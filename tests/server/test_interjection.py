@@ -463,18 +463,24 @@ class Engines:
         pass
 
 
-async def test_a_paused_reply_with_a_full_buffer_still_has_its_words_heard() -> None:
-    """The paused session is past its lookahead budget (its buffer full and held): the
-    recognition of the interjection is never deferred with the rest of its work."""
-    engines = Engines()
+def voice_pipeline(engines: Engines) -> Callable[[FakeClock], TurnPipeline]:
+    """The real voice pipeline on ``engines``, made for a rig's clock."""
 
-    def voice_pipeline(clock: FakeClock) -> TurnPipeline:
+    def made(clock: FakeClock) -> TurnPipeline:
         return VoicePipeline(
             engines, engines, engines, split_sentences, max_tokens=60, first_chunk_words=6,
             clock=clock,
         )  # fmt: skip
 
-    rig = Rig(voice_pipeline)
+    return made
+
+
+async def test_a_paused_reply_with_a_full_buffer_still_has_its_words_heard() -> None:
+    """The paused session is past its lookahead budget (its buffer full and held): the
+    recognition of the interjection is never deferred with the rest of its work."""
+    engines = Engines()
+
+    rig = Rig(voice_pipeline(engines))
     conversation = rig.conversation
     try:
         await rig.ask()
@@ -530,13 +536,7 @@ async def test_a_paused_replys_speech_waits_while_the_voice_over_it_is_heard() -
     voice over it is heard (the hearing gets the cores first); once it resumes, they are."""
     engines = SlowHearing()
 
-    def voice_pipeline(clock: FakeClock) -> TurnPipeline:
-        return VoicePipeline(
-            engines, engines, engines, split_sentences, max_tokens=60, first_chunk_words=6,
-            clock=clock,
-        )  # fmt: skip
-
-    rig = Rig(voice_pipeline, settings={"runtime.lookahead_budget_ms": "10000"})
+    rig = Rig(voice_pipeline(engines), settings={"runtime.lookahead_budget_ms": "10000"})
     conversation = rig.conversation
     try:
         await rig.ask()
