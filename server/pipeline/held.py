@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 
 from server.pipeline.engines import HoldsReplies, Llm, Message
 from server.runtime.session_view import SessionView
@@ -33,7 +33,7 @@ async def reply_text(
     salt: str | None,
     view: Callable[[], SessionView] | None,
     poll: Callable[[], Awaitable[None]] = lambda: asyncio.sleep(POLL_S),
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """The reply's deltas; held while ``view()`` says the reply is paused (where the LLM can
     hold a reply and ``view`` is given), looking again after each ``poll()`` (at most
     ``LONGEST_HOLD_S / POLL_S`` times). The first request is ``request_id``, the ones after

@@ -291,9 +291,7 @@ class VoicePipeline:
                     rid,
                     cutter.starved_cuts,
                 )
-            closer = getattr(stream, "aclose", None)
-            if closer is not None:
-                await closer()  # a cancelled reply aborts its request
+            await stream.aclose()  # a cancelled reply aborts its request
             stats = self._llm.last_stats(rid)
             if stats is not None:
                 trace.cached_tokens = int(stats.cached_tokens)
