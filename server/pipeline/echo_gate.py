@@ -19,7 +19,12 @@ or more found no delay, and fewer than ``FOUND`` or fewer than half found one: a
 cancels its own echo in a room with a steady sound, such as Chromium's beeping fake
 microphone, on which the canceller and the gain learn an echo that is not there and the gate
 would hide the user; a periodic beep now and then correlates with speech at some lag by
-chance, a real echo path at nearly every estimate). Untouched, because WebRTC's canceller, never
+chance, a real echo path at nearly every estimate). An echo once found is believed gone only
+where at most ``LOST`` of those estimates found it: a late server's client plays the avatar
+in fits and starts (its playout runs dry and resumes), the echo's envelope then follows what
+was sent less closely, and half the estimates missed it (slow profile: r 0.36-0.49 at the
+path's own lag); the gate, opened by them, let the echo through and the avatar interrupted
+itself. Untouched, because WebRTC's canceller, never
 finding an echo path, keeps damping the near end while the far end plays (a steady tone over
 a silent microphone is wiped out whole), and the user's words would be lost to it.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +65,8 @@ DELAY_CORRELATION = 0.5  # the envelopes' correlation at the lag that makes it t
 VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide whether echo comes back
 FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
 UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
+LOST = 2  # of them at most, found one: an echo believed to come back no longer does
+ENVELOPE_FRAMES = 5  # the levels are averaged over 50 ms before they are correlated
 Pcm16k = npt.NDArray[np.int16]
 
 
@@ -126,7 +134,10 @@ class EchoDelay:
     far end's level envelope best predicts what was heard while the avatar talked (a Pearson
     correlation of the dB levels of at least ``DELAY_CORRELATION``), as last found (an
     estimate that finds none keeps it); None until found. It keeps, of its last ``VERDICTS``
-    estimates that could find one (both envelopes moved), whether each did."""
+    estimates that could find one (both envelopes moved), whether each did, and judges from
+    them whether the echo comes back (``echo``). The envelopes are the levels averaged over
+    ``ENVELOPE_FRAMES``: a playout that moves by a frame or two (a client's jitter buffer
+    under a late server) blurs the correlation of 10 ms levels more than of 50 ms ones."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
@@ -135,6 +146,7 @@ class EchoDelay:
         self._since = 0
         self.lag: int | None = None
         self._verdicts: deque[bool] = deque(maxlen=VERDICTS)  # the last estimates: found one
+        self.echo: bool | None = None  # whether what is heard follows what was sent (judge)
 
     def sent(self, level_db: float) -> None:
         self._far.append(level_db)
@@ -148,17 +160,7 @@ class EchoDelay:
             self._since = 0
             found = self._estimate()
             self.lag = self.lag if found is None else found
-
-    @property
-    def echo(self) -> bool | None:
-        """Whether what is heard follows what was sent, by the last ``VERDICTS`` estimates:
-        True where ``FOUND`` or more of them found a delay and at least half did, False where
-        not and ``UNCORRELATED`` or more found none, None until either."""
-        found = sum(self._verdicts)
-        missed = len(self._verdicts) - found
-        if found >= FOUND and found >= missed:
-            return True
-        return False if missed >= UNCORRELATED else None
+            self.echo = judge(self._verdicts, self.echo)
 
     def _estimate(self) -> int | None:
         """The best lag, every lag at once (one pass of numpy, not one per lag: this runs on
@@ -167,7 +169,8 @@ class EchoDelay:
         far = np.array(self._far)
         first = self._sent - len(far)  # the index of far[0] among every frame sent
         at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
-        heard = np.array([level for _, level in self._heard])
+        far = envelope(far)
+        heard = envelope(np.array([level for _, level in self._heard]))
         lags = np.arange(MAX_LAG_FRAMES + 1)[:, None]
         index = at[None, :] - lags  # (lag, frame heard): the far frame it would echo
         ok = index >= 0
@@ -314,6 +317,32 @@ class ResidualEchoGate:
         if self.delay.echo is False:
             return False
         return True if self._wide.trusted else None
+
+
+def judge(verdicts: Collection[bool], believed: bool | None) -> bool | None:
+    """Whether what is heard follows what was sent, by the last estimates (``verdicts``:
+    whether each found a delay) and what was ``believed`` before them: it does where ``FOUND``
+    or more of them found a delay and at least half did; it does not where not and
+    ``UNCORRELATED`` or more found none, except that an echo believed to come back is believed
+    gone only where at most ``LOST`` found one; else as believed."""
+    found = sum(verdicts)
+    missed = len(verdicts) - found
+    if found >= FOUND and found >= missed:
+        return True
+    if missed >= UNCORRELATED and (believed is not True or found <= LOST):
+        return False
+    return believed
+
+
+def envelope(levels: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``levels`` (dB) averaged over the last ``ENVELOPE_FRAMES`` (fewer at the start); the
+    same shift for every sequence, so a lag between two stays as it was."""
+    sums = np.cumsum(levels)
+    out = sums.copy()
+    out[ENVELOPE_FRAMES:] -= sums[:-ENVELOPE_FRAMES]
+    counts = np.minimum(np.arange(1, len(levels) + 1), ENVELOPE_FRAMES)
+    averaged: npt.NDArray[np.float64] = out / counts
+    return averaged
 
 
 def mean_square(pcm: Pcm16k) -> float:

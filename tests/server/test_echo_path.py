@@ -5,6 +5,9 @@ The real canceller (WebRTC AEC3) on real speech is in tests/models/test_echo.py.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 
@@ -17,10 +20,13 @@ from server.pipeline.echo_gate import (
     WORDS_HOLD_FRAMES,
     EchoDelay,
     ResidualEchoGate,
+    envelope,
+    judge,
     mean_square,
 )
 
 PCM = npt.NDArray[np.int16]
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 class Scripted:
@@ -343,6 +349,40 @@ def test_the_verdict_on_echo_follows_the_latest_estimates() -> None:
     assert verdicts[699] == (True, True)
     assert verdicts[1399] == (False, False)
     assert verdicts[-1] == (True, True) and gate.delay.lag == 12
+
+
+def test_an_echo_believed_is_believed_gone_only_when_nearly_every_estimate_misses_it() -> None:
+    found, missed = [True] * 3, [False] * 5
+    assert judge(found + missed, None) is False  # never found enough: no echo (a beep's luck)
+    assert judge(found + missed, True) is True  # an echo found: a few finds among misses keep it
+    assert judge(found[:2] + missed + [False], True) is False  # at most LOST of 8: gone
+    assert judge(found[:2] + missed[:2], False) is True  # found again by half: back
+    assert judge([True], None) is None and judge([True, False], True) is True
+
+
+def test_an_echo_found_stays_found_while_a_late_servers_client_plays_in_fits() -> None:
+    # two replies as a server in the slow profile heard them (recorded: the levels of what
+    # it sent and heard, in its order): its late sends made the client's playout run dry and
+    # resume, the echo's envelope followed what was sent less closely, and half the estimates
+    # missed it; the gate, believing it gone, let the echo through (both self-interrupted)
+    recorded = json.loads((DATA / "echo_levels_slow.json").read_text())
+    for session in recorded["sessions"]:
+        delay = EchoDelay()
+        verdicts = []
+        for call, level in zip(session["calls"], session["levels_db"], strict=True):
+            if call == "s":
+                delay.sent(level)
+            else:
+                delay.heard(level)
+                verdicts.append(delay.echo)
+        believed = verdicts[verdicts.index(True) :]
+        assert len(believed) > 300 and all(verdict is True for verdict in believed)
+
+
+def test_the_envelope_is_the_mean_of_the_last_five_levels() -> None:
+    levels = np.array([0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+    assert envelope(levels).tolist() == [0.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0]
+    assert envelope(np.zeros(0)).tolist() == []
 
 
 def test_the_echo_delay_is_reported_while_the_echo_is_believed_to_come_back() -> None:
