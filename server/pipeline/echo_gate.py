@@ -37,6 +37,7 @@ from collections.abc import Collection
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 FAR_ACTIVE = (0.003 * 32768) ** 2  # a mean square (~-50 dBFS) above which the avatar talks
 NOW_FRAMES = 10  # the avatar talks now: a frame of the last 100 ms sent was active
@@ -66,7 +67,8 @@ VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide wheth
 FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
 UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
 LOST = 2  # of them at most, found one: an echo believed to come back no longer does
-ENVELOPE_FRAMES = 5  # the levels are averaged over 50 ms before they are correlated
+FAR_ENVELOPE_FRAMES = 10  # the far end's envelope: its loudest in the last 100 ms
+HEARD_ENVELOPE_FRAMES = 5  # and what was heard: its loudest in the last 50 ms
 Pcm16k = npt.NDArray[np.int16]
 
 
@@ -135,9 +137,14 @@ class EchoDelay:
     correlation of the dB levels of at least ``DELAY_CORRELATION``), as last found (an
     estimate that finds none keeps it); None until found. It keeps, of its last ``VERDICTS``
     estimates that could find one (both envelopes moved), whether each did, and judges from
-    them whether the echo comes back (``echo``). The envelopes are the levels averaged over
-    ``ENVELOPE_FRAMES``: a playout that moves by a frame or two (a client's jitter buffer
-    under a late server) blurs the correlation of 10 ms levels more than of 50 ms ones."""
+    them whether the echo comes back (``echo``). Where the 10 ms levels do not correlate
+    well enough at any lag, their envelopes are tried: the loudest level of the last
+    ``FAR_ENVELOPE_FRAMES`` sent and of the last ``HEARD_ENVELOPE_FRAMES`` heard. A playout
+    that moves by a few frames (a client's jitter buffer under a late server) blurs the
+    correlation of the levels more than of the envelopes. On 14 replies recorded in the slow
+    profile the levels found the delay in 115 of 155 estimates, the envelopes in 139, either
+    in 146; with Chromium's beeping microphone heard in place of the echo, in 23, 21 and 34
+    of 1,240."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
@@ -163,40 +170,56 @@ class EchoDelay:
             self.echo = judge(self._verdicts, self.echo)
 
     def _estimate(self) -> int | None:
-        """The best lag, every lag at once (one pass of numpy, not one per lag: this runs on
-        the event loop, and 61 correlations one by one held it about 6 ms on a 2-core AVX2
-        host, each 0.5 s of each session's talk)."""
+        """The best lag of the 10 ms levels where it correlates well enough, else of the
+        envelopes (see the class), else None; a verdict kept where a lag could be tried."""
         far = np.array(self._far)
         first = self._sent - len(far)  # the index of far[0] among every frame sent
         at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
-        far = envelope(far)
-        heard = envelope(np.array([level for _, level in self._heard]))
-        lags = np.arange(MAX_LAG_FRAMES + 1)[:, None]
-        index = at[None, :] - lags  # (lag, frame heard): the far frame it would echo
-        ok = index >= 0
-        counted = ok.sum(axis=1)
-        usable = counted >= DELAY_FRAMES // 2  # a prefix of the lags: at never decreases
-        if not usable.any():
-            return None
-        ok, index, counted = ok[usable], index[usable], counted[usable]
-        x = np.where(ok, far[np.maximum(index, 0)], 0.0)
-        y = np.where(ok, heard[None, :], 0.0)
-        mean_x = x.sum(axis=1) / counted
-        mean_y = y.sum(axis=1) / counted
-        dx = np.where(ok, x - mean_x[:, None], 0.0)
-        dy = np.where(ok, y - mean_y[:, None], 0.0)
-        var_x = np.square(dx).sum(axis=1)
-        var_y = np.square(dy).sum(axis=1)
-        moved = (np.sqrt(var_x / counted) >= 1e-6) & (np.sqrt(var_y / counted) >= 1e-6)
-        if not moved.any():
+        heard = np.array([level for _, level in self._heard])
+        far_envelope = loudest(far, FAR_ENVELOPE_FRAMES)
+        heard_envelope = loudest(heard, HEARD_ENVELOPE_FRAMES)
+        tried = [best_lag(far, heard, at), best_lag(far_envelope, heard_envelope, at)]
+        bests = [best for best in tried if best is not None]
+        if not bests:
             return None  # a lag is only found (or missed) where one was tried
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = (dx * dy).sum(axis=1) / np.sqrt(var_x * var_y)
-        r = np.where(moved, r, -np.inf)
-        best = int(np.argmax(r))  # the first of equals, as the shortest lag
-        found = best if r[best] > DELAY_CORRELATION else None
+        found = next((lag for lag, r in bests if r > DELAY_CORRELATION), None)
         self._verdicts.append(found is not None)
         return found
+
+
+def best_lag(
+    far: npt.NDArray[np.float64], heard: npt.NDArray[np.float64], at: npt.NDArray[np.int64]
+) -> tuple[int, float] | None:
+    """The lag (0 to ``MAX_LAG_FRAMES``) at which the levels ``far`` (dB, in the order sent)
+    best predict those ``heard`` (dB; the one heard at ``i`` when ``far[at[i]]`` was the
+    latest sent), with its Pearson correlation; None where no lag has ``DELAY_FRAMES`` / 2
+    frames heard with both levels moving. Every lag at once (one pass of numpy, not one per
+    lag: this runs on the event loop, and 61 correlations one by one held it about 6 ms on
+    a 2-core AVX2 host, each 0.5 s of each session's talk)."""
+    lags = np.arange(MAX_LAG_FRAMES + 1)[:, None]
+    index = at[None, :] - lags  # (lag, frame heard): the far frame it would echo
+    ok = index >= 0
+    counted = ok.sum(axis=1)
+    usable = counted >= DELAY_FRAMES // 2  # a prefix of the lags: at never decreases
+    if not usable.any():
+        return None
+    ok, index, counted = ok[usable], index[usable], counted[usable]
+    x = np.where(ok, far[np.maximum(index, 0)], 0.0)
+    y = np.where(ok, heard[None, :], 0.0)
+    mean_x = x.sum(axis=1) / counted
+    mean_y = y.sum(axis=1) / counted
+    dx = np.where(ok, x - mean_x[:, None], 0.0)
+    dy = np.where(ok, y - mean_y[:, None], 0.0)
+    var_x = np.square(dx).sum(axis=1)
+    var_y = np.square(dy).sum(axis=1)
+    moved = (np.sqrt(var_x / counted) >= 1e-6) & (np.sqrt(var_y / counted) >= 1e-6)
+    if not moved.any():
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = (dx * dy).sum(axis=1) / np.sqrt(var_x * var_y)
+    r = np.where(moved, r, -np.inf)
+    best = int(np.argmax(r))  # the first of equals, as the shortest lag
+    return best, float(r[best])
 
 
 class ResidualEchoGate:
@@ -334,15 +357,14 @@ def judge(verdicts: Collection[bool], believed: bool | None) -> bool | None:
     return believed
 
 
-def envelope(levels: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """``levels`` (dB) averaged over the last ``ENVELOPE_FRAMES`` (fewer at the start); the
-    same shift for every sequence, so a lag between two stays as it was."""
-    sums = np.cumsum(levels)
-    out = sums.copy()
-    out[ENVELOPE_FRAMES:] -= sums[:-ENVELOPE_FRAMES]
-    counts = np.minimum(np.arange(1, len(levels) + 1), ENVELOPE_FRAMES)
-    averaged: npt.NDArray[np.float64] = out / counts
-    return averaged
+def loudest(levels: npt.NDArray[np.float64], frames: int) -> npt.NDArray[np.float64]:
+    """Each of ``levels`` (dB) replaced by the loudest of it and the ``frames`` - 1 before it
+    (of those there are, at the start)."""
+    if not len(levels):
+        return levels
+    padded = np.concatenate([np.full(frames - 1, levels[0]), levels])
+    envelope: npt.NDArray[np.float64] = sliding_window_view(padded, frames).max(axis=1)
+    return envelope
 
 
 def mean_square(pcm: Pcm16k) -> float:
