@@ -134,6 +134,9 @@ async def run_server(cancel_echo: bool, trials: int, slow_server: bool) -> dict[
             await peer.connect(timeout=60)
             try:
                 whole = await full_reply(peer, QUESTIONS[n % len(QUESTIONS)])
+                if whole["pauses"]:  # what the recogniser made of the voice over the reply
+                    view = (await asyncio.to_thread(server.session, peer.session_id)) or {}
+                    whole["words_heard"] = view.get("interjections", {}).get("words", [])
                 await idle(server, peer)
                 question = QUESTIONS[(n + 1) % len(QUESTIONS)]
                 real = await interrupted_reply(

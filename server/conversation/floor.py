@@ -46,6 +46,7 @@ from server.conversation.interjection import (
     JudgeRules,
     Listening,
     Verdict,
+    reply_words,
 )
 from server.conversation.partials import Partials
 from server.conversation.playout import Playout
@@ -216,7 +217,7 @@ class Floor:
             log.warning("session %s: interjection not transcribed: %s", self._sid, exc)
             return
         self.heard.add(text, self._clock.now_ms() - asked_ms)
-        decision = self.judge.words(ask.attempt, text)
+        decision = self.judge.words(ask.attempt, text, reply_words(self._session))
         if decision is not None and self._session.state is TurnState.PAUSED:
             await self.decide(decision)
 
@@ -394,7 +395,6 @@ class Floor:
         trace = TurnTrace(endpoint_ms=self._clock.now_ms())
         self._session.speech_stopped(at_ms)
         utterance = self._utterance.take()
-        # the audio after this index is the end-of-turn silence
-        silence = int((self._detector.position_ms - at_ms) * 16)
+        silence = int((self._detector.position_ms - at_ms) * 16)  # samples of the turn's end
         speech_end = max(0, len(utterance) - silence)
         self._replies.start(self._session.epoch, trace, utterance=utterance, speech_end=speech_end)

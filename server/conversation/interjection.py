@@ -18,7 +18,10 @@ The :class:`InterjectionJudge` then watches the turn detector, frame by frame, a
   transcribed; any that is not a backchannel **interrupts** at once, else it is judged when it
   falls quiet ("oh, okay, I see" is a long backchannel);
 - the paused turn's deadline (``runtime.paused_timeout_ms``): interrupt if speech was
-  confirmed, else resume.
+  confirmed, else resume;
+- words that are the reply's own (:func:`own_words`: the avatar's voice come back through a
+  client's speakers, past the echo handling) **resume** it, "its own words": the server knows
+  what the user heard of it.
 
 The judge is synchronous and does no I/O; positions are ms on the input timeline.
 """
@@ -28,10 +31,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 from server.config import VadConfig
+from server.runtime.history import Role
+from server.runtime.response import heard_prefix
+from server.runtime.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,9 @@ BACKCHANNELS = frozenset(
         "absolutely", "interesting", "you",  # "you": Whisper's word for a noise
     )
 )  # fmt: skip
+SAID_WORDS = 16  # the reply's last words heard (4-6 s of speech) that its echo can repeat
+OWN_SHARE = 0.75  # of three or more words heard, this share among them: the reply's own
+FLOOR_WORDS = frozenset({"stop", "wait", "no", "hold", "hang", "sorry", "excuse", "hey", "pause"})
 # noise tags and Whisper's inventions for sounds: "(coughs)", "[MUSIC]", "*sigh*", "== Intro =="
 _NOT_WORDS = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|=+[^=]*=+")
 # a hum or a grunt however it is spelt: "mmm", "mhm", "hmmm", "mm-hmm", "uhhh", "ahh", "ohh", "emm"
@@ -102,6 +112,28 @@ def is_backchannel(text: str) -> bool:
         else:
             return False
     return True
+
+
+def own_words(text: str, said: Sequence[str]) -> bool:
+    """Whether the words of ``text`` (hums and fillers aside) are the reply's own: among
+    ``said``, the words the user last heard of it (:func:`reply_words`), all of them, or at
+    least ``OWN_SHARE`` of three or more (the recogniser mishears a word of the echo), and
+    none of them a word that bids for the floor (``FLOOR_WORDS``: "No." over a reply that
+    said "no" is the user)."""
+    heard = [w for w in words_of(text) if not _is_hum(w) and w not in FILLERS]
+    if not heard or any(w in FLOOR_WORDS for w in heard):
+        return False
+    own = sum(w in set(said) for w in heard)
+    return own == len(heard) or (len(heard) >= 3 and own >= OWN_SHARE * len(heard))
+
+
+def reply_words(session: Session, last: int = SAID_WORDS) -> tuple[str, ...]:
+    """The ``last`` words the user heard of the reply in progress (its turn in the history,
+    and what played of its chunks not yet committed there)."""
+    turns = session.history.turns
+    told = [t.text for t in turns if t.role is Role.ASSISTANT and t.epoch == session.epoch]
+    playing = [heard_prefix(chunk, chunk.played) for chunk in session.pending_chunks()]
+    return tuple(words_of(" ".join(told + playing))[-last:])
 
 
 class Phase(IntEnum):
@@ -217,10 +249,15 @@ class InterjectionJudge:
             return AskWords(self.attempt, self.onset_ms, final=False)
         return None
 
-    def words(self, attempt: int, text: str) -> Decision | None:
+    def words(self, attempt: int, text: str, said: Sequence[str] = ()) -> Decision | None:
         """The transcript of ``attempt``: a decision, or None (it came too late, or the speech
-        still going on said only backchannels so far)."""
+        still going on said only backchannels, or the reply's own words, so far). ``said``:
+        the words the user last heard of the reply (see :func:`own_words`)."""
         if attempt != self.attempt or self.phase < Phase.SPEECH:
+            return None
+        if own_words(text, said):
+            if self.phase is Phase.WORDS:
+                return self._decide(Verdict.RESUME, "its own words")
             return None
         if not is_backchannel(text):
             return self._decide(Verdict.INTERRUPT, "words")

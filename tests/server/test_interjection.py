@@ -32,6 +32,9 @@ from server.conversation.interjection import (
     Phase,
     Verdict,
     is_backchannel,
+    own_words,
+    reply_words,
+    words_of,
 )
 from server.conversation.room import NOISY_HOLD_MS, NOISY_LAPSES
 from server.metrics import Metrics
@@ -48,8 +51,10 @@ from server.pipeline.voice import VoicePipeline
 from server.runtime.conditions import Conditions
 from server.runtime.history import Role
 from server.runtime.media import FRAME_SAMPLES
+from server.runtime.session import Session
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag
+from tests.server.test_session import play, say
 
 RULES = JudgeRules(interruption_ms=600.0, quiet_ms=160.0)
 
@@ -193,6 +198,62 @@ def test_a_pause_past_its_deadline_is_decided_by_what_was_confirmed() -> None:
     judge.heard(0.0)
     judge.step(Listening(100.0, True, 0.0, 0.0))
     assert judge.overdue() == Decision(Verdict.INTERRUPT, "undecided speech")
+
+
+# --- the reply's own words -----------------------------------------------------------------
+SAID = tuple(
+    words_of("The Eiffel Tower is in Paris. It was built for a fair in eighteen eighty-nine")
+)
+
+
+@pytest.mark.parametrize(
+    "text", ["Paris.", "It was built.", "A fair, in eighteen", "Eiffel Tower is in Peru."]
+)
+def test_the_replys_own_words_come_back_as_its_echo(text: str) -> None:
+    assert own_words(text, SAID)  # the last: one misheard word of four
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "Mm-hm.", "Stop.", "No, it was not.", "Wait, Paris?", "Tell me about Rome.",
+     "Is it tall?", "Built in Peru?"],
+)  # fmt: skip
+def test_words_not_the_replys_own_are_the_users(text: str) -> None:
+    # none, a hum, a bid for the floor among its words, or a word or more it never said
+    assert not own_words(text, SAID)
+    assert not own_words("Paris.", ())  # nothing heard of the reply yet
+
+
+def test_the_replys_own_words_resume_it_once_the_voice_falls_quiet() -> None:
+    judge = InterjectionJudge(RULES)
+    judge.heard(1000.0)
+    out = steps(judge, [Listening(1000.0 + 20 * i, True, 0.0, 0.0) for i in range(1, 31)])
+    assert out[-1] == AskWords(1, 1000.0, final=False)
+    assert judge.words(1, "It was built for", SAID) is None  # its echo goes on: judged later
+    final = judge.step(Listening(1700.0, True, 160.0, 160.0))
+    assert final == AskWords(2, 1000.0)
+    assert judge.words(2, "It was built for a fair.", SAID) == Decision(
+        Verdict.RESUME, "its own words"
+    )
+    judge.heard(5000.0)
+    judge.step(Listening(5100.0, True, 0.0, 0.0))
+    ask = judge.step(Listening(5300.0, True, 160.0, 160.0))
+    assert isinstance(ask, AskWords)
+    assert judge.words(ask.attempt, "Wait, Paris?", SAID) == Decision(Verdict.INTERRUPT, "words")
+
+
+def test_the_replys_words_are_those_the_user_heard_of_it(session: Session) -> None:
+    session.speech_started()
+    session.speech_stopped()
+    session.commit_user_turn("Where is the Eiffel Tower?")
+    assert session.start_response(session.epoch)
+    say(session, "It is in Paris.", 200, words=True)
+    say(session, "It was built in eighteen eighty nine.", 700, words=True)
+    assert reply_words(session) == ()
+    play(session, 300)  # the first sentence (committed to history) and one word of the next
+    assert reply_words(session) == ("it", "is", "in", "paris", "it")
+    play(session, 400)
+    assert reply_words(session, last=3) == ("built", "in", "eighteen")
 
 
 # --- a whole conversation -------------------------------------------------------------------
