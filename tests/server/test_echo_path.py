@@ -355,7 +355,8 @@ def test_an_echo_believed_is_believed_gone_only_when_nearly_every_estimate_misse
     found, missed = [True] * 3, [False] * 5
     assert judge(found + missed, None) is False  # never found enough: no echo (a beep's luck)
     assert judge(found + missed, True) is True  # an echo found: a few finds among misses keep it
-    assert judge(found[:2] + missed + [False], True) is False  # at most LOST of 8: gone
+    assert judge(found[:2] + missed + [False], True) is True  # two of eight: still there
+    assert judge(found[:1] + missed + [False] * 2, True) is False  # at most LOST of 8: gone
     assert judge(found[:2] + missed[:2], False) is True  # found again by half: back
     assert judge([True], None) is None and judge([True, False], True) is True
 
