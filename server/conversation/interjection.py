@@ -123,7 +123,8 @@ def own_words(text: str, said: Sequence[str]) -> bool:
     heard = [w for w in words_of(text) if not _is_hum(w) and w not in FILLERS]
     if not heard or any(w in FLOOR_WORDS for w in heard):
         return False
-    own = sum(w in set(said) for w in heard)
+    reply = set(said)
+    own = sum(w in reply for w in heard)
     return own == len(heard) or (len(heard) >= 3 and own >= OWN_SHARE * len(heard))
 
 
