@@ -171,18 +171,21 @@ class EchoDelay:
 
     def _estimate(self) -> int | None:
         """The best lag of the 10 ms levels where it correlates well enough, else of the
-        envelopes (see the class), else None; a verdict kept where a lag could be tried."""
+        envelopes (see the class; computed only then: this runs on the event loop), else
+        None; a verdict kept where a lag could be tried."""
         far = np.array(self._far)
         first = self._sent - len(far)  # the index of far[0] among every frame sent
         at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
         heard = np.array([level for _, level in self._heard])
+        levels = best_lag(far, heard, at)
+        if levels is not None and levels[1] > DELAY_CORRELATION:
+            self._verdicts.append(True)
+            return levels[0]
         far_envelope = loudest(far, FAR_ENVELOPE_FRAMES)
-        heard_envelope = loudest(heard, HEARD_ENVELOPE_FRAMES)
-        tried = [best_lag(far, heard, at), best_lag(far_envelope, heard_envelope, at)]
-        bests = [best for best in tried if best is not None]
-        if not bests:
+        envelopes = best_lag(far_envelope, loudest(heard, HEARD_ENVELOPE_FRAMES), at)
+        if levels is None and envelopes is None:
             return None  # a lag is only found (or missed) where one was tried
-        found = next((lag for lag, r in bests if r > DELAY_CORRELATION), None)
+        found = envelopes[0] if envelopes and envelopes[1] > DELAY_CORRELATION else None
         self._verdicts.append(found is not None)
         return found
 
