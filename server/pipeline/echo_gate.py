@@ -20,10 +20,11 @@ cancels its own echo in a room with a steady sound, such as Chromium's beeping f
 microphone, on which the canceller and the gain learn an echo that is not there and the gate
 would hide the user; a periodic beep now and then correlates with speech at some lag by
 chance, a real echo path at nearly every estimate). An echo once found is believed gone only
-where at most ``LOST`` of those estimates found it: a late server's client plays the avatar
-in fits and starts (its playout runs dry and resumes), the echo's envelope then follows what
-was sent less closely, and half the estimates missed it (slow profile: r 0.36-0.49 at the
-path's own lag); the gate, opened by them, let the echo through and the avatar interrupted
+where at most ``LOST`` of those estimates found it (none: 4 s of the avatar talking without
+a find): a late server's client plays the avatar in fits and starts (its playout runs dry
+every second or two and resumes at a new delay), the echo's envelope then follows what was
+sent less closely, and the estimates missed it for 3.5 s at a time (slow profile: r 0.2-0.5
+at every lag); the gate, opened by them, let the echo through and the avatar interrupted
 itself. Untouched, because WebRTC's canceller, never
 finding an echo path, keeps damping the near end while the far end plays (a steady tone over
 a silent microphone is wiped out whole), and the user's words would be lost to it.
@@ -66,7 +67,7 @@ DELAY_CORRELATION = 0.5  # the envelopes' correlation at the lag that makes it t
 VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide whether echo comes back
 FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
 UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
-LOST = 1  # of them at most, found one: an echo believed to come back no longer does
+LOST = 0  # of them at most, found one: an echo believed to come back no longer does
 FAR_ENVELOPE_FRAMES = 10  # the far end's envelope: its loudest in the last 100 ms
 HEARD_ENVELOPE_FRAMES = 5  # and what was heard: its loudest in the last 50 ms
 Pcm16k = npt.NDArray[np.int16]
