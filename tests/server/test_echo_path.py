@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from server.conversation.utterance import Utterance
+from server.pipeline import echo_gate
 from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
 from server.pipeline.echo_gate import (
     MAX_LAG_FRAMES,
     ONSET_FRAMES,
     REVERB_FRAMES,
-    VERDICTS,
     WORDS_HOLD_FRAMES,
     EchoDelay,
     ResidualEchoGate,
@@ -372,38 +374,37 @@ def test_an_echo_is_found_and_stays_found_while_a_late_servers_client_plays_in_f
     # itself. The envelopes find it, and an echo found is not given up for a few misses.
     recorded = json.loads((DATA / "echo_levels_slow.json").read_text())
     for session in recorded["sessions"]:
-        delay = EchoDelay()
-        verdicts = []
-        for call, level in zip(session["calls"], session["levels_db"], strict=True):
-            if call == "s":
-                delay.sent(level)
-            else:
-                delay.heard(level)
-                verdicts.append(delay.echo)
+        verdicts = replayed(session)
         assert False not in verdicts and verdicts[-1] is True
 
 
-def test_an_echo_found_is_kept_through_seven_estimates_in_a_row_that_miss_it() -> None:
-    # two more replies recorded in the slow profile, each of which interrupted itself: the
-    # client's playout ran dry every second or two and resumed at a new delay, and after the
-    # first finds the estimates missed the echo seven times in a row (3.5 s of the avatar
-    # talking); the gate, believing the echo gone, let it through. One find in eight kept it
-    # believed before; now none is needed for it to be believed gone.
-    recorded = json.loads((DATA / "echo_levels_slow_fits.json").read_text())
-    for session in recorded["sessions"]:
-        delay = EchoDelay()
-        verdicts, last_eight = [], []
-        for call, level in zip(session["calls"], session["levels_db"], strict=True):
-            if call == "s":
-                delay.sent(level)
-                continue
+def replayed(session: dict[str, Any]) -> list[bool | None]:
+    """The verdict after each frame heard, as EchoDelay judges a recorded reply's levels."""
+    delay = EchoDelay()
+    verdicts = []
+    for call, level in zip(session["calls"], session["levels_db"], strict=True):
+        if call == "s":
+            delay.sent(level)
+        else:
             delay.heard(level)
             verdicts.append(delay.echo)
-            if delay._since == 0:  # an estimate was made
-                last_eight.append(list(delay._verdicts))
-        # a stretch where one find in eight was all (believed gone before)
-        assert any(len(v) == VERDICTS and sum(v) == 1 for v in last_eight)
+    return verdicts
+
+
+def test_an_echo_found_is_kept_while_a_late_servers_client_resumes_at_new_delays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # two more replies recorded in the slow profile, each of which interrupted itself: the
+    # client's playout ran dry every second or two and resumed at a new delay, and after the
+    # first finds the estimates (a correlation above 0.5) missed the echo seven times in a
+    # row (3.5 s of the avatar talking); the gate, believing the echo gone, let it through
+    recorded = json.loads((DATA / "echo_levels_slow_fits.json").read_text())
+    for session in recorded["sessions"]:
+        verdicts = replayed(session)
         assert False not in verdicts and True in verdicts
+    monkeypatch.setattr(echo_gate, "KEPT_CORRELATION", echo_gate.DELAY_CORRELATION)
+    monkeypatch.setattr(echo_gate, "LOST", 1)  # as before: both replies judged "no echo"
+    assert all(False in replayed(session) for session in recorded["sessions"])
 
 
 def test_an_envelope_is_the_loudest_level_of_the_last_frames() -> None:
