@@ -69,8 +69,9 @@ VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide wheth
 FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
 UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
 LOST = 0  # of them at most, found one: an echo believed to come back no longer does
-FAR_ENVELOPE_FRAMES = 10  # the far end's envelope: its loudest in the last 100 ms
+FAR_ENVELOPE_FRAMES = 25  # the far end's envelope: its loudest in the last 250 ms
 HEARD_ENVELOPE_FRAMES = 5  # and what was heard: its loudest in the last 50 ms
+LEVEL_FLOOR_DB = 30.0  # levels below it (about -60 dBFS, a microphone's own noise) count as it
 Pcm16k = npt.NDArray[np.int16]
 
 
@@ -150,7 +151,12 @@ class EchoDelay:
     counts as a find: a late server's client resumes its playout at a new delay every second
     or two, and a 3 s window then holds several (on 51 slow replies, the best lag of 87 % of
     the estimates correlated above 0.4 and 69 % above 0.5; of the beeping microphone's, 10
-    and 1.3 %)."""
+    and 1.3 %). Levels below ``LEVEL_FLOOR_DB`` count as it: digital silence (a playout run
+    dry, the zeros of a stretch the track skipped) weighed 60 dB below any microphone's noise
+    in the correlation; and the far end's envelope spans 250 ms, longer than such a stretch
+    (200-240 ms), which the client may not play. On 61 slow replies the estimates found the
+    echo in 917 of 1,040 without both, 1,034 with them; the beeping microphone in 3.9 and
+    1.2 % of its estimates."""
 
     def __init__(self) -> None:
         self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
@@ -162,12 +168,12 @@ class EchoDelay:
         self.echo: bool | None = None  # whether what is heard follows what was sent (judge)
 
     def sent(self, level_db: float) -> None:
-        self._far.append(level_db)
+        self._far.append(max(level_db, LEVEL_FLOOR_DB))
         self._sent += 1
 
     def heard(self, level_db: float) -> None:
         """A frame heard while the avatar talked."""
-        self._heard.append((self._sent, level_db))
+        self._heard.append((self._sent, max(level_db, LEVEL_FLOOR_DB)))
         self._since += 1
         if self._since >= DELAY_EVERY and len(self._heard) >= DELAY_FRAMES // 2:
             self._since = 0

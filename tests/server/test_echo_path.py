@@ -6,6 +6,7 @@ The real canceller (WebRTC AEC3) on real speech is in tests/models/test_echo.py.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from server.conversation.utterance import Utterance
 from server.pipeline import echo_gate
 from server.pipeline.echo import FAR_KEPT, FRAME, EchoPath
 from server.pipeline.echo_gate import (
+    LEVEL_FLOOR_DB,
     MAX_LAG_FRAMES,
     ONSET_FRAMES,
     REVERB_FRAMES,
@@ -402,8 +404,11 @@ def test_an_echo_found_is_kept_while_a_late_servers_client_resumes_at_new_delays
     for session in recorded["sessions"]:
         verdicts = replayed(session)
         assert False not in verdicts and True in verdicts
+    # as before 2026-12-06 evening: both replies judged "no echo"
     monkeypatch.setattr(echo_gate, "KEPT_CORRELATION", echo_gate.DELAY_CORRELATION)
-    monkeypatch.setattr(echo_gate, "LOST", 1)  # as before: both replies judged "no echo"
+    monkeypatch.setattr(echo_gate, "LOST", 1)
+    monkeypatch.setattr(echo_gate, "LEVEL_FLOOR_DB", -math.inf)
+    monkeypatch.setattr(echo_gate, "FAR_ENVELOPE_FRAMES", 10)
     assert all(False in replayed(session) for session in recorded["sessions"])
 
 
@@ -458,20 +463,21 @@ def test_the_delay_estimate_is_the_best_correlated_lag() -> None:
     # every lag at once (one numpy pass on the event loop) finds what trying each in turn
     # finds: echoes 0-40 frames late, noisy and clean, a far end that never moves, and a
     # microphone that hears the echo only now and then
+    # (levels below LEVEL_FLOOR_DB count as it, in both)
     rng = np.random.default_rng(5)
     for trial in range(16):
-        delay, far_dbs = trial * 3 % 41, rng.normal(-30.0, 10.0, 700)
+        delay, far_dbs = trial * 3 % 41, rng.normal(60.0, 10.0, 700)
         if trial % 4 == 1:
-            far_dbs[:] = -30.0
+            far_dbs[:] = 60.0
         estimate, far, heard = EchoDelay(), [], []
         lags = []
         for n, level in enumerate(far_dbs):
             estimate.sent(float(level))
-            far.append(float(level))
-            echo = far_dbs[n - delay] + rng.normal(0.0, 40.0 if trial % 4 == 2 else 5.0)
+            far.append(max(float(level), LEVEL_FLOOR_DB))
+            echo = far_dbs[n - delay] - 10 + rng.normal(0.0, 40.0 if trial % 4 == 2 else 5.0)
             if trial % 4 == 3 and n % 7:
-                echo = -50.0
-            heard.append((len(far), float(echo) if n >= delay else -60.0))
+                echo = 0.0
+            heard.append((len(far), max(float(echo) if n >= delay else 0.0, LEVEL_FLOOR_DB)))
             estimate.heard(heard[-1][1])
             if estimate._since == 0:  # it estimated just now, over the last 300 heard
                 lags.append((estimate.lag, pearson_lag(far, heard[-300:])))
