@@ -14,36 +14,25 @@ benchmark (a delay estimate a few frames off lets the echo's bound fall too soon
 
 Where nothing of the avatar comes back, the audio passes untouched: the gain is below
 ``NO_ECHO_DB`` (a client that cancels its own echo, headphones, a quiet room), or what is
-heard does not follow what was sent (of the last ``VERDICTS`` delay estimates, ``UNCORRELATED``
-or more found no delay, and fewer than ``FOUND`` or fewer than half found one: a client that
-cancels its own echo in a room with a steady sound, such as Chromium's beeping fake
-microphone, on which the canceller and the gain learn an echo that is not there and the gate
-would hide the user; a periodic beep now and then correlates with speech at some lag by
-chance, a real echo path at nearly every estimate). An echo once found is believed gone only
-where at most ``LOST`` of those estimates found it (none: 4 s of the avatar talking without
-a find): a late server's client plays the avatar in fits and starts (its playout runs dry
-every second or two and resumes at a new delay), the echo's envelope then follows what was
-sent less closely, and the estimates missed it for 3.5 s at a time (slow profile: r 0.2-0.5
-at every lag); the gate, opened by them, let the echo through and the avatar interrupted
-itself. Untouched, because WebRTC's canceller, never
-finding an echo path, keeps damping the near end while the far end plays (a steady tone over
-a silent microphone is wiped out whole), and the user's words would be lost to it.
+heard does not follow what was sent (the delay estimates' verdict: server/pipeline/
+echo_delay.py). Untouched, because WebRTC's canceller, never finding an echo path, keeps
+damping the near end while the far end plays (a steady tone over a silent microphone is wiped
+out whole), and the user's words would be lost to it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Collection
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
+
+from server.pipeline.echo_delay import MAX_LAG_FRAMES, EchoDelay
 
 FAR_ACTIVE = (0.003 * 32768) ** 2  # a mean square (~-50 dBFS) above which the avatar talks
 NOW_FRAMES = 10  # the avatar talks now: a frame of the last 100 ms sent was active
-MAX_LAG_FRAMES = 60  # echo delays up to 600 ms
-REVERB_FRAMES = 15  # and a room's reverberation after the longest of them (150 ms)
+REVERB_FRAMES = 15  # a room's reverberation after the longest echo delay (150 ms)
 GAIN_FRAMES = 300  # the gain is learnt over the last 300 frames heard while it talked (3 s)
 GAIN_TRUSTED = 80  # frames (0.8 s, longer than any delay) before the learnt gain is used
 ECHO_ONLY_DB = 10.0  # a frame the canceller took this much from is the echo alone
@@ -53,6 +42,7 @@ FIRST_GAIN_DB = -10.0  # the echo's gain until then: loud speakers beside the mi
 NO_ECHO_DB = -40.0  # a gain below this: nothing comes back (the microphone's noise)
 GATE_MARGIN_DB = 3.0  # above the bound: the echo of a far-end sound louder than the quantile
 USER_ABOVE_DB = 6.0  # a frame this far above the bound of a known gain: the user talks
+USER_RUN_FRAMES = 3  # frames in a row above the bound before they pass as the user's
 USER_FRAMES = 30  # and for 300 ms after (frames heard while the avatar talked) nothing is learnt,
 USER_BEFORE_FRAMES = 5  # nor in the 50 ms before it (a word's onset, damped the most)
 WORDS_HOLD_FRAMES = 10  # the recogniser hears the user's frames as heard, and 100 ms after them
@@ -61,17 +51,6 @@ ONSET_FRAMES = 12  # and the 120 ms before their first one (a soft onset: EchoPa
 CANCELLED_DB = 20.0  # a frame the canceller took this much from is its echo (once it knows it)
 FLOOR_FRAMES = 200  # the noise floor is a low quantile of the last 2 s heard (cleaned)
 FLOOR_QUANTILE = 0.1
-DELAY_FRAMES = 300  # the delay is estimated over the last 3 s heard while the avatar talked
-DELAY_EVERY = 50  # frames between estimates
-DELAY_CORRELATION = 0.5  # the envelopes' correlation at the lag that makes it the delay
-KEPT_CORRELATION = 0.4  # or, while an echo is believed to come back, that keeps it found
-VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide whether echo comes back
-FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
-UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
-LOST = 0  # of them at most, found one: an echo believed to come back no longer does
-FAR_ENVELOPE_FRAMES = 25  # the far end's envelope: its loudest in the last 250 ms
-HEARD_ENVELOPE_FRAMES = 5  # and what was heard: its loudest in the last 50 ms
-LEVEL_FLOOR_DB = 30.0  # levels below it (about -60 dBFS, a microphone's own noise) count as it
 Pcm16k = npt.NDArray[np.int16]
 
 
@@ -134,111 +113,6 @@ class EchoGain:
         return len(self._alone) >= GAIN_TRUSTED
 
 
-class EchoDelay:
-    """The echo path's delay in 10 ms frames: the lag (0 to ``MAX_LAG_FRAMES``) at which the
-    far end's level envelope best predicts what was heard while the avatar talked (a Pearson
-    correlation of the dB levels of at least ``DELAY_CORRELATION``), as last found (an
-    estimate that finds none keeps it); None until found. It keeps, of its last ``VERDICTS``
-    estimates that could find one (both envelopes moved), whether each did, and judges from
-    them whether the echo comes back (``echo``). Where the 10 ms levels do not correlate
-    well enough at any lag, their envelopes are tried: the loudest level of the last
-    ``FAR_ENVELOPE_FRAMES`` sent and of the last ``HEARD_ENVELOPE_FRAMES`` heard. A playout
-    that moves by a few frames (a client's jitter buffer under a late server) blurs the
-    correlation of the levels more than of the envelopes. On 14 replies recorded in the slow
-    profile the levels found the delay in 115 of 155 estimates, the envelopes in 139, either
-    in 146; with Chromium's beeping microphone heard in place of the echo, in 23, 21 and 34
-    of 1,240. While an echo is believed to come back, a correlation of ``KEPT_CORRELATION``
-    counts as a find: a late server's client resumes its playout at a new delay every second
-    or two, and a 3 s window then holds several (on 51 slow replies, the best lag of 87 % of
-    the estimates correlated above 0.4 and 69 % above 0.5; of the beeping microphone's, 10
-    and 1.3 %). Levels below ``LEVEL_FLOOR_DB`` count as it: digital silence (a playout run
-    dry, the zeros of a stretch the track skipped) weighed 60 dB below any microphone's noise
-    in the correlation; and the far end's envelope spans 250 ms, longer than such a stretch
-    (200-240 ms), which the client may not play. On 61 slow replies the estimates found the
-    echo in 917 of 1,040 without both, 1,034 with them; the beeping microphone in 3.9 and
-    1.2 % of its estimates."""
-
-    def __init__(self) -> None:
-        self._far: deque[float] = deque(maxlen=DELAY_FRAMES + MAX_LAG_FRAMES + 1)  # dB
-        self._sent = 0  # far frames so far
-        self._heard: deque[tuple[int, float]] = deque(maxlen=DELAY_FRAMES)  # (sent by then, dB)
-        self._since = 0
-        self.lag: int | None = None
-        self._verdicts: deque[bool] = deque(maxlen=VERDICTS)  # the last estimates: found one
-        self.echo: bool | None = None  # whether what is heard follows what was sent (judge)
-
-    def sent(self, level_db: float) -> None:
-        self._far.append(max(level_db, LEVEL_FLOOR_DB))
-        self._sent += 1
-
-    def heard(self, level_db: float) -> None:
-        """A frame heard while the avatar talked."""
-        self._heard.append((self._sent, max(level_db, LEVEL_FLOOR_DB)))
-        self._since += 1
-        if self._since >= DELAY_EVERY and len(self._heard) >= DELAY_FRAMES // 2:
-            self._since = 0
-            found = self._estimate()
-            self.lag = self.lag if found is None else found
-            self.echo = judge(self._verdicts, self.echo)
-
-    def _estimate(self) -> int | None:
-        """The best lag of the 10 ms levels where it correlates well enough, else of the
-        envelopes (see the class; computed only then: this runs on the event loop), else
-        None; a verdict kept where a lag could be tried."""
-        far = np.array(self._far)
-        first = self._sent - len(far)  # the index of far[0] among every frame sent
-        at = np.array([sent for sent, _ in self._heard]) - 1 - first  # latest sent, in far
-        heard = np.array([level for _, level in self._heard])
-        levels = best_lag(far, heard, at)
-        # a lower bar keeps an echo found than finds one (see the class)
-        bar = KEPT_CORRELATION if self.echo else DELAY_CORRELATION
-        if levels is not None and levels[1] > bar:
-            self._verdicts.append(True)
-            return levels[0]
-        far_envelope = loudest(far, FAR_ENVELOPE_FRAMES)
-        envelopes = best_lag(far_envelope, loudest(heard, HEARD_ENVELOPE_FRAMES), at)
-        if levels is None and envelopes is None:
-            return None  # a lag is only found (or missed) where one was tried
-        found = envelopes[0] if envelopes and envelopes[1] > bar else None
-        self._verdicts.append(found is not None)
-        return found
-
-
-def best_lag(
-    far: npt.NDArray[np.float64], heard: npt.NDArray[np.float64], at: npt.NDArray[np.int64]
-) -> tuple[int, float] | None:
-    """The lag (0 to ``MAX_LAG_FRAMES``) at which the levels ``far`` (dB, in the order sent)
-    best predict those ``heard`` (dB; the one heard at ``i`` when ``far[at[i]]`` was the
-    latest sent), with its Pearson correlation; None where no lag has ``DELAY_FRAMES`` / 2
-    frames heard with both levels moving. Every lag at once (one pass of numpy, not one per
-    lag: this runs on the event loop, and 61 correlations one by one held it about 6 ms on
-    a 2-core AVX2 host, each 0.5 s of each session's talk)."""
-    lags = np.arange(MAX_LAG_FRAMES + 1)[:, None]
-    index = at[None, :] - lags  # (lag, frame heard): the far frame it would echo
-    ok = index >= 0
-    counted = ok.sum(axis=1)
-    usable = counted >= DELAY_FRAMES // 2  # a prefix of the lags: at never decreases
-    if not usable.any():
-        return None
-    ok, index, counted = ok[usable], index[usable], counted[usable]
-    x = np.where(ok, far[np.maximum(index, 0)], 0.0)
-    y = np.where(ok, heard[None, :], 0.0)
-    mean_x = x.sum(axis=1) / counted
-    mean_y = y.sum(axis=1) / counted
-    dx = np.where(ok, x - mean_x[:, None], 0.0)
-    dy = np.where(ok, y - mean_y[:, None], 0.0)
-    var_x = np.square(dx).sum(axis=1)
-    var_y = np.square(dy).sum(axis=1)
-    moved = (np.sqrt(var_x / counted) >= 1e-6) & (np.sqrt(var_y / counted) >= 1e-6)
-    if not moved.any():
-        return None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = (dx * dy).sum(axis=1) / np.sqrt(var_x * var_y)
-    r = np.where(moved, r, -np.inf)
-    best = int(np.argmax(r))  # the first of equals, as the shortest lag
-    return best, float(r[best])
-
-
 class ResidualEchoGate:
     """Silences, for the voice detector, what the canceller left of the echo while the avatar
     talks: a frame whose level as heard is below the echo's bound becomes white noise at the
@@ -250,10 +124,12 @@ class ResidualEchoGate:
     out whole over a steady tone while it is still learning). Once the canceller has found
     the path, a loud frame it took ``CANCELLED_DB`` or more from is the echo's own peak, not
     the user (whom it damps far less). A frame above the bound is the user's only where the
-    one before it was too: right after the client's playout delay moves, a single 10 ms peak
-    of the echo may top the bound (1 reply in 40 in tests/models/test_echo.py), and the voice
-    gate took it for an onset that paused the reply; the user's words stay above it for many
-    frames, and their first 10 ms is the cost."""
+    ``USER_RUN_FRAMES`` - 1 before it were too: right after the client's playout delay moves,
+    a 10 ms peak of the echo may top the bound (1 reply in 40 in tests/models/test_echo.py),
+    and the voice gate took it for an onset that paused the reply; under a late server, two
+    in a row (1 of 50 full replies in the slow profile, 0.5-1.9 dB above it: a gain learnt at
+    -15 dB where the path's was -10); the user's words stay above it for many frames, and
+    their first 20 ms is the cost."""
 
     def __init__(self, user_above_db: float = USER_ABOVE_DB) -> None:
         """``user_above_db``: see :meth:`EchoGain.learn` (inf: as before 2026-12-05)."""
@@ -266,7 +142,7 @@ class ResidualEchoGate:
         self.frames = 0
         self.silenced = 0  # frames
         self.since_silenced = 1 << 30  # frames heard since the last one silenced
-        self._above = False  # the last frame heard was above the echo's bound
+        self._above = 0  # frames in a row heard above the echo's bound, to the last
         self.words_hold = WORDS_HOLD_FRAMES  # frames (0: the canceller's output, as before)
         self._words_held = 0  # frames left that the recogniser hears as heard
         self.onset_frames = ONSET_FRAMES  # heard again before a hold begins (0: not)
@@ -289,20 +165,20 @@ class ResidualEchoGate:
 
     def apply(self, heard: Pcm16k, cleaned: Pcm16k) -> tuple[Pcm16k, Pcm16k]:
         """The frame for the recogniser and for the voice detector, from ``heard`` and the
-        canceller's output for it, ``cleaned``: ``heard`` for both where nothing was sent that
-        could come back, where nothing comes back, and where the user is louder than the echo
-        could be, for a second frame in a row (the canceller damps a user talking over the far
-        end, and its output misleads both); else white noise at the noise floor for the
-        detector (the voice gate calls even a faint frame of speech's shape voice, and
-        silence would reset its own noise estimate: the floor's return would then sound like
-        an onset) and ``cleaned`` for the recogniser (the avatar's words left out of what it
-        transcribes), except from the user's first frame above the bound until ``words_hold``
-        frames after their last, while the delay estimates have not found an echo: ``heard``
-        (a canceller that has not learnt a path damps the user's softer sounds to silence
-        while the far end plays: "Mhm." was heard as "Okay, Kim."; one that has keeps them,
-        and the echo under them, heard, misleads the recogniser more). ``hold_began`` says
-        whether this frame began such a hold: the ``onset_frames`` before it were the user's
-        soft onset, and the echo path gives them to the recogniser again as heard."""
+        canceller's output for it, ``cleaned``: ``heard`` for both where nothing was sent that could
+        come back, where nothing comes back, and where the user is louder than the echo could be,
+        for a ``USER_RUN_FRAMES``-th frame in a row (the canceller damps a user talking over the far
+        end, and its output misleads both); else white noise at the noise floor for the detector
+        (the voice gate calls even a faint frame of speech's shape voice, and silence would reset
+        its own noise estimate: the floor's return would then sound like an onset) and ``cleaned``
+        for the recogniser (the avatar's words left out of what it transcribes), except from the
+        user's first frame above the bound until ``words_hold`` frames after their last, while the
+        delay estimates have not found an echo: ``heard`` (a canceller that has not learnt a path
+        damps the user's softer sounds to silence while the far end plays: "Mhm." was heard as
+        "Okay, Kim."; one that has keeps them, and the echo under them, heard, misleads the
+        recogniser more). ``hold_began`` says whether this frame began such a hold: the
+        ``onset_frames`` before it were the user's soft onset, and the echo path gives them to the
+        recogniser again as heard."""
         power, heard_power = mean_square(cleaned), mean_square(heard)
         self._floors.append(power)
         if self.frames % 10 == 0:
@@ -317,7 +193,7 @@ class ResidualEchoGate:
         if talking:
             self.delay.heard(db(heard_power))
             self._wide.learn(db(heard_power) - db(wide), alone)
-        above, self._above = self._above, False
+        run, self._above = self._above, 0
         self._words_held = max(0, self._words_held - 1)
         self.hold_began = False
         if self.echo_heard is False:
@@ -325,11 +201,12 @@ class ResidualEchoGate:
         if wide < FAR_ACTIVE:  # nothing sent that could still come back: nothing to cancel
             return heard, heard
         loud = db(heard_power) >= db(wide) + self._wide.db + GATE_MARGIN_DB
-        self._above = loud and not (self._wide.known and taken_db >= CANCELLED_DB)
-        if self._above and self.words_hold and self.delay.echo is not True:
+        above = loud and not (self._wide.known and taken_db >= CANCELLED_DB)
+        self._above = run + 1 if above else 0
+        if above and self.words_hold and self.delay.echo is not True:
             self.hold_began = not self._words_held
             self._words_held = self.words_hold + 1  # this frame and words_hold after it
-        if self._above and above:
+        if self._above >= USER_RUN_FRAMES:
             return heard, heard
         self.silenced += 1
         self.since_silenced = 0
@@ -357,31 +234,6 @@ class ResidualEchoGate:
         if self.delay.echo is False:
             return False
         return True if self._wide.trusted else None
-
-
-def judge(verdicts: Collection[bool], believed: bool | None) -> bool | None:
-    """Whether what is heard follows what was sent, by the last estimates (``verdicts``:
-    whether each found a delay) and what was ``believed`` before them: it does where ``FOUND``
-    or more of them found a delay and at least half did; it does not where not and
-    ``UNCORRELATED`` or more found none, except that an echo believed to come back is believed
-    gone only where at most ``LOST`` found one; else as believed."""
-    found = sum(verdicts)
-    missed = len(verdicts) - found
-    if found >= FOUND and found >= missed:
-        return True
-    if missed >= UNCORRELATED and (believed is not True or found <= LOST):
-        return False
-    return believed
-
-
-def loudest(levels: npt.NDArray[np.float64], frames: int) -> npt.NDArray[np.float64]:
-    """Each of ``levels`` (dB) replaced by the loudest of it and the ``frames`` - 1 before it
-    (of those there are, at the start)."""
-    if not len(levels):
-        return levels
-    padded = np.concatenate([np.full(frames - 1, levels[0]), levels])
-    envelope: npt.NDArray[np.float64] = sliding_window_view(padded, frames).max(axis=1)
-    return envelope
 
 
 def mean_square(pcm: Pcm16k) -> float:
