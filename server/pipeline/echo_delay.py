@@ -1,19 +1,19 @@
 """The echo path's delay, and the verdict whether what is heard follows what was sent.
 
-The delay is the lag at which the level envelopes of what was sent and what was heard
-correlate best (every 0.5 s, over the last 3 s heard while the avatar talked). Of the last
-``VERDICTS`` estimates: what is heard does not follow what was sent where ``UNCORRELATED``
-or more found no delay, and fewer than ``FOUND`` or fewer than half found one: a client that
-cancels its own echo in a room with a steady sound, such as Chromium's beeping fake
-microphone, on which the canceller and the gain learn an echo that is not there and the gate
-would hide the user; a periodic beep now and then correlates with speech at some lag by
-chance, a real echo path at nearly every estimate. An echo once found is believed gone only
-where at most ``LOST`` of those estimates found it (none: 4 s of the avatar talking without
-a find): a late server's client plays the avatar in fits and starts (its playout runs dry
-every second or two and resumes at a new delay), the echo's envelope then follows what was
-sent less closely, and the estimates missed it for 3.5 s at a time (slow profile: r 0.2-0.5
-at every lag); the gate, opened by them, let the echo through and the avatar interrupted
-itself.
+The delay is the lag at which the level envelopes of what was sent and what was heard correlate best
+(every 0.5 s, over the last 3 s heard while the avatar talked). Of the last ``VERDICTS`` estimates:
+what is heard does not follow what was sent where ``UNCORRELATED`` or more found no delay, and fewer
+than ``FOUND`` or fewer than half found one: a client that cancels its own echo in a room with a
+steady sound, such as Chromium's beeping fake microphone, on which the canceller and the gain learn
+an echo that is not there and the gate would hide the user; a periodic beep now and then correlates
+with speech at some lag by chance, a real echo path at nearly every estimate. But an echo not yet
+judged, or judged to come back, is judged gone only where at most ``LOST`` of those estimates found
+it (none: up to 4 s of the avatar talking without a find; a beeping room's verdict may then wait for
+a chance find to leave the last eight): a late server's client plays the avatar in fits and starts
+(its playout runs dry every second or two and resumes at a new delay), the echo's envelope then
+follows what was sent less closely, and the estimates missed it for 3.5 s at a time (slow profile: r
+0.2-0.5 at every lag; and once one find, then misses, at its first estimates); the gate, opened by
+them, let the echo through and the avatar interrupted itself.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ KEPT_CORRELATION = 0.4  # or, while an echo is believed to come back, that keeps
 VERDICTS = 8  # the last estimates (4 s of the avatar talking) that decide whether echo comes back
 FOUND = 2  # of them, found a delay (and at least half did): the echo comes back
 UNCORRELATED = 2  # of them, found none (and fewer than FOUND or than half found one): none does
-LOST = 0  # of them at most, found one: an echo believed to come back no longer does
+LOST = 0  # of them at most, found one: an echo not believed gone is (none: a find holds it)
 FAR_ENVELOPE_FRAMES = 25  # the far end's envelope: its loudest in the last 250 ms
 HEARD_ENVELOPE_FRAMES = 5  # and what was heard: its loudest in the last 50 ms
 LEVEL_FLOOR_DB = 30.0  # levels below it (about -60 dBFS, a microphone's own noise) count as it
@@ -148,13 +148,13 @@ def judge(verdicts: Collection[bool], believed: bool | None) -> bool | None:
     """Whether what is heard follows what was sent, by the last estimates (``verdicts``:
     whether each found a delay) and what was ``believed`` before them: it does where ``FOUND``
     or more of them found a delay and at least half did; it does not where not and
-    ``UNCORRELATED`` or more found none, except that an echo believed to come back is believed
-    gone only where at most ``LOST`` found one; else as believed."""
+    ``UNCORRELATED`` or more found none, except that unless it was believed not to, it does
+    not only where at most ``LOST`` found one; else as believed."""
     found = sum(verdicts)
     missed = len(verdicts) - found
     if found >= FOUND and found >= missed:
         return True
-    if missed >= UNCORRELATED and (believed is not True or found <= LOST):
+    if missed >= UNCORRELATED and (believed is False or found <= LOST):
         return False
     return believed
 
