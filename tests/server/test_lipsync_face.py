@@ -14,7 +14,7 @@ from models.avatar import ProceduralAvatar
 from server.avatar.face import BLINK_MS, Attention, FaceAnimator
 from server.avatar.lipsync import ATTACK_SAMPLES, LipSync, cues_for
 from server.avatar.seam import Expression, FaceState, Viseme, viseme_of
-from server.avatar.video import AvatarVideo
+from server.avatar.video import AvatarVideo, YuvConverter
 from server.clock import FakeClock
 from server.config import RuntimeConfig
 from server.rtc.tracks import MediaClock
@@ -340,3 +340,33 @@ async def test_a_speaking_face_is_never_shed(renderer: ProceduralAvatar) -> None
         await video(k * 40.0)
         session.pull_audio(FRAME)
     assert counting.draws == 10
+
+
+async def test_frames_leave_in_the_encoders_format_with_the_faces_colours(
+    renderer: ProceduralAvatar,
+) -> None:
+    session = Session("y" * 16, RuntimeConfig(), FakeClock())
+    video = AvatarVideo(session, LipSync(), FaceAnimator(10), renderer)
+    frame = await video(0.0)
+    assert frame.format.name == "yuv420p"  # the VP8 encoder takes it as it is
+    assert (frame.width, frame.height) == renderer.size
+    drawn = renderer.render(video.state_at(0.0)).astype(np.int16)
+    back = frame.to_ndarray(format="rgb24").astype(np.int16)
+    assert np.median(np.abs(back - drawn)) <= 3  # 4:2:0 blurs colour edges only
+
+
+def test_a_picture_is_converted_on_the_calling_thread_alone() -> None:
+    """libswscale's default starts slice threads for every picture (kept: for every
+    converter) and the calling thread waits on them: voluntary context switches, 4 a picture
+    (1 kept), none on one thread."""
+    import resource
+
+    to_yuv = YuvConverter()
+    rgb = np.random.default_rng(1).integers(0, 256, (512, 512, 3), dtype=np.uint8)
+    to_yuv(rgb)
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    for _ in range(50):
+        yuv = to_yuv(rgb)
+    waits = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+    assert yuv.shape == (768, 512) and yuv.dtype == np.uint8
+    assert waits < 10, waits
