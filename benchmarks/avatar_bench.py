@@ -13,6 +13,11 @@ the cost of ``warm()`` (drawing every sprite ahead), and the sequence on a warme
 shared machine, where wall time also counts waiting for a core); "drawn" are the frames that
 missed the frame cache and were composed. OpenCV is held to one thread.
 
+Then the frames of the first look on their way out: converted to YUV 4:2:0 and VP8-encoded
+as a live track does (``server.avatar.video.YuvConverter``, then aiortc's encoder), against
+handing aiortc the RGB frame to convert itself (libswscale's default, which starts and ends
+slice threads for every frame); wall and process CPU ms per frame (every thread's), in turn.
+
 Run: ``.venv/bin/python -m benchmarks.avatar_bench`` (``--smoke`` for a short run).
 """
 
@@ -34,7 +39,8 @@ from models.avatar import ProceduralAvatar
 from server.avatar.face import FaceAnimator
 from server.avatar.lipsync import LipSync, VisemeCue
 from server.avatar.seam import Expression, FaceState, Viseme
-from server.runtime.media import ms_to_samples
+from server.avatar.video import YuvConverter
+from server.runtime.media import VIDEO_TIME_BASE, ms_to_samples
 
 FPS = 25
 FRAME_MS = 1000 / FPS
@@ -149,6 +155,41 @@ def bench_look(appearance: str, size: tuple[int, int], seconds: float) -> dict[s
     }
 
 
+def encode_path(appearance: str, size: tuple[int, int], seconds: float) -> dict[str, Any]:
+    """Conversion + VP8 encoding per frame (wall and process CPU ms), the server's way (YUV
+    from one thread) and aiortc's (RGB converted inside the encoder), alternating in blocks
+    of 25 frames over the same rendered frames."""
+    import av
+    from aiortc.codecs.vpx import Vp8Encoder
+
+    renderer = ProceduralAvatar(*size)
+    frames = [renderer.render(s) for s in sequence(appearance, seconds)]
+    ways: dict[str, tuple[Any, YuvConverter | None, list[float], list[float]]] = {
+        "yuv_from_render_worker": (Vp8Encoder(), YuvConverter(), [], []),
+        "rgb_to_encoder": (Vp8Encoder(), None, [], []),
+    }
+    for block in range(0, len(frames), FPS):
+        for encoder, to_yuv, wall, cpu in ways.values():
+            for i in range(block, min(block + FPS, len(frames))):
+                w0, c0 = time.perf_counter_ns(), time.process_time_ns()
+                if to_yuv is None:
+                    frame = av.VideoFrame.from_ndarray(frames[i], format="rgb24")
+                else:
+                    frame = av.VideoFrame.from_ndarray(to_yuv(frames[i]), format="yuv420p")
+                frame.pts, frame.time_base = i * int(1 / (FPS * VIDEO_TIME_BASE)), VIDEO_TIME_BASE
+                encoder.encode(frame)
+                cpu.append((time.process_time_ns() - c0) / 1e6)
+                wall.append((time.perf_counter_ns() - w0) / 1e6)
+    return {
+        way: {
+            "wall": stats(wall),
+            "cpu": stats(cpu),
+            "cpu_mean_ms": round(statistics.fmean(cpu), 3),
+        }
+        for way, (_, _, wall, cpu) in ways.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--smoke", action="store_true", help="2 s of one look (not for reporting)")
@@ -206,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         f"all looks: mean CPU {summary['steady_cpu_mean_ms']} ms a frame,"
         f" frame cache hit rate {summary['frame_cache_hit_rate']:.1%}"
     )
+    encoded = encode_path(looks[0], (size[0], size[1]), seconds)
+    for way, figures in encoded.items():
+        w, c = figures["wall"], figures["cpu"]
+        print(
+            f"converted and VP8-encoded, {way}: wall p50 {w['p50_ms']:.2f} ms (p95"
+            f" {w['p95_ms']:.2f}), process CPU p50 {c['p50_ms']:.2f} ms"
+            f" (mean {figures['cpu_mean_ms']})"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     out = {
         "size": list(size),
@@ -214,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "looks": results,
         "summary": summary,
+        "encoded": encoded,
     }
     args.out.write_text(json.dumps(stamped(out), indent=2))
     return 0
