@@ -177,6 +177,9 @@ def summary(
         "loop_lag_ms_p99_at_most": None if lag is None else lag * 1000,
         "early_replies_played": sum(bool(t.get("early_reply")) for t in turns),
         "early_replies_dropped": dropped(after) - dropped(before),
+        # pictures not drawn: of a time the video track woke past / idle ones repeated
+        "video_frames_skipped_late": shed(before, after, "late_frame"),
+        "video_frames_repeated_idle": shed(before, after, "frame"),
         # the server's event loop thread and whole process, as shares of one core
         "loop_cpu_cores": cpu_cores(before, after, "avatar_event_loop_cpu_seconds", wall_s),
         "process_cpu_cores": cpu_cores(before, after, "avatar_process_cpu_seconds", wall_s),
@@ -190,6 +193,13 @@ def dropped(metrics: str) -> int:
 
 def underruns(metrics: str) -> int:
     return int(metric_value(metrics, "avatar_playback_underruns_total"))
+
+
+def shed(before: str, after: str, kind: str) -> int:
+    """Optional work of ``kind`` the server dropped between two scrapes
+    (``avatar_work_shed_total``: partial, prefill, frame, late_frame)."""
+    name, label = "avatar_work_shed_total", f'kind="{kind}"'
+    return int(metric_value(after, name, label) - metric_value(before, name, label))
 
 
 def lose_mic_packets(peer: ClientPeer, share: float, seed: int) -> None:

@@ -60,7 +60,9 @@ class Metrics:
         )
         self.work_shed = Counter(
             "avatar_work_shed",
-            "Optional work dropped so that required work went first (partial, prefill, frame).",
+            "Optional work dropped so that required work went first (partial, prefill, frame: "
+            "an idle picture repeated, late_frame: a picture of a time the video track woke "
+            "past).",
             ["kind"],
             registry=r,
         )

@@ -109,7 +109,12 @@ class PeerSession:
             self.media_clock, self._pull_audio, playout.on_sent, playout.on_cursor_held
         )
         self.video_track = (
-            PacedVideoTrack(self.media_clock, playout.face_at, config.transport.video_fps)
+            PacedVideoTrack(
+                self.media_clock,
+                playout.face_at,
+                config.transport.video_fps,
+                conversation.metrics.work_shed.labels("late_frame").inc,
+            )
             if config.transport.video and conversation.avatar is not None
             else None
         )

@@ -5,13 +5,18 @@ frame rate, pts on the 90 kHz clock. Frame k of either track is due at ``t0 + k 
 one shared clock, so the picture for time t goes out with the audio for time t. A track never
 waits on the buffer: on underrun it sends silence / the idle frame.
 
-A track that wakes late (the loop was held) sends the frames it owes back to back, up to
-``MAX_CATCH_UP_MS`` of them: a receiver's jitter buffer absorbs that much (its delay grows by
-it for a while). Later than that, it skips ahead on the media clock instead: the frames of the
-missed time are not sent (the receiver conceals a gap), and audio goes on from the sample
+An audio track that wakes late (the loop was held) sends the frames it owes back to back, up
+to ``MAX_CATCH_UP_MS`` of them: a receiver's jitter buffer absorbs that much (its delay grows
+by it for a while). Later than that, it skips ahead on the media clock instead: the frames of
+the missed time are not sent (the receiver conceals a gap), and audio goes on from the sample
 where it stopped. A second of audio sent in a burst would be played that much later than the
-playback cursor says, or sped up, or dropped by the client; rendering a second of pictures
-at once would cost the most CPU just when the machine is behind.
+playback cursor says, or sped up, or dropped by the client.
+
+A video track owes nothing: late by a frame or more, it skips to the picture due now. A
+receiver shows each picture when it comes, so pictures of a past time sent back to back are
+never seen as such, and each costs a drawing and an encoding just when the machine is behind
+(a slow machine's loop is late by a 10 fps frame's 100 ms several times a second while a
+reply plays).
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ PCM = npt.NDArray[np.int16]
 MAX_CATCH_UP_MS = 200  # the most a late track sends in a burst; beyond it, it skips ahead
 
 
-def skipped_ticks(lateness_s: float, rate_hz: int, frame_ticks: int) -> int:
+def skipped_ticks(
+    lateness_s: float, rate_hz: int, frame_ticks: int, catch_up_ms: float = MAX_CATCH_UP_MS
+) -> int:
     """The media time (ticks of ``rate_hz``, whole frames of ``frame_ticks``) that a track
-    waking ``lateness_s`` late skips: none up to MAX_CATCH_UP_MS, else every whole frame of
+    waking ``lateness_s`` late skips: none up to ``catch_up_ms``, else every whole frame of
     the delay (the frame due now then goes out)."""
-    if lateness_s * 1000 <= MAX_CATCH_UP_MS:
+    if lateness_s * 1000 <= catch_up_ms:
         return 0
     return int(lateness_s * rate_hz) // frame_ticks * frame_ticks
 
@@ -139,21 +146,34 @@ class PacedVideoTrack(MediaStreamTrack):
 
     kind = "video"
 
-    def __init__(self, clock: MediaClock, source: FrameSource, fps: int) -> None:
+    def __init__(
+        self,
+        clock: MediaClock,
+        source: FrameSource,
+        fps: int,
+        on_skipped: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_skipped(frames)``: the track woke that many frames late and drew none of
+        them."""
         super().__init__()
         self._clock = clock
         self._source = source
         self._ticks = 90_000 // fps
         self._pts = 0
+        self._on_skipped = on_skipped
+        self.skipped_frames = 0  # pictures not drawn: the track woke a frame or more late
 
     async def recv(self) -> av.VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
         media_s = float(self._pts * VIDEO_TIME_BASE)
         lateness = await self._clock.wait_until(media_s)
-        skipped = skipped_ticks(lateness, VIDEO_TIME_BASE.denominator, self._ticks)
+        skipped = skipped_ticks(lateness, VIDEO_TIME_BASE.denominator, self._ticks, 0.0)
         if skipped:  # the picture of now, not of the missed time
             self._pts += skipped
+            self.skipped_frames += skipped // self._ticks
+            if self._on_skipped is not None:
+                self._on_skipped(skipped // self._ticks)
             media_s = float(self._pts * VIDEO_TIME_BASE)
         frame = await self._source(media_s * 1000)
         frame.pts = self._pts

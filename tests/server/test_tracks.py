@@ -1,5 +1,6 @@
-"""The paced outbound tracks when they wake late: a short delay is caught up in a burst, a
-long one is skipped on the media clock (no burst, nothing pulled for the missed time)."""
+"""The paced outbound tracks when they wake late: audio catches a short delay up in a burst
+and skips a long one on the media clock (no burst, nothing pulled for the missed time); video
+skips to the picture due now from one frame late."""
 
 from __future__ import annotations
 
@@ -100,6 +101,31 @@ async def test_a_late_video_track_draws_the_picture_of_now() -> None:
     late = await track.recv()
     assert asked == [0.0, 40.0, 1040.0]
     assert late.pts == 1040 * 90
+    assert track.skipped_frames == 24
+
+
+async def test_a_video_track_late_by_a_frame_sends_no_picture_of_the_past() -> None:
+    """Where audio would catch 100 ms up frame by frame, video draws only the picture of
+    now: each picture of the past costs a drawing and an encoding, and is never seen."""
+    now = Clock()
+    asked: list[float] = []
+
+    async def face(media_ms: float) -> av.VideoFrame:
+        asked.append(media_ms)
+        return av.VideoFrame(16, 16, "rgb24")
+
+    track = PacedVideoTrack(MediaClock(now), face, fps=10)
+    await track.recv()
+    now.now = 0.13  # the frame due at 0.1 s, 30 ms late: less than a frame, it goes out
+    await track.recv()
+    now.now = 0.35  # 150 ms late for the frame of 0.2 s: the one of 0.3 s goes out instead
+    frame = await track.recv()
+    assert asked == [0.0, 100.0, 300.0] and frame.pts == 300 * 90
+    assert track.skipped_frames == 1
+    now.now = 0.4  # on time again
+    await track.recv()
+    assert asked[-1] == 400.0 and track.skipped_frames == 1
+    assert MAX_CATCH_UP_MS > 0.15 * 1000  # audio late as much would not skip
 
 
 async def test_media_time_without_the_cursor_keeps_the_face_on_the_cursor() -> None:
