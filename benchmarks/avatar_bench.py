@@ -14,9 +14,11 @@ shared machine, where wall time also counts waiting for a core); "drawn" are the
 missed the frame cache and were composed. OpenCV is held to one thread.
 
 Then the frames of the first look on their way out: converted to YUV 4:2:0 and VP8-encoded
-as a live track does (``server.avatar.video.YuvConverter``, then aiortc's encoder), against
-handing aiortc the RGB frame to convert itself (libswscale's default, which starts and ends
-slice threads for every frame); wall and process CPU ms per frame (every thread's), in turn.
+as a live track does (``server.avatar.video.YuvConverter``, then the face's encoder,
+``server.avatar.encoder.FaceEncoder``), against aiortc's encoder with a camera's settings, fed
+YUV or the RGB frame to convert itself (libswscale's default, which starts and ends slice
+threads for every frame); wall and process CPU ms per frame (every thread's) and the luma
+PSNR of the pictures decoded, in turn.
 
 Run: ``.venv/bin/python -m benchmarks.avatar_bench`` (``--smoke`` for a short run).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -156,20 +159,29 @@ def bench_look(appearance: str, size: tuple[int, int], seconds: float) -> dict[s
 
 
 def encode_path(appearance: str, size: tuple[int, int], seconds: float) -> dict[str, Any]:
-    """Conversion + VP8 encoding per frame (wall and process CPU ms), the server's way (YUV
-    from one thread) and aiortc's (RGB converted inside the encoder), alternating in blocks
-    of 25 frames over the same rendered frames."""
+    """Conversion + VP8 encoding per frame (wall and process CPU ms) and the luma PSNR (dB) of
+    the pictures as a receiver decodes them: the server's way (YUV from one thread, the face's
+    encoder: server/avatar/encoder.py), YUV into aiortc's encoder (a camera's settings), and
+    aiortc's way (RGB converted inside its encoder), alternating in blocks of 25 frames over
+    the same rendered frames."""
     import av
-    from aiortc.codecs.vpx import Vp8Encoder
+    import numpy as np
+    from aiortc.codecs.vpx import Vp8Decoder, Vp8Encoder, vp8_depayload
+    from aiortc.jitterbuffer import JitterFrame
+
+    from server.avatar.encoder import FaceEncoder
 
     renderer = ProceduralAvatar(*size)
     frames = [renderer.render(s) for s in sequence(appearance, seconds)]
-    ways: dict[str, tuple[Any, YuvConverter | None, list[float], list[float]]] = {
-        "yuv_from_render_worker": (Vp8Encoder(), YuvConverter(), [], []),
-        "rgb_to_encoder": (Vp8Encoder(), None, [], []),
+    ways: dict[str, tuple[Any, YuvConverter | None, list[float], list[float], list[float]]] = {
+        "server_yuv_face_encoder": (FaceEncoder(), YuvConverter(), [], [], []),
+        "yuv_camera_encoder": (Vp8Encoder(), YuvConverter(), [], [], []),
+        "rgb_camera_encoder": (Vp8Encoder(), None, [], [], []),
     }
+    decoders = {way: Vp8Decoder() for way in ways}
+    reference = YuvConverter()
     for block in range(0, len(frames), FPS):
-        for encoder, to_yuv, wall, cpu in ways.values():
+        for way, (encoder, to_yuv, wall, cpu, psnr) in ways.items():
             for i in range(block, min(block + FPS, len(frames))):
                 w0, c0 = time.perf_counter_ns(), time.process_time_ns()
                 if to_yuv is None:
@@ -177,16 +189,24 @@ def encode_path(appearance: str, size: tuple[int, int], seconds: float) -> dict[
                 else:
                     frame = av.VideoFrame.from_ndarray(to_yuv(frames[i]), format="yuv420p")
                 frame.pts, frame.time_base = i * int(1 / (FPS * VIDEO_TIME_BASE)), VIDEO_TIME_BASE
-                encoder.encode(frame)
+                payloads, timestamp = encoder.encode(frame)
                 cpu.append((time.process_time_ns() - c0) / 1e6)
                 wall.append((time.perf_counter_ns() - w0) / 1e6)
+                data = b"".join(vp8_depayload(p) for p in payloads)
+                luma = reference(frames[i])[: size[1]].astype(np.float64)
+                for out in decoders[way].decode(JitterFrame(data=data, timestamp=timestamp)):
+                    assert isinstance(out, av.VideoFrame)
+                    got = out.to_ndarray(format="yuv420p")[: size[1]].astype(np.float64)
+                    error = max(float(np.mean((got - luma) ** 2)), 1e-9)
+                    psnr.append(10 * math.log10(255**2 / error))
     return {
         way: {
             "wall": stats(wall),
             "cpu": stats(cpu),
             "cpu_mean_ms": round(statistics.fmean(cpu), 3),
+            "luma_psnr_db_p50": round(statistics.median(psnr), 2),
         }
-        for way, (_, _, wall, cpu) in ways.items()
+        for way, (_, _, wall, cpu, psnr) in ways.items()
     }
 
 
@@ -253,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"converted and VP8-encoded, {way}: wall p50 {w['p50_ms']:.2f} ms (p95"
             f" {w['p95_ms']:.2f}), process CPU p50 {c['p50_ms']:.2f} ms"
-            f" (mean {figures['cpu_mean_ms']})"
+            f" (mean {figures['cpu_mean_ms']}), luma PSNR p50 {figures['luma_psnr_db_p50']} dB"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     out = {

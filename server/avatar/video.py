@@ -127,9 +127,9 @@ def frame_cost_ms(renderer: AvatarRenderer, fps: int, frames: int = 5) -> float:
     encoder runs on this thread up to 640x480 (aiortc gives larger frames more threads, whose
     share this does not count). Blocking and CPU heavy: call it in a worker thread. The first
     frame (the default look's sprites drawn) is not counted."""
-    from aiortc.codecs.vpx import Vp8Encoder
+    from server.avatar.encoder import FaceEncoder
 
-    encoder, to_yuv = Vp8Encoder(), YuvConverter()
+    encoder, to_yuv = FaceEncoder(), YuvConverter()
     state = FaceState(renderer.appearances[0], expression=Expression.SPEAKING)
     times = []
     for i in range(frames + 1):

@@ -31,6 +31,7 @@ from server.config import Config
 from server.conversation.conversation import REALTIME_DIALECT, Conversation
 from server.conversation.protocol import quoted
 from server.conversation.resume import Resumed
+from server.rtc.face_encoder import encode_as_face
 from server.rtc.ice import ice_servers
 from server.rtc.jitter import ArrivalBuffer
 from server.rtc.opus import Concealed
@@ -143,6 +144,7 @@ class PeerSession:
             self.sends_video = add_outbound_track(self.pc, self.video_track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         speak_as_speech(self.pc)  # mono speech, FEC copies where the offer decodes them
+        encode_as_face(self.pc)  # VP8 for a drawn picture: no denoiser
         self._tasks.spawn(self._connect_watchdog(), "watchdog")
         return self.pc.localDescription
 
