@@ -8,7 +8,8 @@ underrun the face keeps its idle motion with the mouth at rest: never a frozen o
 Frames leave in the encoder's own pixel format (YUV 4:2:0), converted in the render worker on
 one thread. Handed an RGB frame, the VP8 encoder converts it itself, and libswscale then
 starts and ends two slice threads for every frame (50 threads a second a session at 25 fps):
-0.5 ms more CPU a frame and about ten context switches, on the cores the event loop needs.
+about 0.6 ms more CPU a frame, and the encoding thread waits on them, on the cores the event
+loop needs (benchmarks/avatar_bench.py).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ playback cursor says, or sped up, or dropped by the client.
 A video track owes nothing: late by a frame or more, it skips to the picture due now. A
 receiver shows each picture when it comes, so pictures of a past time sent back to back are
 never seen as such, and each costs a drawing and an encoding just when the machine is behind
-(a slow machine's loop is late by a 10 fps frame's 100 ms several times a second while a
-reply plays).
+(in the slow profile, at 10 fps: 0-4 pictures skipped in a run of one session's replies,
+3-23 with two sessions; benchmarks/realtime_bench.py).
 """
 
 from __future__ import annotations
