@@ -44,6 +44,17 @@ class Source:
         return np.full(n, self.pulled, np.int16)
 
 
+class Faces:
+    """A blank picture for every media time asked (ms, in ``asked``)."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    async def __call__(self, media_ms: float) -> av.VideoFrame:
+        self.asked.append(media_ms)
+        return av.VideoFrame(16, 16, "rgb24")
+
+
 def audio_track(
     now: Clock, source: Source
 ) -> tuple[PacedAudioTrack, list[tuple[int, float]], list[int]]:
@@ -87,19 +98,14 @@ async def test_a_long_stall_skips_ahead_and_the_reply_goes_on_from_its_sample() 
 
 async def test_a_late_video_track_draws_the_picture_of_now() -> None:
     now = Clock()
-    asked: list[float] = []
-
-    async def face(media_ms: float) -> av.VideoFrame:
-        asked.append(media_ms)
-        return av.VideoFrame(16, 16, "rgb24")
-
+    face = Faces()
     track = PacedVideoTrack(MediaClock(now), face, fps=25)
     await track.recv()
     now.now = 0.04  # on time: the next frame
     await track.recv()
     now.now = 1.05  # a second late: one picture, of the frame due at 1.04 s
     late = await track.recv()
-    assert asked == [0.0, 40.0, 1040.0]
+    assert face.asked == [0.0, 40.0, 1040.0]
     assert late.pts == 1040 * 90
     assert track.skipped_frames == 24
 
@@ -108,23 +114,18 @@ async def test_a_video_track_late_by_a_frame_sends_no_picture_of_the_past() -> N
     """Where audio would catch 100 ms up frame by frame, video draws only the picture of
     now: each picture of the past costs a drawing and an encoding, and is never seen."""
     now = Clock()
-    asked: list[float] = []
-
-    async def face(media_ms: float) -> av.VideoFrame:
-        asked.append(media_ms)
-        return av.VideoFrame(16, 16, "rgb24")
-
+    face = Faces()
     track = PacedVideoTrack(MediaClock(now), face, fps=10)
     await track.recv()
     now.now = 0.13  # the frame due at 0.1 s, 30 ms late: less than a frame, it goes out
     await track.recv()
     now.now = 0.35  # 150 ms late for the frame of 0.2 s: the one of 0.3 s goes out instead
     frame = await track.recv()
-    assert asked == [0.0, 100.0, 300.0] and frame.pts == 300 * 90
+    assert face.asked == [0.0, 100.0, 300.0] and frame.pts == 300 * 90
     assert track.skipped_frames == 1
     now.now = 0.4  # on time again
     await track.recv()
-    assert asked[-1] == 400.0 and track.skipped_frames == 1
+    assert face.asked[-1] == 400.0 and track.skipped_frames == 1
     assert MAX_CATCH_UP_MS > 0.15 * 1000  # audio late as much would not skip
 
 
@@ -132,13 +133,8 @@ async def test_media_time_without_the_cursor_keeps_the_face_on_the_cursor() -> N
     """Skipped or held media time (no samples pulled) moves the media clock ahead of the
     playback cursor: the face is then asked for the cursor's time, and the echo canceller's
     far end gets the silence the client heard."""
-    asked: list[float] = []
+    avatar = Faces()
     played: list[np.ndarray] = []
-
-    async def avatar(media_ms: float) -> av.VideoFrame:
-        asked.append(media_ms)
-        return av.VideoFrame(16, 16, "rgb24")
-
     playout = Playout(
         cast(Session, None),  # not touched by the calls below
         cast(Replies, None),
@@ -155,5 +151,5 @@ async def test_media_time_without_the_cursor_keeps_the_face_on_the_cursor() -> N
     await playout.face_at(1000.0)
     playout.on_cursor_held(50 * FRAME_SAMPLES)  # a second skipped (or sent as silence)
     await playout.face_at(2000.0)
-    assert asked == [1500.0, 1500.0]  # the cursor did not move during that second
+    assert avatar.asked == [1500.0, 1500.0]  # the cursor did not move during that second
     assert len(played) == 1 and len(played[0]) == 50 * FRAME_SAMPLES and not played[0].any()
