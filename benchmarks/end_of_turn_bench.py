@@ -414,7 +414,8 @@ async def calibrated(pipeline: Any, config: Config) -> dict[str, str]:
     at most 40 % busy with them), so that the pause's decode seldom waits behind one."""
     times = await pipeline.warm_up()
     costs = StageCosts.from_warm_up(times, None)
-    adapted, changed = adapt(config, calibrate(costs, config, this_machine().cpus))
+    machine = this_machine()
+    adapted, changed = adapt(config, calibrate(costs, config, machine.cpus, machine.quota_limited))
     pipeline.tune(adapted.pipeline)
     return {name: str(value) for name, value in changed.items()}
 

@@ -207,15 +207,17 @@ async def calibrate_server(
             frame_ms = await asyncio.to_thread(frame_cost_ms, renderer, fps)
         except Exception as exc:  # a failed measurement falls back to the reference figure
             log.warning("calibration: the avatar frame failed: %s: %s", type(exc).__name__, exc)
-    costs = StageCosts.from_warm_up(times, frame_ms)
-    cpus = this_machine().cpus
-    config, changed = adapt(config, calibrate(costs, config, cpus))
+    pixels = config.transport.video_width * config.transport.video_height
+    costs = StageCosts.from_warm_up(times, frame_ms, pixels)
+    machine = this_machine()
+    cpus, quota = machine.cpus, machine.quota_limited
+    config, changed = adapt(config, calibrate(costs, config, cpus, quota))
     if changed:
         log.info(
             "calibration: settings chosen for this machine (set them to override): %s",
             ", ".join(f"{k}={v}" for k, v in changed.items()),
         )
-    calibration = calibrate(costs, config, cpus)  # the prediction with those settings
+    calibration = calibrate(costs, config, cpus, quota)  # the prediction with those settings
     log.info("calibration: %s", calibration.describe())
     if isinstance(pipeline, Tunable):
         pipeline.tune(config.pipeline, calibration.stage_share)

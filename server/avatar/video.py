@@ -15,7 +15,6 @@ loop needs (benchmarks/avatar_bench.py).
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -120,11 +119,15 @@ class YuvConverter:
         return np.asarray(yuv.to_ndarray(), dtype=np.uint8)  # no copy: it is uint8
 
 
-def frame_cost_ms(renderer: AvatarRenderer, fps: int, frames: int = 5) -> float:
-    """Median CPU time (ms, this thread's) to draw one avatar frame and VP8-encode it, as a
-    live track does. CPU, not wall time: what a frame takes from the machine's CPU, whatever
-    else runs; under a CPU quota a frame's wall time also holds the throttled rest of a period
-    (calibrations in the slow profile timed 2.5-14.4 ms for the same 2-3 ms frame). The
+def frame_cost_ms(renderer: AvatarRenderer, fps: int, frames: int = 8) -> float:
+    """The least CPU time (ms, this thread's) to draw one avatar frame and VP8-encode it, as
+    a live track does, of ``frames``. CPU, not wall time: what a frame takes from the
+    machine's CPU, whatever else runs; under a CPU quota a frame's wall time also holds the
+    throttled rest of a period (calibrations in the slow profile timed 2.5-14.4 ms for the
+    same 2-3 ms frame). The least, not the median: a frame drawn while another thread holds
+    the GIL or the cache costs more CPU time too (1.2-1.4 ms alone here, medians of 1.9-3.5
+    ms beside a Python thread that spins, in the slow profile), and the calibration counts
+    that contention apart (the whole video path's cost, the share left to each stage). The
     encoder runs on this thread up to 640x480 (aiortc gives larger frames more threads, whose
     share this does not count). Blocking and CPU heavy: call it in a worker thread. The first
     frame (the default look's sprites drawn) is not counted."""
@@ -142,4 +145,4 @@ def frame_cost_ms(renderer: AvatarRenderer, fps: int, frames: int = 5) -> float:
         encoder.encode(frame)
         if i:
             times.append((time.thread_time() - started) * 1000)
-    return statistics.median(times)
+    return min(times)

@@ -12,12 +12,18 @@ The prediction, in ms after the end-of-turn decision:
                              end-of-turn wait is over; without: one whole call)
   + LLM first token        (a reply's: its prompt cached but for the turn's last words, as
                              after the warm-up at the pause)
-  + the first chunk's tokens at the measured speed
+  + the first chunk's other tokens at the measured speed
   + speech for the first chunk (its duration x the TTS real-time factor; where the TTS gives
                              speech in pieces, the warm-up's time to its first piece if less)
-  (each timed alone at start: in a conversation they share the CPU with the session's own
-   media path and video, so the sum is stretched by cpus / (cpus - those), where CPU is short)
   + one 20 ms audio frame
+
+Each stage was timed alone at start. In a conversation an engine thread shares the CPU with
+the session's own media path and video (``busy`` cores) and, while the first chunk is being
+said, with the LLM writing on: ``k`` engine threads at once each get ``(usable - busy) / k``
+cores (at most one), ``usable`` being the cores, or under a CFS quota the share of it the
+threads together get to spend (``QUOTA_USE``). A stage takes its time alone over that share of
+what it had alone (``min(1, cpus)``): the transcript, the first token and the first chunk's
+tokens with one engine thread at work, the speech with two.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ REFERENCE = {
     "llm_first_token_ms": 60.0,
     "llm_tokens_per_s": 60.0,
     "tts_rtf": 0.07,
-    "frame_ms": 4.0,
+    "frame_ms": 1.4,  # frame_cost_ms: the least of 8 drawn, converted and coded (1.3-1.4)
 }
 UTTERANCE_S = 3.0  # a typical question
 REPLY_TOKENS = 40  # a typical reply (llm_max_tokens caps it)
@@ -58,11 +64,22 @@ MIN_FIRST_CHUNK_WORDS = 3  # fewer breaks the first sentence's prosody
 # a turn: the user speaks UTTERANCE_S, the avatar answers REPLY_TOKENS; a session also waits
 IDLE_S = 5.0
 # a session's media path besides its video frames (Opus, RTP/SRTP, events, its share of the
-# event loop) on the reference machine: avatar_sync measured 11.6 % of a core for a session
-# with audio and events only; it scales with the machine like the avatar frame does
-MEDIA_CORES = 0.12
-# the least share of the CPU the stages are predicted to have beside one session's media path
-# and video (where those would take more, the prediction says slow, not infinite)
+# event loop): avatar_sync measured 11.6 % of a core for a session with audio and events
+# only, realtime_bench the event loop's CPU at 10-19 % (median 13 %) of a core in a
+# conversation, in either profile, whatever the avatar frame's cost at start (1.4-2.7 ms: a
+# busy host's moment, which scaled by it made the prediction 1.5x too slow)
+MEDIA_CORES = 0.13
+# a session's whole video path (drawing, conversion, coding, packets, SRTP, the hand-offs
+# between threads) over one frame drawn and coded alone (avatar_sync: 17.4 % of a core for a
+# speaking avatar at 25 fps, about 1.7 x its frames)
+VIDEO_PATH = 1.7
+# the share of a CFS quota that the server's threads together spend: a quota runs out in the
+# middle of a period while some of them wait (realtime_bench in the slow profile: 0.45 of
+# 0.5 CPUs spent while replies waited, 82 % of the periods throttled)
+QUOTA_USE = 0.9
+# the least share of the speed it had alone that an engine thread is predicted to keep beside
+# one session's media path, video and the other engines (where those would take more, the
+# prediction says slow, not infinite)
 MIN_STAGE_SHARE = 0.25
 
 
@@ -78,9 +95,15 @@ class StageCosts:
     tts_audio_ms: float | None = None
     tts_first_ms: float | None = None  # the first piece of the same speech (None: whole)
     frame_ms: float | None = None  # render and VP8-encode one avatar frame
+    frame_pixels: int | None = None  # that frame's width x height (None: the config's)
 
     @classmethod
-    def from_warm_up(cls, times: Mapping[str, float | None], frame_ms: float | None) -> StageCosts:
+    def from_warm_up(
+        cls,
+        times: Mapping[str, float | None],
+        frame_ms: float | None,
+        frame_pixels: int | None = None,
+    ) -> StageCosts:
         return cls(
             asr_ms=times.get("asr_again_ms"),
             asr_audio_ms=times.get("asr_audio_ms"),
@@ -90,6 +113,7 @@ class StageCosts:
             tts_audio_ms=times.get("tts_audio_ms"),
             tts_first_ms=times.get("tts_first_ms"),
             frame_ms=frame_ms,
+            frame_pixels=frame_pixels,
         )
 
 
@@ -108,9 +132,12 @@ class Calibration:
     session_cores: float  # CPU (cores) one session in conversation needs on average
     fallbacks: tuple[str, ...]  # stages that failed to measure (reference figures used)
     tts_first_ms: float | None = None  # the warm-up speech's first piece (None: said whole)
-    # the share of the CPU a reply's stages have in a conversation, beside the session's own
-    # media path and video: what the engines did alone at start takes 1 / this as long
+    # the share of its speed alone that one engine thread keeps in a conversation, beside the
+    # session's own media path and video: what the engines did alone at start takes 1 / this
+    # as long
     stage_share: float = 1.0
+    # the same for speech made while the LLM writes on (two engine threads at once)
+    speech_share: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
@@ -141,9 +168,19 @@ def _window_s(audio_s: float) -> float:
     return max(3.0, audio_s + 1.0)
 
 
-def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
+def engine_share(cpus: float, busy: float, threads: int, quota: bool = False) -> float:
+    """The share of its speed alone that one engine thread keeps while ``threads`` engine
+    threads work at once beside ``busy`` cores of media path and video, with ``cpus`` of CPU
+    time (``quota``: a CFS quota, of which the threads spend ``QUOTA_USE``); at least
+    ``MIN_STAGE_SHARE``. Alone it had ``min(1, cpus)`` of a core."""
+    usable = cpus * QUOTA_USE if quota else cpus
+    each = min(1.0, (usable - busy) / threads)
+    return max(MIN_STAGE_SHARE, each / min(1.0, cpus))
+
+
+def calibrate(costs: StageCosts, config: Config, cpus: float, quota: bool = False) -> Calibration:
     """The prediction and capacity from measured ``costs`` with ``cpus`` of CPU time (the
-    cores, or the cgroup's quota when smaller)."""
+    cores, or the cgroup's quota when smaller: ``quota``)."""
     fallbacks: list[str] = []
 
     def pick(name: str, value: float | None) -> float:
@@ -170,7 +207,8 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
     with_partials = max(0.0, PAUSE_MS + asr_call - vad.end_of_turn_ms)
     asr_left = with_partials if pc.incremental else asr_call
     words = pc.first_chunk_words
-    first_chunk = words * TOKENS_PER_WORD / tps * 1000
+    # the first token is the first chunk's first: the others follow at the measured speed
+    first_chunk = max(0.0, words * TOKENS_PER_WORD - 1) / tps * 1000
     speech = words * SPEECH_S_PER_WORD * 1000 * rtf
     first_piece = costs.tts_first_ms
     if first_piece is None or not math.isfinite(first_piece) or first_piece <= 0:
@@ -180,12 +218,15 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
 
     # CPU (cores) the session's media path and video take all the time: the stages were
     # timed alone, and in a conversation they have what is left of the CPU
-    fps = config.transport.video_fps if config.transport.video else 0
-    video = frame_ms * fps / 1000
-    slowness = frame_ms / REFERENCE["frame_ms"] if costs.frame_ms else 1.0
-    media = MEDIA_CORES * slowness
-    left = max(MIN_STAGE_SHARE, 1 - (media + video) / cpus)
-    predicted = (asr_left + ttft + first_chunk + speech) / left + FRAME_MS
+    tc = config.transport
+    fps = tc.video_fps if tc.video else 0
+    pixels = tc.video_width * tc.video_height
+    size = pixels / (costs.frame_pixels or pixels)  # the frame was timed at frame_pixels
+    video = VIDEO_PATH * frame_ms * size * fps / 1000
+    media = MEDIA_CORES
+    alone = engine_share(cpus, media + video, 1, quota)
+    beside_llm = engine_share(cpus, media + video, 2, quota)  # the LLM writes on meanwhile
+    predicted = (asr_left + ttft + first_chunk) / alone + speech / beside_llm + FRAME_MS
 
     # CPU (cores) one session needs on average: its media path and video all the time, plus
     # a turn's work spread over the turn (the user speaking, the reply, a pause)
@@ -207,7 +248,8 @@ def calibrate(costs: StageCosts, config: Config, cpus: float) -> Calibration:
         session_cores=per_session,
         fallbacks=tuple(fallbacks),
         tts_first_ms=first_piece,
-        stage_share=left,
+        stage_share=alone,
+        speech_share=beside_llm,
     )
 
 

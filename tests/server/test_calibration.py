@@ -11,9 +11,11 @@ from server.config import Config, load_config
 from server.pipeline.calibration import (
     MEDIA_CORES,
     MIN_STAGE_SHARE,
+    QUOTA_USE,
     REFERENCE,
     SPEECH_S_PER_WORD,
     UTILISATION,
+    VIDEO_PATH,
     StageCosts,
     adapt,
     calibrate,
@@ -65,7 +67,7 @@ def test_a_slower_machine_predicts_slower_replies_and_fewer_sessions() -> None:
 
 def test_every_session_carries_its_media_path_whatever_the_models_cost() -> None:
     # models that cost next to nothing: audio-only sessions are bounded by their media path
-    # (Opus, RTP/SRTP, events), which scales with the machine like the avatar frame
+    # (Opus, RTP/SRTP, events); with video, a dearer frame fits fewer
     free = StageCosts(
         asr_ms=1,
         asr_audio_ms=2300,
@@ -79,7 +81,8 @@ def test_every_session_carries_its_media_path_whatever_the_models_cost() -> None
     bound = math.floor(2 * UTILISATION / MEDIA_CORES)
     assert bound - 1 <= calibrate(free, audio_only, 2).capacity <= bound
     slower = dataclasses.replace(free, frame_ms=2 * REFERENCE["frame_ms"])
-    assert calibrate(slower, audio_only, 2).capacity <= math.floor(bound / 2) + 1
+    assert calibrate(slower, audio_only, 2).capacity == calibrate(free, audio_only, 2).capacity
+    assert calibrate(slower, Config(), 2).capacity < calibrate(free, Config(), 2).capacity
 
 
 def test_partials_hide_the_transcript_in_the_end_of_turn_wait() -> None:
@@ -172,16 +175,77 @@ def test_the_sessions_own_media_slows_a_reply_where_cpu_is_short() -> None:
     """The stages were timed alone; in a conversation the session's media path and video take
     their share first: half a CPU leaves the stages much less than sixteen do."""
     audio_only = load_config(overrides={"transport.video": False})
-    alone = calibrate(FAST, audio_only, 16).predicted_voice_to_voice_ms
-    half_cpu = calibrate(FAST, audio_only, 0.5).predicted_voice_to_voice_ms
-    with_video = calibrate(FAST, Config(), 0.5).predicted_voice_to_voice_ms
-    assert alone < half_cpu < with_video
-    media = MEDIA_CORES  # FAST's frame is the reference's: the media path at its own cost
-    stages = alone - 20.0  # the last audio frame is not stretched
-    assert half_cpu - 20.0 == pytest.approx(stages / (1 - media / 0.5) * (1 - media / 16))
+    ref = dataclasses.replace(FAST, frame_ms=REFERENCE["frame_ms"])
+    alone = calibrate(ref, audio_only, 16)
+    half_cpu = calibrate(ref, audio_only, 0.5)
+    with_video = calibrate(ref, Config(), 0.5)
+    assert (
+        alone.predicted_voice_to_voice_ms
+        < half_cpu.predicted_voice_to_voice_ms
+        < with_video.predicted_voice_to_voice_ms
+    )
+    # sixteen cores: every stage as fast as alone, the speech beside the LLM writing on too
+    assert alone.stage_share == alone.speech_share == 1.0
+    # half a CPU: one engine thread has what the media path leaves of the half core it had
+    # alone, and while the first chunk is said the LLM's thread takes half of that
+    assert half_cpu.stage_share == pytest.approx((0.5 - MEDIA_CORES) / 0.5)
+    assert half_cpu.speech_share == pytest.approx((0.5 - MEDIA_CORES) / 2 / 0.5)
     # a frame so dear that media and video would take all the CPU: slow, not infinite
     dear = dataclasses.replace(FAST, frame_ms=200.0)
-    assert calibrate(dear, Config(), 0.5).predicted_voice_to_voice_ms < 20 * alone
+    dear_calibration = calibrate(dear, Config(), 0.5)
+    assert dear_calibration.stage_share == dear_calibration.speech_share == MIN_STAGE_SHARE
+    assert dear_calibration.predicted_voice_to_voice_ms < 20 * alone.predicted_voice_to_voice_ms
+
+
+def test_the_prediction_is_each_stage_over_its_share() -> None:
+    """First token and the first chunk's other tokens with one engine thread at work, the
+    first chunk's speech beside the LLM writing on; the first token is counted once."""
+    ref = dataclasses.replace(FAST, frame_ms=REFERENCE["frame_ms"])
+    config = Config()
+    words = config.pipeline.first_chunk_words
+    for cpus in (16.0, 2.0, 0.5):
+        calibration = calibrate(ref, config, cpus)
+        first_token = 60.0  # FAST's, on a prompt cached but for the last words
+        other_tokens = (words * 1.3 - 1) / 60.0 * 1000
+        speech = words * SPEECH_S_PER_WORD * 1000 * (150 / 2000)
+        expected = (
+            (first_token + other_tokens) / calibration.stage_share
+            + speech / calibration.speech_share
+            + 20.0
+        )
+        assert calibration.predicted_voice_to_voice_ms == pytest.approx(expected)
+    # two cores: the LLM on one, the speech with the media path and video on the other
+    two = calibrate(ref, config, 2.0)
+    assert two.stage_share == 1.0 and 0.8 < two.speech_share < 1.0
+
+
+def test_a_quota_is_not_spent_whole() -> None:
+    """Under a CFS quota the threads together spend QUOTA_USE of it (a period's quota runs
+    out while some of them wait): the same half CPU as a quota predicts slower replies."""
+    audio_only = load_config(overrides={"transport.video": False})
+    ref = dataclasses.replace(FAST, frame_ms=REFERENCE["frame_ms"])
+    cores = calibrate(ref, audio_only, 0.5)
+    quota = calibrate(ref, audio_only, 0.5, quota=True)
+    assert quota.stage_share == pytest.approx((0.5 * QUOTA_USE - MEDIA_CORES) / 0.5)
+    assert quota.predicted_voice_to_voice_ms > cores.predicted_voice_to_voice_ms
+    # a quota above the work changes nothing: one engine thread still has a whole core
+    assert calibrate(ref, audio_only, 4.0, quota=True).stage_share == 1.0
+
+
+def test_the_video_costs_by_its_size() -> None:
+    """The frame was timed at the size configured then; a smaller video the calibration chose
+    costs that much less a frame."""
+    measured = dataclasses.replace(FAST, frame_ms=6.0, frame_pixels=512 * 512)
+    small = load_config(overrides={"transport.video_width": 384, "transport.video_height": 384})
+    big = calibrate(measured, Config(), 2.0)
+    smaller = calibrate(measured, small, 2.0)
+    video = VIDEO_PATH * 6.0 * Config().transport.video_fps / 1000
+    saved = video * (1 - 384 * 384 / (512 * 512))
+    # (the turn's work is spread over a turn a little shorter with the smaller video: ~0.1 %)
+    assert big.session_cores - smaller.session_cores == pytest.approx(saved, rel=0.01)
+    # not told the size it was timed at: the configured one
+    unsized = dataclasses.replace(measured, frame_pixels=None)
+    assert calibrate(unsized, small, 2.0).session_cores == pytest.approx(big.session_cores)
 
 
 def test_speech_in_pieces_waits_only_for_its_first_piece() -> None:
