@@ -161,7 +161,6 @@ class PacedVideoTrack(MediaStreamTrack):
         self._ticks = 90_000 // fps
         self._pts = 0
         self._on_skipped = on_skipped
-        self.skipped_frames = 0  # pictures not drawn: the track woke a frame or more late
 
     async def recv(self) -> av.VideoFrame:
         if self.readyState != "live":
@@ -171,7 +170,6 @@ class PacedVideoTrack(MediaStreamTrack):
         skipped = skipped_ticks(lateness, VIDEO_TIME_BASE.denominator, self._ticks, 0.0)
         if skipped:  # the picture of now, not of the missed time
             self._pts += skipped
-            self.skipped_frames += skipped // self._ticks
             if self._on_skipped is not None:
                 self._on_skipped(skipped // self._ticks)
             media_s = float(self._pts * VIDEO_TIME_BASE)
