@@ -223,9 +223,9 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, quota: bool = Fals
     pixels = tc.video_width * tc.video_height
     size = pixels / (costs.frame_pixels or pixels)  # the frame was timed at frame_pixels
     video = VIDEO_PATH * frame_ms * size * fps / 1000
-    media = MEDIA_CORES
-    alone = engine_share(cpus, media + video, 1, quota)
-    beside_llm = engine_share(cpus, media + video, 2, quota)  # the LLM writes on meanwhile
+    busy = MEDIA_CORES + video
+    alone = engine_share(cpus, busy, 1, quota)
+    beside_llm = engine_share(cpus, busy, 2, quota)  # the LLM writes on meanwhile
     predicted = (asr_left + ttft + first_chunk) / alone + speech / beside_llm + FRAME_MS
 
     # CPU (cores) one session needs on average: its media path and video all the time, plus
@@ -234,7 +234,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, quota: bool = Fals
     partials = UTTERANCE_S * 1000 / pc.partial_interval_ms * asr_call if pc.incremental else 0
     turn_cpu_ms = partials + asr_call + REPLY_TOKENS / tps * 1000 + reply_s * 1000 * rtf
     turn_s = UTTERANCE_S + predicted / 1000 + reply_s + IDLE_S
-    per_session = media + video + turn_cpu_ms / 1000 / turn_s
+    per_session = busy + turn_cpu_ms / 1000 / turn_s
     capacity = max(1, math.floor(cpus * UTILISATION / per_session))
     return Calibration(
         cpus=cpus,
