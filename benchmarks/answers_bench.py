@@ -65,6 +65,13 @@ PERSONAS = {  # the personas tried (reported/answers_*.json has each one's grade
     + " For example, asked how many wheels a bicycle has, you say: A bicycle has two wheels.",
     # the best of those tried (0.5B: 33 of 48 sensible, no loop; "spoken" 32, "server" 22)
     "spoken-howto": SPOKEN + " For a how-to question, give the main steps in one sentence.",
+    # three worked answers on topics outside the question set (0.5B: 29 of 48, no loop)
+    "spoken-fewshot": SPOKEN
+    + " For a how-to question, give the main steps in one sentence."
+    + " Here is how you answer. Question: How many wheels does a bicycle have? Answer: A"
+    " bicycle has two wheels. Question: How do I make toast? Answer: Put a slice of bread in"
+    " the toaster and take it out when it is golden brown. Question: Who invented the"
+    " telephone? Answer: Alexander Graham Bell invented the telephone in eighteen seventy-six.",
 }
 LOOP_NGRAM, LOOP_TIMES = 4, 3
 
