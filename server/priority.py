@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from server.osthreads import name_this_thread
+
 T = TypeVar("T")
 
 ENGINE_NICE = 5  # CFS gives a nice-5 thread about a third of a nice-0 one's share
@@ -45,6 +47,13 @@ def lower_this_thread(nice: int) -> bool:
         return True
     current = thread_nice()
     return current is not None and _set_this_thread(current + nice)
+
+
+def engine_thread(nice: int) -> None:
+    """A pool's initializer for an engine's thread: its OS name is its Python name (the
+    threads it starts take it), and its priority is ``nice`` lower."""
+    name_this_thread()
+    lower_this_thread(nice)
 
 
 def lowest_priority() -> bool:
@@ -73,7 +82,7 @@ async def in_lowered_thread(fn: Callable[[], T], nice: int, name: str) -> T:
     """``fn()`` in a thread of its own whose priority is first lowered by ``nice``: what it
     creates (threads, thread pools) starts lowered too. The loop waits without blocking."""
     pool = ThreadPoolExecutor(
-        1, thread_name_prefix=name, initializer=lower_this_thread, initargs=(nice,)
+        1, thread_name_prefix=name, initializer=engine_thread, initargs=(nice,)
     )
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, fn)

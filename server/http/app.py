@@ -27,6 +27,7 @@ from server.http.registry import SessionRegistry
 from server.http.signaling import REGISTRY_KEY, add_routes, authenticate
 from server.looplag import LoopLagMonitor
 from server.metrics import Metrics
+from server.osthreads import ThreadNamer, keep_naming
 from server.pipeline.calibration import Calibration
 from server.pipeline.seams import QueueObservable, TurnPipeline
 from server.pipeline.turn_detector import TurnDetector
@@ -202,6 +203,9 @@ def create_app(
         lag = app[METRICS_KEY].loop_lag
         monitor = LoopLagMonitor(lambda ms: lag.observe(ms / 1000), MonotonicClock())
         lag_task = asyncio.get_running_loop().create_task(monitor.run(), name="loop-lag")
+        naming = asyncio.get_running_loop().create_task(
+            keep_naming(ThreadNamer()), name="thread-names"
+        )
         stop_warming = threading.Event()
         # a thread of its own: its lowered priority must not stay with a shared pool's thread
         warm_pool: ThreadPoolExecutor | None = None
@@ -229,7 +233,8 @@ def create_app(
             agent.close()
             await agent.wait_closed()
         lag_task.cancel()
-        await asyncio.gather(lag_task, return_exceptions=True)
+        naming.cancel()
+        await asyncio.gather(lag_task, naming, return_exceptions=True)
         stop_warming.set()
         if warm_pool is not None and warming is not None:
             await warming

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from server.clock import Clock
 from server.config import SchedulerConfig
 from server.errors import RuntimeErrorBase
-from server.priority import lower_this_thread
+from server.priority import engine_thread
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.scheduling.scheduler import Scheduler, WorkItem, latest_start_ms
@@ -80,7 +80,7 @@ class EngineQueue:
         self._scheduler = scheduler
         self._clock = clock
         self._pool = ThreadPoolExecutor(
-            1, thread_name_prefix=name, initializer=lower_this_thread, initargs=(nice,)
+            1, thread_name_prefix=name, initializer=engine_thread, initargs=(nice,)
         )
         self._pending: list[_Job[Any]] = []
         self._ids = itertools.count(1)
