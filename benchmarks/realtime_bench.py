@@ -18,6 +18,11 @@ One server on the embedded models, default settings (the calibration chooses wha
 2. **Two sessions** conversing at once (audio and video each): the same, plus underruns.
 3. **Calibration**: the voice-to-voice the server predicted at start (``/healthz``) against
    the one-session median.
+4. With ``--thread-cpu``: where the CPU of each reply's wait went. The server's threads are
+   sampled every 20 ms (benchmarks/thread_cpu.py: 2-3 % of a core in this process), and each
+   reply's stages (to the first token, to the first chunk's text, to its first speech) get
+   the CPU ms of each role (the event loop, the LLM, the recogniser, the voice, the default
+   executor's avatar and end-of-turn work, the media threads) and the cores used in all.
 
 Histogram quantiles are the upper bound of the bucket that holds them (server/metrics.py).
 The peers run in this process, on the same cores as the server: their VP8 decoding competes
@@ -48,6 +53,7 @@ import numpy.typing as npt
 from benchmarks import pct, source_commit
 from benchmarks.end_of_turn_bench import COMPLETE
 from benchmarks.netns import isolate
+from benchmarks.thread_cpu import ThreadCpu, server_pid, stage_cpu, stage_cpu_p50
 from benchmarks.voice_bench import QUESTIONS, synthesize_questions
 from client.cli import ClientPeer
 from server.config import LLM_ENGINES
@@ -133,6 +139,7 @@ async def ask(peer: ClientPeer, audio: npt.NDArray[np.int16]) -> dict[str, Any]:
             None if first is None or started is None else (first - started) * 1000
         ),
         "gaps_ms": gaps,
+        "endpoint_at": committed,
     }
 
 
@@ -218,11 +225,16 @@ def lose_mic_packets(peer: ClientPeer, share: float, seed: int) -> None:
 
 
 async def conversing(
-    server: ServerProcess, questions: list[list[npt.NDArray[np.int16]]], mic_loss: float = 0.0
+    server: ServerProcess,
+    questions: list[list[npt.NDArray[np.int16]]],
+    mic_loss: float = 0.0,
+    cpu: ThreadCpu | None = None,
 ) -> dict[str, Any]:
     """One peer (audio and video) per list of questions, all connected first; then each asks
     its questions one at a time, the peers at the same time. Figures of the asking part.
-    ``mic_loss``: the share of each peer's microphone packets lost (0-1)."""
+    ``mic_loss``: the share of each peer's microphone packets lost (0-1); ``cpu``: the
+    server's threads sampled, for the CPU each role spent in each stage of a reply (from the
+    client's receipt of the endpoint's event: a few ms after the server's endpoint)."""
     peers = [ClientPeer(server.url, video=True) for _ in questions]
     try:
         for seed, peer in enumerate(peers):
@@ -243,10 +255,16 @@ async def conversing(
         for peer in peers:
             await peer.close()
     both = [t for mine in turns for t in mine]
+    if cpu is not None:
+        for t in both:
+            if t["endpoint_at"] is not None:
+                t["stage_cpu_ms"] = stage_cpu(cpu, t["endpoint_at"], t)
+    hidden = ("gaps_ms", "endpoint_at")
     return {
         **summary(both, before, after, wall_s),
         "underruns": underruns(after) - underruns(before),
-        "turns": [{k: v for k, v in t.items() if k != "gaps_ms"} for t in both],
+        **({} if cpu is None else {"stage_cpu_ms_p50": stage_cpu_p50(both)}),
+        "turns": [{k: v for k, v in t.items() if k not in hidden} for t in both],
     }
 
 
@@ -263,6 +281,7 @@ async def run(
     settings: dict[str, str] | None = None,
     server_log: Path | None = None,
     mic_loss: float = 0.0,
+    thread_cpu: bool = False,
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     texts = QUESTION_SETS[question_set][: 3 if quick else 6]
@@ -278,6 +297,13 @@ async def run(
         },
         wrapper=[str(SLOW), "--cpus", str(slow_cpus), "--"] if slow_server else None,
     ).start(timeout=400)
+    cpu = None
+    if thread_cpu:
+        assert server.proc is not None
+        pid = server_pid(server.proc.pid)
+        if pid is None:
+            raise RuntimeError("no server process to sample")
+        cpu = ThreadCpu(pid).start()
     try:
         health = await asyncio.to_thread(server.health)
         results: dict[str, Any] = {
@@ -294,14 +320,14 @@ async def run(
             "llm_log": [line for line in server.log().splitlines() if "LLM" in line][:4],
         }
         results["mic_loss"] = mic_loss
-        results["one_session"] = await conversing(server, [questions], mic_loss)
+        results["one_session"] = await conversing(server, [questions], mic_loss, cpu)
         print(
             "one session",
             json.dumps({k: v for k, v in results["one_session"].items() if k != "turns"}),
         )
         per = 1 if quick else 2
         halves = [questions[0:per], questions[per : 2 * per]]
-        results["two_sessions"] = await conversing(server, halves, mic_loss)
+        results["two_sessions"] = await conversing(server, halves, mic_loss, cpu)
         print(
             "two sessions",
             json.dumps({k: v for k, v in results["two_sessions"].items() if k != "turns"}),
@@ -312,6 +338,8 @@ async def run(
             if "calibration: " in line
         ]
     finally:
+        if cpu is not None:
+            cpu.stop()
         if server_log is not None:
             server_log.write_text(server.log())
         server.stop()
@@ -371,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the share (0-1) of each client's microphone packets lost at random, from the "
         "connection on (default 0: loopback loses nothing)",
     )
+    parser.add_argument(
+        "--thread-cpu",
+        action="store_true",
+        help="sample the server's threads: the CPU each role spent in each stage of a reply",
+    )
     args = parser.parse_args(argv)
     if not 0.0 <= args.mic_loss < 1.0:
         parser.error("--mic-loss must be in [0, 1)")
@@ -393,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             settings,
             args.server_log,
             args.mic_loss,
+            args.thread_cpu,
         )
     )
     results["machine"] = this_machine().to_dict()
