@@ -124,6 +124,10 @@ class ThreadCpu:
         self.samples.append(dict(self._totals))
 
     def _forget(self, tid: int) -> None:
+        """Drop an ended thread: its time stays in its role's total, and a new thread given
+        its id later starts from nothing (its name read again)."""
+        self._last.pop(tid, None)
+        self._names.pop(tid, None)
         fd = self._files.pop(tid, None)
         if fd is not None:
             os.close(fd)

@@ -64,6 +64,10 @@ def test_each_role_adds_what_its_threads_spent_between_samples(tmp_path: Path) -
     (tmp_path / "7" / "task" / "8").rmdir()  # the voice's thread ended: its time stays counted
     _task(tmp_path, 7, 7, "python", 10_000_000)
     cpu.sample()
+    now[0] = 3.0
+    _task(tmp_path, 7, 8, "asyncio_0", 3_000_000)  # a new thread given the ended one's id
+    cpu.sample()
+    assert cpu.between(2.0, 3.0) == {"executor": 3.0}  # all it spent, under its own name
     assert cpu.between(0.0, 1.0) == {"loop": 4.0, "tts": 30.0, "asr": 2.0}
     assert cpu.between(1.0, 2.0) == {"loop": 1.0}
     assert cpu.between(0.0, 2.0) == {"loop": 5.0, "tts": 30.0, "asr": 2.0}
