@@ -93,7 +93,8 @@ from server.conversation.hearing import HEARINGS
 from server.conversation.realtime_session import SessionPatch
 from server.machine import this_machine
 from server.metrics import Metrics
-from server.pipeline.calibration import StageCosts, adapt, calibrate
+from server.pipeline.calibration import StageCosts, adapt, calibrate, quota_use
+from server.pipeline.cpuplan import running_cores
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.runtime.media import FRAME_SAMPLES
 from server.runtime.turn import TurnState
@@ -415,7 +416,8 @@ async def calibrated(pipeline: Any, config: Config) -> dict[str, str]:
     times = await pipeline.warm_up()
     costs = StageCosts.from_warm_up(times, None)
     machine = this_machine()
-    adapted, changed = adapt(config, calibrate(costs, config, machine.cpus, machine.quota_limited))
+    use = quota_use(machine.cpu_quota, len(running_cores()))
+    adapted, changed = adapt(config, calibrate(costs, config, machine.cpus, use))
     pipeline.tune(adapted.pipeline)
     return {name: str(value) for name, value in changed.items()}
 

@@ -32,8 +32,8 @@ from server.http.auth import exposure_warning
 from server.http.registry import SessionRegistry
 from server.http.signaling import REGISTRY_KEY
 from server.machine import this_machine
-from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate
-from server.pipeline.cpuplan import limit_blas_threads
+from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate, quota_use
+from server.pipeline.cpuplan import limit_blas_threads, running_cores
 from server.pipeline.seams import Tunable, TurnPipeline, WarmsUp, load_pipeline
 from server.pipeline.wiring import avatar_renderer, detector_factory, vision_model
 from server.priority import share_the_gil
@@ -210,14 +210,14 @@ async def calibrate_server(
     pixels = config.transport.video_width * config.transport.video_height
     costs = StageCosts.from_warm_up(times, frame_ms, pixels)
     machine = this_machine()
-    cpus, quota = machine.cpus, machine.quota_limited
-    config, changed = adapt(config, calibrate(costs, config, cpus, quota))
+    cpus, use = machine.cpus, quota_use(machine.cpu_quota, len(running_cores()))
+    config, changed = adapt(config, calibrate(costs, config, cpus, use))
     if changed:
         log.info(
             "calibration: settings chosen for this machine (set them to override): %s",
             ", ".join(f"{k}={v}" for k, v in changed.items()),
         )
-    calibration = calibrate(costs, config, cpus, quota)  # the prediction with those settings
+    calibration = calibrate(costs, config, cpus, use)  # the prediction with those settings
     log.info("calibration: %s", calibration.describe())
     if isinstance(pipeline, Tunable):
         pipeline.tune(config.pipeline, calibration.stage_share)

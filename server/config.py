@@ -495,6 +495,13 @@ class PipelineConfig:
         min=0,
         max=19,
     )
+    confine_to_quota: bool = _setting(
+        True,
+        "Under a CFS CPU quota of fewer CPUs than the cores (docker --cpus, a Kubernetes limit),"
+        " run every thread on ceil(quota) cores, where the event loop's priority over the"
+        " engines holds (spread over every core, an engine spends the quota's pool while the"
+        " loop waits for the next period).",
+    )
     incremental: bool = _setting(
         True, "Partial transcripts and prefix-cache prefill while the user speaks."
     )

@@ -37,11 +37,6 @@ class Machine:
         """CPU time this process may use, in cores: its cores, or less under a quota."""
         return min(float(self.cores), self.cpu_quota or float(self.cores))
 
-    @property
-    def quota_limited(self) -> bool:
-        """Whether a CFS quota, not the cores, bounds the CPU time (``cpus`` is the quota)."""
-        return self.cpu_quota is not None and self.cpu_quota < self.cores
-
     def describe(self) -> str:
         """One line, e.g. ``AMD EPYC, 2 cores, AVX2 yes, AVX-512 no``."""
         yes = {True: "yes", False: "no"}

@@ -21,7 +21,8 @@ Each stage was timed alone at start. In a conversation an engine thread shares t
 the session's own media path and video (``busy`` cores) and, while the first chunk is being
 said, with the LLM writing on: ``k`` engine threads at once each get ``(usable - busy) / k``
 cores (at most one), ``usable`` being the cores, or under a CFS quota the share of it the
-threads together get to spend (``QUOTA_USE``). A stage takes its time alone over that share of
+threads together get to spend (``quota_use``: all of it on as many cores as the quota needs,
+``QUOTA_USE`` spread over more). A stage takes its time alone over that share of
 what it had alone (``min(1, cpus)``): the transcript, the first token and the first chunk's
 tokens with one engine thread at work, the speech with two.
 """
@@ -73,9 +74,12 @@ MEDIA_CORES = 0.13
 # between threads) over one frame drawn and coded alone (avatar_sync: 17.4 % of a core for a
 # speaking avatar at 25 fps, about 1.7 x its frames)
 VIDEO_PATH = 1.7
-# the share of a CFS quota that the server's threads together spend: a quota runs out in the
-# middle of a period while some of them wait (realtime_bench in the slow profile: 0.45 of
-# 0.5 CPUs spent while replies waited, 82 % of the periods throttled)
+# the share of a CFS quota that the server's threads together spend when they run on more
+# cores than it needs: a quota runs out in the middle of a period while some of them wait
+# (realtime_bench in the slow profile: 0.45 of 0.5 CPUs spent while replies waited, 82 % of
+# the periods throttled). On ceil(quota) cores (the CPU plan confines them so) one runqueue
+# draws the pool: the predictions of 10 slow runs then came out 0.94-1.35 x the measured
+# with this share, 0.85-1.21 x with all of it (BENCHMARKS.md, "One core for a quota")
 QUOTA_USE = 0.9
 # the least share of the speed it had alone that an engine thread is predicted to keep beside
 # one session's media path, video and the other engines (where those would take more, the
@@ -168,19 +172,30 @@ def _window_s(audio_s: float) -> float:
     return max(3.0, audio_s + 1.0)
 
 
-def engine_share(cpus: float, busy: float, threads: int, quota: bool = False) -> float:
+def quota_use(quota: float | None, cores: int) -> float:
+    """The share (0-1) of its CPU time that the server's threads spend together on ``cores``
+    cores under a CFS quota of ``quota`` CPUs (None: none): all of it without a quota that
+    binds, or on no more cores than the quota needs; ``QUOTA_USE`` spread over more."""
+    if quota is None or quota >= cores or cores <= math.ceil(quota):
+        return 1.0
+    return QUOTA_USE
+
+
+def engine_share(cpus: float, busy: float, threads: int, use: float = 1.0) -> float:
     """The share of its speed alone that one engine thread keeps while ``threads`` engine
     threads work at once beside ``busy`` cores of media path and video, with ``cpus`` of CPU
-    time (``quota``: a CFS quota, of which the threads spend ``QUOTA_USE``); at least
+    time of which the threads together spend ``use`` (:func:`quota_use`); at least
     ``MIN_STAGE_SHARE``. Alone it had ``min(1, cpus)`` of a core."""
-    usable = cpus * QUOTA_USE if quota else cpus
-    each = min(1.0, (usable - busy) / threads)
+    each = min(1.0, (cpus * use - busy) / threads)
     return max(MIN_STAGE_SHARE, each / min(1.0, cpus))
 
 
-def calibrate(costs: StageCosts, config: Config, cpus: float, quota: bool = False) -> Calibration:
+def calibrate(costs: StageCosts, config: Config, cpus: float, use: float = 1.0) -> Calibration:
     """The prediction and capacity from measured ``costs`` with ``cpus`` of CPU time (the
-    cores, or the cgroup's quota when smaller: ``quota``)."""
+    cores, or the cgroup's quota when smaller), of which the threads spend ``use``
+    (:func:`quota_use`)."""
+    if not 0 < use <= 1:
+        raise ValueError(f"use must be in (0, 1], got {use}")
     fallbacks: list[str] = []
 
     def pick(name: str, value: float | None) -> float:
@@ -224,8 +239,8 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, quota: bool = Fals
     size = pixels / (costs.frame_pixels or pixels)  # the frame was timed at frame_pixels
     video = VIDEO_PATH * frame_ms * size * fps / 1000
     busy = MEDIA_CORES + video
-    alone = engine_share(cpus, busy, 1, quota)
-    beside_llm = engine_share(cpus, busy, 2, quota)  # the LLM writes on meanwhile
+    alone = engine_share(cpus, busy, 1, use)
+    beside_llm = engine_share(cpus, busy, 2, use)  # the LLM writes on meanwhile
     predicted = (asr_left + ttft + first_chunk) / alone + speech / beside_llm + FRAME_MS
 
     # CPU (cores) one session needs on average: its media path and video all the time, plus

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from server.avatar.seam import AvatarRenderer
 from server.config import Config
 from server.errors import ConfigError
-from server.pipeline.cpuplan import CpuPlan, this_process_plan
+from server.pipeline.cpuplan import CpuPlan, confine_threads, this_process_plan
 from server.pipeline.engines import Asr
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
@@ -216,8 +216,11 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
 
     pc = config.pipeline
     started = time.monotonic()
-    plan = this_process_plan(pc.asr_threads, pc.tts_threads, pc.engine_nice)
+    plan = this_process_plan(pc.asr_threads, pc.tts_threads, pc.engine_nice, pc.confine_to_quota)
     log.info("CPU plan: %s", plan.describe())
+    if plan.confined_to is not None:
+        moved = confine_threads(plan.confined_to)
+        log.info("CPU plan: %d threads moved to cores %s", moved, list(plan.confined_to))
     nice = plan.engine_nice  # the threads an engine makes as it loads start with it
     log.info("loading speech recogniser (%s; Whisper's %s window)", pc.asr_model, pc.asr_window)
     with passive_waits():  # its OpenMP threads sleep when they wait: the cores are shared

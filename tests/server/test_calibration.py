@@ -19,6 +19,7 @@ from server.pipeline.calibration import (
     StageCosts,
     adapt,
     calibrate,
+    quota_use,
     with_settings,
 )
 
@@ -219,17 +220,25 @@ def test_the_prediction_is_each_stage_over_its_share() -> None:
     assert two.stage_share == 1.0 and 0.8 < two.speech_share < 1.0
 
 
-def test_a_quota_is_not_spent_whole() -> None:
-    """Under a CFS quota the threads together spend QUOTA_USE of it (a period's quota runs
-    out while some of them wait): the same half CPU as a quota predicts slower replies."""
+def test_a_quota_spread_over_more_cores_is_not_spent_whole() -> None:
+    """Under a CFS quota, threads spread over more cores than it needs spend QUOTA_USE of
+    it (a period's quota runs out while some of them wait): the same half CPU predicts
+    slower replies; on ceil(quota) cores (as the CPU plan confines them) they spend it all."""
     audio_only = load_config(overrides={"transport.video": False})
     ref = dataclasses.replace(FAST, frame_ms=REFERENCE["frame_ms"])
+    assert quota_use(0.5, 2) == QUOTA_USE and quota_use(2.5, 8) == QUOTA_USE
+    assert quota_use(0.5, 1) == 1.0 and quota_use(2.5, 3) == 1.0  # confined
+    assert quota_use(None, 2) == 1.0 and quota_use(4.0, 2) == 1.0  # no quota that binds
     cores = calibrate(ref, audio_only, 0.5)
-    quota = calibrate(ref, audio_only, 0.5, quota=True)
-    assert quota.stage_share == pytest.approx((0.5 * QUOTA_USE - MEDIA_CORES) / 0.5)
-    assert quota.predicted_voice_to_voice_ms > cores.predicted_voice_to_voice_ms
+    spread = calibrate(ref, audio_only, 0.5, quota_use(0.5, 2))
+    assert spread.stage_share == pytest.approx((0.5 * QUOTA_USE - MEDIA_CORES) / 0.5)
+    assert spread.predicted_voice_to_voice_ms > cores.predicted_voice_to_voice_ms
+    confined = calibrate(ref, audio_only, 0.5, quota_use(0.5, 1))
+    assert confined.predicted_voice_to_voice_ms == cores.predicted_voice_to_voice_ms
     # a quota above the work changes nothing: one engine thread still has a whole core
-    assert calibrate(ref, audio_only, 4.0, quota=True).stage_share == 1.0
+    assert calibrate(ref, audio_only, 4.0, QUOTA_USE).stage_share == 1.0
+    with pytest.raises(ValueError, match="use"):
+        calibrate(ref, audio_only, 0.5, 0.0)
 
 
 def test_the_video_costs_by_its_size() -> None:

@@ -9,7 +9,12 @@ import sys
 
 import pytest
 
-from server.pipeline.cpuplan import limit_blas_threads, plan_cpus, this_process_plan
+from server.pipeline.cpuplan import (
+    confine_threads,
+    limit_blas_threads,
+    plan_cpus,
+    this_process_plan,
+)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +78,65 @@ def test_a_cpu_quota_caps_the_threads() -> None:
     assert plan_cpus({0, 1}, cpu_quota=4.0).cpu_quota is None  # more than the cores: no cap
     with pytest.raises(ValueError, match="cpu_quota"):
         plan_cpus({0, 1}, cpu_quota=0.0)
+
+
+def test_a_cpu_quota_confines_every_thread_to_its_cores() -> None:
+    """Under a quota of fewer CPUs than the cores, the process runs on ceil(quota) of them
+    (the last), the LLM among them; unless told not to, or the quota covers the mask."""
+    slow = plan_cpus({0, 1}, cpu_quota=0.5)
+    assert slow.confined_to == (1,) and slow.running == (1,) and slow.llm_cores == (1,)
+    assert slow.cores == (0, 1)  # the mask it was given
+    assert "every thread on [1]" in slow.describe() and slow.to_dict()["confined_to"] == [1]
+    docker = plan_cpus(range(8), cpu_quota=2.5)
+    assert docker.confined_to == (5, 6, 7) and set(docker.llm_cores) <= {5, 6, 7}
+    assert docker.asr_threads + docker.tts_threads <= 3 + len(docker.llm_cores)
+    spread = plan_cpus({0, 1}, cpu_quota=0.5, confine=False)
+    assert spread.confined_to is None and spread.running == (0, 1)
+    assert plan_cpus({0, 1}, cpu_quota=1.5).confined_to is None  # ceil: both cores
+    assert plan_cpus({0, 1}).confined_to is None  # no quota
+    assert plan_cpus({1}, cpu_quota=0.5).confined_to is None  # already on one core
+
+
+CONFINE_CHILD = """
+import json, os, threading
+from server.pipeline.cpuplan import confine_threads
+core = min(os.sched_getaffinity(0))
+go, done = threading.Event(), threading.Event()
+def waiting():
+    go.wait()
+    later = []
+    child = threading.Thread(target=lambda: later.append(os.sched_getaffinity(0)))
+    child.start(); child.join()
+    done.later = sorted(later[0])
+    done.set()
+workers = [threading.Thread(target=waiting) for _ in range(3)]
+for w in workers:
+    w.start()
+moved = confine_threads({core})
+each = [sorted(os.sched_getaffinity(w.native_id)) for w in workers]
+go.set(); done.wait(10)
+for w in workers:
+    w.join()
+print(json.dumps({"core": core, "moved": moved, "main": sorted(os.sched_getaffinity(0)),
+                  "each": each, "later": done.later, "again": confine_threads({core})}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move between")
+def test_confine_threads_moves_every_thread_and_what_they_start() -> None:
+    """Run in a child, whose affinity the test may change: its main thread and three waiting
+    threads all move to one core, a thread they start afterwards runs there too, and a
+    second call finds nothing to move."""
+    child = subprocess.run(
+        [sys.executable, "-c", CONFINE_CHILD], capture_output=True, text=True, check=True
+    )
+    got = json.loads(child.stdout)
+    core = got["core"]
+    assert got["moved"] >= 4  # the main thread and the three workers at least
+    assert got["main"] == [core] and got["each"] == [[core]] * 3 and got["later"] == [core]
+    assert got["again"] == 0
+    with pytest.raises(ValueError, match="no cores"):
+        confine_threads(set())
 
 
 BLAS_CHILD = """
