@@ -78,8 +78,8 @@ VIDEO_PATH = 1.7
 # cores than it needs: a quota runs out in the middle of a period while some of them wait
 # (realtime_bench in the slow profile: 0.45 of 0.5 CPUs spent while replies waited, 82 % of
 # the periods throttled). On ceil(quota) cores (the CPU plan confines them so) one runqueue
-# draws the pool: the predictions of 10 slow runs then came out 0.94-1.35 x the measured
-# with this share, 0.85-1.21 x with all of it (BENCHMARKS.md, "One core for a quota")
+# draws the pool: predicted / measured was 0.94-1.35 in 6 slow runs with this share there,
+# 0.99-1.24 in 5 with all of it (BENCHMARKS.md, "One core for a quota")
 QUOTA_USE = 0.9
 # the least share of the speed it had alone that an engine thread is predicted to keep beside
 # one session's media path, video and the other engines (where those would take more, the
