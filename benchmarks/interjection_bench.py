@@ -278,7 +278,9 @@ async def trial(
     }
 
 
-async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
+async def run(
+    quick: bool, slow_server: bool, settings: dict[str, str] | None = None
+) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     rng = random.Random(7)
     plan = sounds(rng)
@@ -292,6 +294,7 @@ async def run(quick: bool, slow_server: bool) -> dict[str, Any]:
             "transport.connect_timeout_s": "60",
             "transport.max_sessions": "2",
             "server.log_level": "INFO",
+            **(settings or {}),
         },
         wrapper=[str(SLOW), "--"] if slow_server else None,
     ).start(timeout=400)
@@ -380,10 +383,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="false and real interruptions of a reply")
     parser.add_argument("--quick", action="store_true", help="4 + 4 trials")
     parser.add_argument("--slow-server", action="store_true", help="the server in slow.sh")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server setting (dotted name), e.g. pipeline.confine_to_quota=false; repeatable",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/interjection.json"))
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.set):
+        parser.error("--set takes NAME=VALUE")
     isolate("benchmarks.interjection_bench", argv)
-    results = asyncio.run(run(args.quick, args.slow_server))
+    settings = dict(item.split("=", 1) for item in args.set)
+    results = {**asyncio.run(run(args.quick, args.slow_server, settings)), "settings": settings}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamped(results), indent=2))
     print(json.dumps({k: v for k, v in results.items() if k != "trials"}, indent=2))
