@@ -89,7 +89,7 @@ def test_a_cpu_quota_confines_every_thread_to_its_cores() -> None:
     assert "every thread on [1]" in slow.describe() and slow.to_dict()["confined_to"] == [1]
     docker = plan_cpus(range(8), cpu_quota=2.5)
     assert docker.confined_to == (5, 6, 7) and set(docker.llm_cores) <= {5, 6, 7}
-    assert docker.asr_threads + docker.tts_threads <= 3 + len(docker.llm_cores)
+    assert docker.asr_threads <= 3 and docker.tts_threads + len(docker.llm_cores) <= 3
     spread = plan_cpus({0, 1}, cpu_quota=0.5, confine=False)
     assert spread.confined_to is None and spread.running == (0, 1)
     assert plan_cpus({0, 1}, cpu_quota=1.5).confined_to is None  # ceil: both cores
