@@ -46,6 +46,7 @@ from pathlib import Path
 from threadpoolctl import ThreadpoolController
 
 from server.machine import this_machine
+from server.osthreads import TASKS
 from server.priority import ENGINE_NICE
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 MAX_ASR_THREADS = 4  # CTranslate2 Whisper tiny gains little beyond this
 MAX_TTS_THREADS = 4
 BLAS_THREADS = 1  # numpy's and OpenCV's OpenBLAS: the caller's thread only, no pool that spins
-TASKS = Path("/proc/self/task")  # this process's threads, one directory each
 
 
 @dataclass(frozen=True)
