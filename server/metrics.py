@@ -27,7 +27,24 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.sessions_active = Gauge("avatar_sessions_active", "Connected sessions.", registry=r)
+        self.sessions_active = Gauge(
+            "avatar_sessions_active",
+            "Live sessions: those a connection carries (what counts against max_sessions).",
+            registry=r,
+        )
+        self.sessions_detached = Gauge(
+            "avatar_sessions_detached",
+            "Conversations whose connection was lost, waiting for a resume.",
+            registry=r,
+        )
+        self.sessions_let_go = Counter(
+            "avatar_sessions_let_go",
+            "Sessions ended or detached to keep a bound, by reason: stale_peer (a full server "
+            "let go a peer whose audio had stopped), detached_bound (the oldest waiting "
+            "conversation ended).",
+            ["reason"],
+            registry=r,
+        )
         self.loop_cpu = Gauge(
             "avatar_event_loop_cpu_seconds",
             "CPU time (s) the event loop's thread has used since start, read at each scrape "
@@ -42,6 +59,12 @@ class Metrics:
         self.sessions_total = Counter("avatar_sessions", "Sessions created.", registry=r)
         self.sessions_rejected = Counter(
             "avatar_sessions_rejected", "Session requests refused (full).", registry=r
+        )
+        self.asr_fallbacks = Counter(
+            "avatar_asr_fallbacks",
+            "Clips a recogniser failed on (label: which) that the other one heard instead.",
+            ["failed"],
+            registry=r,
         )
         self.resumes = Counter(
             "avatar_session_resumes", "Conversations resumed by a new connection.", registry=r

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 REALTIME_DIALECT = "realtime"  # the oai-events channel: OpenAI Realtime GA events
 TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
+BASE_HELD_BYTES = 1 << 20  # a new conversation's memory, rounded up (measured: see held_bytes)
+EVENT_HELD_BYTES = 1024  # an event kept for the client, as a dict (its transcripts short)
 
 
 class Conversation:
@@ -186,6 +188,15 @@ class Conversation:
     @property
     def attached(self) -> bool:
         return self.outlet.link is not None
+
+    def held_bytes(self) -> int:
+        """An estimate of the memory this conversation holds (bytes): a new one's
+        (``BASE_HELD_BYTES``), its unplayed speech and the user's utterance (16-bit samples),
+        its history's text and the events kept for its client (``EVENT_HELD_BYTES`` each)."""
+        speech = self.session.playback.buffered * 2
+        said = sum(len(turn.text) for turn in self.session.history.turns) * 4  # UCS-4 at most
+        events = self.outlet.kept() * EVENT_HELD_BYTES
+        return BASE_HELD_BYTES + speech + self.utterance.samples * 2 + said + events
 
     def session_view(self) -> dict[str, Any]:
         """The session as the OpenAI Realtime GA dialect describes it."""

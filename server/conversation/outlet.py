@@ -62,6 +62,10 @@ class Outlet:
         self.translate: Callable[[Event], list[Event]] | None = None  # None: native dialect
         self.opened = False  # the link's events channel is open (its dialect known)
 
+    def kept(self) -> int:
+        """Events held here: waiting for a link, or taken and kept to send again."""
+        return len(self.pending) + len(self._ready) + len(self._sent)
+
     def attach(self, link: Link | None) -> None:
         """``link`` carries the events from when its channel opens (None: no link)."""
         self.link, self.opened = link, False

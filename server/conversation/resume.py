@@ -49,12 +49,16 @@ class ResumeTicket:
         """Make a redeemed token valid again (the connection it was for could not be made)."""
         self._digest = _digest(secret)
 
-    def redeem(self, secret: str) -> bool:
-        """Whether ``secret`` is the current token's; a token that matches is used up."""
+    def valid(self, secret: str) -> bool:
+        """Whether ``secret`` is the current token's (nothing is used up)."""
         expected = self._digest
         given = _digest(secret)
         ok = hmac.compare_digest(expected if expected is not None else bytes(32), given)
-        if ok and expected is not None:
+        return ok and expected is not None
+
+    def redeem(self, secret: str) -> bool:
+        """Whether ``secret`` is the current token's; a token that matches is used up."""
+        if self.valid(secret):
             self._digest = None
             return True
         return False

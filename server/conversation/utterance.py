@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 PREROLL_FRAMES = 150  # 16 kHz frames kept before a speech start (3 s of 20 ms frames)
-MAX_UTTERANCE_S = 30
+MAX_UTTERANCE_S = 120  # longer speech is dropped (the turn ends at user_speaking_timeout_ms)
 
 
 class Utterance:

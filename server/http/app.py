@@ -29,7 +29,7 @@ from server.looplag import LoopLagMonitor
 from server.metrics import Metrics
 from server.osthreads import ThreadNamer, keep_naming
 from server.pipeline.calibration import Calibration
-from server.pipeline.seams import QueueObservable, TurnPipeline
+from server.pipeline.seams import QueueObservable, ReportsFallbacks, TurnPipeline
 from server.pipeline.turn_detector import TurnDetector
 from server.priority import lowest_priority
 from server.procstats import open_fds, rss_bytes
@@ -66,7 +66,8 @@ async def healthz(request: web.Request) -> web.Response:
             "draining": draining,
             "version": __version__,
             "uptime_s": round(time.monotonic() - started, 3),
-            "sessions": len(request.app[REGISTRY_KEY]),
+            "sessions": request.app[REGISTRY_KEY].live,  # what counts against max_sessions
+            "detached_sessions": request.app[REGISTRY_KEY].detached,  # waiting for a resume
             "tasks": len(asyncio.all_tasks()),
             "rss_bytes": rss_bytes(),
             "open_fds": open_fds(),
@@ -193,6 +194,9 @@ def create_app(
     )
     if isinstance(pipeline, QueueObservable):
         pipeline.set_queue_observer(app[METRICS_KEY].observe_engine_job)
+    if isinstance(pipeline, ReportsFallbacks):
+        fallbacks = app[METRICS_KEY].asr_fallbacks
+        pipeline.set_fallback_observer(lambda name: fallbacks.labels(name).inc())
     pin_host_addresses(config.transport.ice_host_addresses)
     widen_dtls_ciphers()  # RSA-certificate peers (GStreamer, many WHIP publishers) too
     faster_audio_level()  # each outbound audio packet's level from numpy, not a Python loop
@@ -218,7 +222,7 @@ def create_app(
             warm_pool = ThreadPoolExecutor(1, thread_name_prefix="avatar-warm")
             registry = app[REGISTRY_KEY]
             warming = asyncio.get_running_loop().run_in_executor(
-                warm_pool, warm_avatar, renderer, stop_warming, lambda: len(registry) > 0
+                warm_pool, warm_avatar, renderer, stop_warming, lambda: registry.live > 0
             )
         agent = None
         if config.server.agent_port:
@@ -226,7 +230,7 @@ def create_app(
             agent = await serve_agent(
                 config.server.host,
                 config.server.agent_port,
-                lambda: (len(registry), config.transport.max_sessions, registry.draining),
+                lambda: (registry.live, config.transport.max_sessions, registry.draining),
             )
         yield
         if agent is not None:

@@ -1,10 +1,14 @@
-"""The live sessions of this process: creation within capacity (the server's, and each
-client's share of it), lookup, resume after a lost connection, closing.
+"""The sessions of this process: creation within capacity (the server's, and each client's
+share of it), lookup, resume after a lost connection, closing.
 
 A session is a :class:`Conversation` and the peer connection that carries it. When the
 connection is lost (it fails, or its audio stops) the conversation waits
 ``session.resume_window_s`` for its client to come back with its resume token; a new peer
-then carries it on. A conversation waiting so still counts against capacity."""
+then carries it on. Capacity counts live work: a conversation that a peer carries is live, one
+waiting for a resume uses no media or model time and is counted apart, within a bound of its
+own (server/http/detached.py: the oldest ends first). A full server lets go of a connected
+peer whose audio stopped ``transport.stale_peer_s`` ago (a client that left without a word)
+before it refuses a new session; a resume is live work too and is refused while full."""
 
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ from server.errors import (
     ResumeRefused,
     ServerFull,
 )
-from server.http.auth import check_owner
+from server.http.auth import check_owner, is_loopback
+from server.http.detached import DetachedBound, Waiting, evictions
 from server.http.shares import check_share, client_limit
 from server.http.whip import CandidateBudget
 from server.metrics import Metrics
@@ -105,7 +110,22 @@ class SessionRegistry:
         self.reaped_total = 0
 
     def __len__(self) -> int:
+        """Every conversation: live and detached."""
         return len(self.conversations)
+
+    @property
+    def live(self) -> int:
+        """Conversations a peer carries (or is connecting): what counts against capacity."""
+        return len(self.peers)
+
+    @property
+    def detached(self) -> int:
+        """Conversations waiting for a resume, with no peer."""
+        return len(self.conversations) - len(self.peers)
+
+    def _report(self) -> None:
+        self._metrics.sessions_active.set(self.live)
+        self._metrics.sessions_detached.set(self.detached)
 
     def client_limit(self) -> int:
         return client_limit(self.config.transport)
@@ -133,9 +153,7 @@ class SessionRegistry:
             raise Draining(self.config.transport.retry_after_s)
         if self._accepting:
             self._check_client(client, owner)  # its own share first: waiting will not help it
-        if not self._accepting or len(self) >= self.config.transport.max_sessions:
-            self._metrics.sessions_rejected.inc()
-            raise ServerFull("server is at its session limit", self.config.transport.retry_after_s)
+        await self._admit()
         if candidates is None:
             candidates = CandidateBudget(self.config.transport.max_remote_candidates)
         session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
@@ -163,9 +181,27 @@ class SessionRegistry:
             raise
         conversation.start()
         self._metrics.sessions_total.inc()
-        self._metrics.sessions_active.set(len(self))
-        log.info("session %s created (%d active)", session_id[:8], len(self))
+        self._report()
+        log.info("session %s created (%d live, %d detached)", session_id[:8], *self._counts())
         return session_id, answer
+
+    def _counts(self) -> tuple[int, int]:
+        return self.live, self.detached
+
+    async def _admit(self) -> None:
+        """Room for one more live session, or ServerFull. A full server first lets go of
+        connected peers whose audio stopped ``transport.stale_peer_s`` ago (their
+        conversations wait for a resume, or end where none can come)."""
+        full = self.config.transport.max_sessions
+        if self._accepting and self.live >= full:
+            for peer in self.dead_peers(self.config.transport.stale_peer_s):
+                log.info("session %s: server full, its peer's audio stopped", peer.session_id[:8])
+                self._metrics.sessions_let_go.labels("stale_peer").inc()
+                if self._let_go(peer, Gone.LOST):
+                    await self._close_quietly(peer.session_id)
+        if not self._accepting or self.live >= full:
+            self._metrics.sessions_rejected.inc()
+            raise ServerFull("server is at its session limit", self.config.transport.retry_after_s)
 
     async def _connect(
         self, conversation: Conversation, offer_sdp: str, resumed: Resumed
@@ -209,11 +245,19 @@ class SessionRegistry:
                 raise ResumeExpired("this conversation has ended; start a new session")
             raise NotFound("no such session")
         check_owner(conversation.owner, owner)
-        if not conversation.ticket.redeem(secret):
+        if not conversation.ticket.valid(secret):
+            raise ResumeRefused("this resume token is not valid (used already, or not issued)")
+        if session_id not in self.peers:
+            await self._admit()  # a detached conversation becomes live work again
+            if self.conversations.get(session_id) is not conversation:  # ended meanwhile
+                raise ResumeExpired("this conversation has ended; start a new session")
+        if not conversation.ticket.redeem(secret):  # another resume took it meanwhile
             raise ResumeRefused("this resume token is not valid (used already, or not issued)")
         old = self.peers.pop(session_id, None)
         if old is not None:
             await old.close()
+        if self.conversations.get(session_id) is not conversation:  # a hang-up came meanwhile
+            raise ResumeExpired("this conversation has ended; start a new session")
         try:
             answer = await self._connect(conversation, offer_sdp, Resumption(last_event))
         except BadRequest:
@@ -270,8 +314,8 @@ class SessionRegistry:
         await conversation.close()
         self.closed_total += 1
         self.finished.append((conversation.owner, described))
-        self._metrics.sessions_active.set(len(self))
-        log.info("session %s closed (%d active)", session_id[:8], len(self))
+        self._report()
+        log.info("session %s closed (%d live, %d detached)", session_id[:8], *self._counts())
 
     def _own(self, coro: Any) -> None:
         """Run ``coro`` (a close) in a task owned here."""
@@ -287,19 +331,59 @@ class SessionRegistry:
     def _peer_gone(self, peer: PeerSession, why: Gone) -> None:
         """A peer's connection was lost, never made, or overflowed. Its conversation waits
         for a resume if the client holds a token and the window allows; else it ends."""
+        if self._let_go(peer, why):
+            self.request_close(peer.session_id)
+
+    def _let_go(self, peer: PeerSession, why: Gone) -> bool:
+        """Detach ``peer`` from its conversation (which then waits for a resume, within the
+        detached bound) and close it; True where the conversation must end instead (the
+        caller ends it)."""
         session_id = peer.session_id
         if self.peers.get(session_id) is not peer:  # replaced by a resume already
             self._own(peer.close())
-            return
+            return False
         conversation = self.conversations[session_id]
         waits = self.config.session.resume_window_s > 0 and conversation.ticket.issued > 0
         fresh = why is Gone.NEVER_CONNECTED and not peer.resumed
         if why is Gone.OVERFLOWED or fresh or not waits:
-            self.request_close(session_id)
-            return
+            return True
         del self.peers[session_id]
+        conversation.detach(peer)  # now, not when the close task runs: it waits from here
         log.info("session %s: connection %s, kept for a resume", session_id[:8], why.value)
         self._own(peer.close())
+        self._bound_detached()
+        self._report()
+        return False
+
+    def _detached_client(self, session_id: str) -> str:
+        """The client a detached conversation counts against ('' : none; loopback clients
+        are one behind an untrusted proxy, so they have no share of their own)."""
+        admitted = self._admitted.get(session_id)
+        client = admitted.client if admitted is not None else ""
+        return "" if not client or is_loopback(client) else client
+
+    def _bound_detached(self) -> None:
+        """End the oldest detached conversations past ``session.max_detached*``."""
+        sc = self.config.session
+        bound = DetachedBound(
+            sc.max_detached, sc.max_detached_per_client, int(sc.max_detached_mb * 1e6)
+        )
+        waiting = [
+            Waiting(
+                session_id,
+                self._detached_client(session_id),
+                conversation.clock.now_ms()
+                if conversation.detached_since_ms is None
+                else conversation.detached_since_ms,
+                conversation.held_bytes(),
+            )
+            for session_id, conversation in self.conversations.items()
+            if session_id not in self.peers
+        ]
+        for session_id in evictions(waiting, bound):
+            log.info("session %s: the detached conversations' bound ends it", session_id[:8])
+            self._metrics.sessions_let_go.labels("detached_bound").inc()
+            self.request_close(session_id)
 
     async def _close_quietly(self, session_id: str) -> None:
         with contextlib.suppress(NotFound):
@@ -309,7 +393,7 @@ class SessionRegistry:
         """Refuse new sessions from now on; the live ones (and those kept for a resume) go on."""
         if not self.draining:
             self.draining = True
-            log.info("draining: no new sessions; %d live", len(self))
+            log.info("draining: no new sessions; %d live, %d detached", *self._counts())
 
     async def close_all(self) -> None:
         """Graceful shutdown: refuse new sessions, close every peer, await every close task."""
@@ -333,14 +417,17 @@ class SessionRegistry:
         task, self._reaper = self._reaper, None
         await cancel(task)
 
-    def dead_peers(self) -> list[PeerSession]:
-        """Connected sessions whose inbound audio stopped ``transport.dead_peer_timeout_s`` ago.
+    def dead_peers(self, after_s: float | None = None) -> list[PeerSession]:
+        """Connected sessions whose inbound audio stopped ``after_s`` ago (default:
+        ``transport.dead_peer_timeout_s``).
 
         aiortc notices a vanished client only after ~30 s of failed consent checks; inbound
         audio flows every 20 ms (silence too), so its absence is the quicker sign. Peers that
         send no audio at all are left to ICE consent and the connect watchdog.
         """
-        timeout_ms = self.config.transport.dead_peer_timeout_s * 1000
+        timeout_ms = 1000 * (
+            self.config.transport.dead_peer_timeout_s if after_s is None else after_s
+        )
         dead: list[PeerSession] = []
         for peer in self.peers.values():
             if peer.state is not PeerState.CONNECTED or not receives_audio(peer.pc):

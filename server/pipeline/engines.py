@@ -26,6 +26,14 @@ class WeighsLastWord(Protocol):
 
 
 @runtime_checkable
+class FallsBack(Protocol):
+    """A recogniser that hands a clip to another where one fails (models.moonshine's pair):
+    ``observe(name)`` is told which one failed, in the thread that called it."""
+
+    def set_fallback_observer(self, observe: Callable[[str], None]) -> None: ...
+
+
+@runtime_checkable
 class PrimedAsr(Protocol):
     """A recogniser that reads ``context`` as said before the audio (models.asr.WhisperAsr)."""
 

@@ -200,6 +200,14 @@ class QueueObservable(Protocol):
 
 
 @runtime_checkable
+class ReportsFallbacks(Protocol):
+    """A pipeline whose recogniser falls back to another where one fails on a clip:
+    ``observe(name)`` is told the one that failed (from an engine thread)."""
+
+    def set_fallback_observer(self, observe: Callable[[str], None]) -> None: ...
+
+
+@runtime_checkable
 class SessionScoped(Protocol):
     """A pipeline whose shared engines keep per-session records (e.g. scheduling fairness);
     ``forget`` drops them once the session has ended."""

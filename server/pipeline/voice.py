@@ -28,6 +28,7 @@ from server.pipeline.chunks import (
 )
 from server.pipeline.engines import (
     Asr,
+    FallsBack,
     JudgesSentenceEnd,
     Llm,
     Message,
@@ -133,6 +134,12 @@ class VoicePipeline:
     def asr_cost_ms(self, samples: int) -> float:
         """Expected time (ms) of one ASR call on ``samples`` of 16 kHz audio."""
         return ASR_COST_FIXED_MS + ASR_COST_MS_PER_S * samples / 16_000
+
+    def set_fallback_observer(self, observe: Callable[[str], None]) -> None:
+        """``observe(name)`` is told each time recogniser ``name`` failed on a clip and the
+        other heard it instead (a recogniser without a second one has nothing to tell)."""
+        if isinstance(self._asr, FallsBack):
+            self._asr.set_fallback_observer(observe)
 
     def set_queue_observer(self, observe: Callable[[str, float, bool], None]) -> None:
         """``observe(engine, wait_ms, late)`` is called as each ASR/TTS job leaves its queue."""

@@ -195,15 +195,20 @@ async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:
     return await VllmEngine.start(model_dir, options)
 
 
-def recogniser(name: str, threads: int, window: str) -> Asr:
-    """The speech recogniser ``pipeline.asr_model`` names, on ``threads`` CPU threads."""
+def recogniser(name: str, threads: int, window: str, cross_check: bool = True) -> Asr:
+    """The speech recogniser ``pipeline.asr_model`` names, on ``threads`` CPU threads, for
+    utterances of any length (heard in pieces no longer than it takes: models.long_speech)."""
+    from models.asr import LONGEST_S as WHISPER_LONGEST_S
     from models.asr import WhisperAsr
-    from models.moonshine import MoonshineAsr, MoonshineWithWhisper
+    from models.long_speech import InPieces
+    from models.moonshine import LONGEST_S, MoonshineAsr, MoonshineWithWhisper
 
     whisper = WhisperAsr(cpu_threads=threads, window=window)
     if name == "moonshine-tiny":
-        return MoonshineWithWhisper(MoonshineAsr(cpu_threads=threads), whisper)
-    return whisper
+        moonshine = MoonshineAsr(cpu_threads=threads)
+        pair = MoonshineWithWhisper(moonshine, whisper, cross_check=cross_check)
+        return InPieces(pair, LONGEST_S, LONGEST_S / 2)
+    return InPieces(whisper, WHISPER_LONGEST_S, WHISPER_LONGEST_S * 2 / 3)
 
 
 async def voice_pipeline(config: Config) -> VoicePipeline:
@@ -225,7 +230,9 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     log.info("loading speech recogniser (%s; Whisper's %s window)", pc.asr_model, pc.asr_window)
     with passive_waits():  # its OpenMP threads sleep when they wait: the cores are shared
         asr = await in_lowered_thread(
-            lambda: recogniser(pc.asr_model, plan.asr_threads, pc.asr_window), nice, "asr-load"
+            lambda: recogniser(pc.asr_model, plan.asr_threads, pc.asr_window, pc.asr_cross_check),
+            nice,
+            "asr-load",
         )
     log.info("loading speech synthesiser (joe voice, onnxruntime + gruut)")
     tts = await in_lowered_thread(lambda: OnnxVoiceTts(threads=plan.tts_threads), nice, "tts-load")
