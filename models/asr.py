@@ -13,6 +13,7 @@ decodes the words after them. The other recogniser, Moonshine tiny, is in ``mode
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ HOP = 160  # samples per mel frame (10 ms)
 TAIL_PAD_S = 1.0  # silence after the audio: Whisper hears the end of the last word
 MIN_WINDOW_S = 3.0  # shorter windows make tiny.en guess
 FULL_WINDOW_S = 30.0  # what Whisper was trained on, and the longest input it takes
+LONGEST_S = 28.0  # the longest clip to give it (with TAIL_PAD_S inside the window)
 TOKENS_PER_S = 8  # generation stops at this many tokens a second of audio (+ MIN_TOKENS)
 MIN_TOKENS = 12
 MAX_CONTEXT_TOKENS = 64  # of a previous-text prompt (Whisper reads up to 224)
@@ -216,6 +218,19 @@ def likeliest(logits: Any, count: int) -> list[tuple[int, float]]:
     return [(int(t), float(shares[t])) for t in best[np.argsort(-shares[best])]]
 
 
+MIN_LOG_P = -20.0  # a token's log probability is counted as at least this (p ~ 2e-9)
+
+
+def mean_log_p(rows: Any, tokens: list[int]) -> float:
+    """The mean log probability of ``tokens``, each under the logits row before it (row i
+    gives the distribution of token i), each at least MIN_LOG_P."""
+    logits = np.asarray(rows[: len(tokens)], np.float64)
+    top = logits.max(axis=1, keepdims=True)
+    log_p = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+    chosen = log_p[np.arange(len(tokens)), tokens]
+    return float(np.maximum(chosen, MIN_LOG_P).mean())
+
+
 class Heard(NamedTuple):
     """A transcript, and the words Whisper weighed in place of its last one: the likeliest
     other tokens where it began that word (stripped, lower case), each with its probability
@@ -274,6 +289,7 @@ class WhisperAsr:
         self._prompt = [self._token("<|startoftranscript|>"), self._token("<|notimestamps|>")]
         self.window = Window(window)
         self._lock = threading.Lock()
+        self._encoded: tuple[bytes, Any] | None = None
         log.info(
             "loaded Whisper from %s (cpu, int8, %d threads, %s window) in %.0f ms",
             path,
@@ -288,7 +304,7 @@ class WhisperAsr:
             raise AsrError(f"Whisper tokenizer has no {name}")
         return int(token)
 
-    def transcribe(self, pcm: Pcm16k, prefix: str = "") -> str:
+    def transcribe(self, pcm: Pcm16k, prefix: str = "", context: str = "") -> str:
         """Text of a 16 kHz mono int16 utterance, stripped; "" when nothing was said.
 
         ``prefix``: words already decided for the start of this audio (the stable words of
@@ -296,13 +312,13 @@ class WhisperAsr:
         open: ``undecided_end``), and the text returned starts with them, unless the decoder
         read the audio again from its start (``continue_after``). Text Whisper judges to be
         no speech (``no_speech_prob`` > 0.6 with a low average log probability), or without
-        any letter or digit, counts as nothing said.
+        any letter or digit, counts as nothing said. ``context``: as ``transcribe_after``'s.
         """
-        return self._transcribe(pcm, prefix, "", rivals=False).text
+        return self._transcribe(pcm, prefix, context, rivals=False).text
 
-    def hear(self, pcm: Pcm16k, prefix: str = "") -> Heard:
+    def hear(self, pcm: Pcm16k, prefix: str = "", context: str = "") -> Heard:
         """Like ``transcribe``, with the words Whisper weighed in place of the last one."""
-        return self._transcribe(pcm, prefix, "", rivals=True)
+        return self._transcribe(pcm, prefix, context, rivals=True)
 
     def transcribe_after(self, pcm: Pcm16k, context: str) -> str:
         """Like ``transcribe``, with ``context`` read as text said before the audio (Whisper's
@@ -316,9 +332,8 @@ class WhisperAsr:
         if pcm.size == 0:
             return Heard("", ())
         frames = self.window.frames(pcm.size)
-        audio = np.zeros(frames * HOP, np.float32)
-        clip = pcm[: audio.size].astype(np.float32) / 32768.0
-        audio[: clip.size] = clip
+        audio = self._audio(pcm, frames)
+        clip = pcm[: audio.size]
         prefix = undecided_end(prefix)
         forced = self._tokenizer.encode(" " + prefix, add_special_tokens=False).ids
         forced = forced if prefix else []
@@ -362,6 +377,44 @@ class WhisperAsr:
             words[-1] = (word + piece, [*scored, (token, logits)] if _plain(piece) else scored)
         return words
 
+    def score(self, pcm: Pcm16k, text: str) -> float:
+        """How likely Whisper finds ``text`` for this audio: the mean log probability of its
+        tokens (CTranslate2's ``align`` reads them in one pass; the audio's encoding is kept
+        from a call on the same audio just before)."""
+        tokens = self._tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
+        if pcm.size == 0 or not text.strip():
+            return MIN_LOG_P
+        frames = self.window.frames(pcm.size)
+        with self._lock:
+            try:
+                encoded = self._encode(self._audio(pcm, frames), frames)
+                (aligned,) = self._model.align(encoded, self._prompt[:1], [tokens], [frames])
+            except (RuntimeError, ValueError) as exc:
+                raise AsrError(f"Whisper failed on {pcm.size} samples: {exc}") from exc
+        p = np.asarray(aligned.text_token_probs, np.float64)
+        return float(np.maximum(np.log(np.maximum(p, 1e-30)), MIN_LOG_P).mean())
+
+    def _audio(self, pcm: Pcm16k, frames: int) -> npt.NDArray[np.float32]:
+        """``pcm`` as float samples padded with silence to ``frames`` mel frames."""
+        audio = np.zeros(frames * HOP, np.float32)
+        clip = pcm[: audio.size].astype(np.float32) / 32768.0
+        audio[: clip.size] = clip
+        return audio
+
+    def _encode(self, audio: npt.NDArray[np.float32], frames: int) -> Any:
+        """The encoder's output for ``audio``; the last audio's is kept (a score follows a
+        decode of the same audio)."""
+        import ctranslate2
+
+        key = hashlib.blake2b(audio.tobytes(), digest_size=16).digest()
+        if self._encoded is not None and self._encoded[0] == key:
+            return self._encoded[1]
+        mel = self._features(audio, padding=0)[:, :frames]
+        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None]))
+        encoded = self._model.encode(features)
+        self._encoded = (key, encoded)
+        return encoded
+
     def _rivals(self, token: int, logits: Any) -> Rivals:
         """The likeliest tokens but ``token`` at its step (RIVALS, special ones left out), as
         text with the softmax share of the step's logits."""
@@ -381,12 +434,8 @@ class WhisperAsr:
     ) -> Any:
         """Greedy decoding after the previous text (``before``), the prompt and ``forced``
         tokens, at most ``n`` tokens; with every step's ``logits`` (the forced tokens' too)."""
-        import ctranslate2
-
-        mel = self._features(audio, padding=0)[:, :frames]
-        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None]))
         (result,) = self._model.generate(
-            features,
+            self._encode(audio, frames),
             [before + self._prompt + forced],
             beam_size=1,
             max_length=min(448, n),

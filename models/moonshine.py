@@ -20,12 +20,14 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from models.asr import (
+    MIN_LOG_P,
     RIVALS,
     AsrError,
     Heard,
@@ -35,6 +37,7 @@ from models.asr import (
     heard_text,
     last_word_at,
     likeliest,
+    mean_log_p,
     undecided_end,
 )
 
@@ -55,6 +58,21 @@ TOKENS_PER_S = 6.5  # generation stops at this many tokens a second of audio (+ 
 MIN_TOKENS = 4
 LAYERS, HEADS, HEAD_DIM = 6, 8, 36
 SHORT_S = 1.0  # MoonshineWithWhisper: clips up to this long go to Whisper
+# the longest clip to give it: its decoder fails on ~9.5 s of continuous speech and longer
+# (onnxruntime: "Attempting to broadcast an axis by a dimension other than 1. 2 by 415"; 9 s
+# passed), so longer utterances are heard in pieces (models.long_speech)
+LONGEST_S = 8.0
+
+
+def _plain_words(text: str) -> list[str]:
+    return "".join(c.lower() if c.isalnum() or c == "'" else " " for c in text).split()
+
+
+def _samples(pcm: Pcm16k) -> npt.NDArray[np.float32]:
+    """``pcm`` as the encoder reads it: float in [-1, 1), at least MIN_SAMPLES (padded)."""
+    audio = np.zeros(max(MIN_SAMPLES, min(pcm.size, MAX_SAMPLES)), np.float32)
+    audio[: min(pcm.size, audio.size)] = pcm[: audio.size].astype(np.float32) / 32768.0
+    return audio
 
 
 def moonshine_model_dir() -> Path:
@@ -148,6 +166,7 @@ class MoonshineAsr:
             raise AsrError(f"cannot load Moonshine from {path}: {exc}") from exc
         self._outputs = [o.name for o in self._decoder.get_outputs()]
         self._lock = threading.Lock()
+        self._encoded: tuple[bytes, npt.NDArray[np.float32]] | None = None
         log.info(
             "loaded Moonshine tiny from %s (cpu, %d threads) in %.0f ms",
             path,
@@ -155,32 +174,75 @@ class MoonshineAsr:
             (time.perf_counter() - started) * 1000,
         )
 
-    def transcribe(self, pcm: Pcm16k, prefix: str = "") -> str:
+    def transcribe(self, pcm: Pcm16k, prefix: str = "", context: str = "") -> str:
         """Text of a 16 kHz mono int16 utterance, stripped; "" when no word was heard.
 
         ``prefix``: words already decided for the start of this audio; the decoder continues
         after them (their last mark left open), and the text returned starts with them.
+        ``context`` (text said before the audio) is not read: Moonshine has no such prompt.
         """
         return self._transcribe(pcm, prefix, rivals=False).text
 
-    def hear(self, pcm: Pcm16k, prefix: str = "") -> Heard:
+    def hear(self, pcm: Pcm16k, prefix: str = "", context: str = "") -> Heard:
         """Like ``transcribe``, with the words Moonshine weighed in place of the last one."""
         return self._transcribe(pcm, prefix, rivals=True)
+
+    def score(self, pcm: Pcm16k, text: str) -> float:
+        """How likely Moonshine finds ``text`` for this audio: the mean log probability of its
+        tokens and the end of text after them, read in one decoder pass (the audio's encoding
+        is kept from a call on the same audio just before)."""
+        tokens = self.tokens.encode(text.strip())
+        if pcm.size == 0 or not tokens:
+            return MIN_LOG_P
+        with self._lock:
+            try:
+                hidden = self._encode(_samples(pcm))
+                rows = self._decoder.run(None, self._first_feed(hidden, [START, *tokens]))[0][0]
+            except Exception as exc:  # onnxruntime's Fail is no RuntimeError
+                raise AsrError(f"Moonshine failed on {pcm.size} samples: {exc}") from exc
+        return mean_log_p(rows, [*tokens, END])
+
+    def _encode(self, audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """The encoder's states for ``audio``; the last audio's are kept (a score follows a
+        decode of the same audio)."""
+        key = hashlib.blake2b(audio.tobytes(), digest_size=16).digest()
+        if self._encoded is not None and self._encoded[0] == key:
+            return self._encoded[1]
+        whole = np.ones((1, audio.size), np.int64)
+        (out,) = self._encoder.run(None, {"input_values": audio[None], "attention_mask": whole})
+        hidden: npt.NDArray[np.float32] = out
+        self._encoded = (key, hidden)
+        return hidden
+
+    def _first_feed(self, hidden: npt.NDArray[np.float32], ids: list[int]) -> dict[str, object]:
+        """The decoder's input for its first step over ``ids`` (nothing cached yet)."""
+        empty = np.zeros((1, HEADS, 0, HEAD_DIM), np.float32)
+        return {
+            "input_ids": np.array([ids], np.int64),
+            "encoder_hidden_states": hidden,
+            "encoder_attention_mask": np.ones(hidden.shape[:2], np.int64),
+            "use_cache_branch": np.array([False]),
+            **{
+                f"past_key_values.{layer}.{side}.{kind}": empty
+                for layer in range(LAYERS)
+                for side in ("decoder", "encoder")
+                for kind in ("key", "value")
+            },
+        }
 
     def _transcribe(self, pcm: Pcm16k, prefix: str, rivals: bool) -> Heard:
         if pcm.ndim != 1:
             raise ValueError(f"expected mono audio (one dimension), got shape {pcm.shape}")
         if pcm.size == 0:
             return Heard("", ())
-        audio = np.zeros(max(MIN_SAMPLES, min(pcm.size, MAX_SAMPLES)), np.float32)
-        clip = pcm[: audio.size].astype(np.float32) / 32768.0
-        audio[: clip.size] = clip
+        audio = _samples(pcm)
+        clip = pcm[: audio.size]
         forced = self.tokens.encode(undecided_end(prefix)) if prefix.strip() else []
         limit = len(forced) + MIN_TOKENS + math.ceil(TOKENS_PER_S * clip.size / RATE_HZ)
         with self._lock:
             try:
                 steps = self._decode(audio, forced, limit)
-            except (RuntimeError, ValueError) as exc:
+            except Exception as exc:  # onnxruntime's Fail is no RuntimeError
                 raise AsrError(f"Moonshine failed on {pcm.size} samples: {exc}") from exc
         text = heard_text(self.tokens.decode, [token for token, _ in steps], len(forced))
         if not text:
@@ -197,31 +259,19 @@ class MoonshineAsr:
     ) -> list[tuple[int, npt.NDArray[np.float32]]]:
         """Greedy decoding after ``forced`` tokens, at most ``limit`` tokens: each token with
         the logits it was chosen from (the forced ones' too)."""
-        whole = np.ones((1, audio.size), np.int64)
-        (hidden,) = self._encoder.run(None, {"input_values": audio[None], "attention_mask": whole})
-        mask = np.ones(hidden.shape[:2], np.int64)
-        empty = np.zeros((1, HEADS, 0, HEAD_DIM), np.float32)
-        past = {
-            f"past_key_values.{layer}.{side}.{kind}": empty
-            for layer in range(LAYERS)
-            for side in ("decoder", "encoder")
-            for kind in ("key", "value")
-        }
+        hidden = self._encode(audio)
         ids = [START, *forced]
+        feed = self._first_feed(hidden, ids)
         steps: list[tuple[int, npt.NDArray[np.float32]]] = []
         while len(steps) < limit:
             cached = bool(steps)  # the first step reads the prompt and the forced tokens whole
-            feed = {
-                "input_ids": np.array([ids[-1:] if cached else ids], np.int64),
-                "encoder_hidden_states": hidden,
-                "encoder_attention_mask": mask,
-                "use_cache_branch": np.array([cached]),
-                **past,
-            }
+            if cached:
+                feed["input_ids"] = np.array([ids[-1:]], np.int64)
+                feed["use_cache_branch"] = np.array([True])
             logits, *present = self._decoder.run(None, feed)
             for name, value in zip(self._outputs[1:], present, strict=True):
                 if not cached or ".decoder." in name:  # the encoder's keys are made once
-                    past[name.replace("present", "past_key_values")] = value
+                    feed[name.replace("present", "past_key_values")] = value
             rows = logits[0]
             if not cached:
                 steps = [(t, rows[i]) for i, t in enumerate(forced)]
@@ -261,24 +311,93 @@ class MoonshineAsr:
 class MoonshineWithWhisper:
     """Moonshine for the words of every clip longer than ``short_s``; Whisper for shorter ones
     (a cough, a click, "mm-hm": Whisper can tell no speech, Moonshine hears "You") and for the
-    primed hearing of interjections (``transcribe_after``). One lock: one call at a time, so
-    the recognisers share the threads the CPU plan gave speech recognition."""
+    primed hearing of interjections (``transcribe_after``). Where one fails on a clip
+    (``AsrError``) the other hears it: the failure is logged and ``on_fallback`` told the name
+    of the one that failed. One lock: one call at a time, so the recognisers share the
+    threads the CPU plan gave speech recognition.
 
-    def __init__(self, words: MoonshineAsr, whisper: WhisperAsr, short_s: float = SHORT_S):
+    ``cross_check``: a final transcript (``transcribe``) is heard by both, and where their
+    words differ each model scores both texts (``score``: the mean log probability of the
+    text's tokens for this audio); the text the two find likelier together wins. Each
+    mishears what the other often gets right (espeak-ng's voice: Moonshine alone 17 %, Whisper
+    16 %, the pair 9 % word errors; BENCHMARKS.md), at about twice one's cost. Partial
+    transcripts (``hear``) stay Moonshine's alone."""
+
+    def __init__(
+        self,
+        words: MoonshineAsr,
+        whisper: WhisperAsr,
+        short_s: float = SHORT_S,
+        cross_check: bool = True,
+    ) -> None:
         self.words, self.whisper = words, whisper
         self.short = int(short_s * RATE_HZ)
+        self.cross_check = cross_check
         self._lock = threading.Lock()
+        self.on_fallback: Callable[[str], None] | None = None  # called in the calling thread
 
-    def _pick(self, pcm: Pcm16k) -> MoonshineAsr | WhisperAsr:
-        return self.whisper if pcm.size <= self.short else self.words
+    def _pick(self, pcm: Pcm16k) -> tuple[MoonshineAsr | WhisperAsr, MoonshineAsr | WhisperAsr]:
+        """The recogniser for ``pcm``, and the other."""
+        if pcm.size <= self.short:
+            return self.whisper, self.words
+        return self.words, self.whisper
 
-    def transcribe(self, pcm: Pcm16k, prefix: str = "") -> str:
+    def _either(self, pcm: Pcm16k, call: Callable[[MoonshineAsr | WhisperAsr], Heard]) -> Heard:
+        first, other = self._pick(pcm)
         with self._lock:
-            return self._pick(pcm).transcribe(pcm, prefix)
+            try:
+                return call(first)
+            except AsrError as exc:
+                name = "moonshine" if first is self.words else "whisper"
+                seconds = pcm.size / RATE_HZ
+                log.warning("%s failed on %.1f s of audio: %s", name, seconds, exc)
+                if self.on_fallback is not None:
+                    self.on_fallback(name)
+                return call(other)
 
-    def hear(self, pcm: Pcm16k, prefix: str = "") -> Heard:
+    def _failed(self, asr: MoonshineAsr | WhisperAsr, pcm: Pcm16k, exc: AsrError) -> None:
+        name = "moonshine" if asr is self.words else "whisper"
+        log.warning("%s failed on %.1f s of audio: %s", name, pcm.size / RATE_HZ, exc)
+        if self.on_fallback is not None:
+            self.on_fallback(name)
+
+    def set_fallback_observer(self, observe: Callable[[str], None]) -> None:
+        self.on_fallback = observe
+
+    def transcribe(self, pcm: Pcm16k, prefix: str = "", context: str = "") -> str:
+        if not self.cross_check or pcm.size <= self.short:
+            heard = self._either(pcm, lambda asr: Heard(asr.transcribe(pcm, prefix, context), ()))
+            return heard.text
         with self._lock:
-            return self._pick(pcm).hear(pcm, prefix)
+            texts: dict[MoonshineAsr | WhisperAsr, str] = {}
+            for asr in (self.words, self.whisper):
+                try:
+                    texts[asr] = asr.transcribe(pcm, prefix, context)
+                except AsrError as exc:
+                    self._failed(asr, pcm, exc)
+            if not texts:
+                raise AsrError(f"both recognisers failed on {pcm.size} samples")
+            if len(texts) == 1:
+                return next(iter(texts.values()))
+            return self._likelier(pcm, texts[self.words], texts[self.whisper])
+
+    def _likelier(self, pcm: Pcm16k, heard: str, other: str) -> str:
+        """Of Moonshine's text ``heard`` and Whisper's ``other``, the one both models find
+        likelier for ``pcm`` (summed mean log probabilities); Moonshine's where they agree
+        word for word, or where Whisper heard no speech."""
+        if _plain_words(heard) == _plain_words(other) or not other or not heard:
+            return heard or other
+        try:
+            ours = self.words.score(pcm, heard) + self.whisper.score(pcm, heard)
+            theirs = self.words.score(pcm, other) + self.whisper.score(pcm, other)
+        except AsrError as exc:
+            log.warning("scoring two transcripts failed: %s", exc)
+            return heard
+        log.debug("transcripts differ (%.2f against %.2f): %r, %r", ours, theirs, heard, other)
+        return heard if ours >= theirs else other
+
+    def hear(self, pcm: Pcm16k, prefix: str = "", context: str = "") -> Heard:
+        return self._either(pcm, lambda asr: asr.hear(pcm, prefix, context))
 
     def transcribe_after(self, pcm: Pcm16k, context: str) -> str:
         with self._lock:

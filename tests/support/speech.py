@@ -16,13 +16,17 @@ from client.cli import load_wav
 
 
 @functools.cache
-def speak(text: str) -> npt.NDArray[np.int16]:
-    """``text`` spoken by espeak-ng, resampled to 48 kHz mono."""
+def speak(text: str, rate: int | None = None) -> npt.NDArray[np.int16]:
+    """``text`` spoken by espeak-ng (``rate``: words a minute; its default 175), resampled
+    to 48 kHz mono."""
     if shutil.which("espeak-ng") is None:
         raise RuntimeError("espeak-ng is required for spoken test audio (scripts/setup.sh)")
+    speed = [] if rate is None else ["-s", str(rate)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+        subprocess.run(
+            ["espeak-ng", *speed, "-w", str(path), text], check=True, capture_output=True
+        )
         return load_wav(path)
 
 
