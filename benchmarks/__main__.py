@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    admission_bench,
     asr_bench,
     attacks,
     avatar_bench,
@@ -40,6 +41,7 @@ from benchmarks import (
     unacked_peer,
     voice_bench,
     whip_connect,
+    words_bench,
     workers_bench,
 )
 from benchmarks.netns import isolate
@@ -275,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "transport": transport_bench.main([*quick, "--out", str(out / "transport.json")]),
         "voice": voice_bench.main([*quick, "--out", str(out / "voice.json")]),
         "asr": asr_bench.main([*quick, "--out", str(out / "asr.json")]),
+        "words": words_bench.main([*quick, "--out", str(out / "words.json")]),
         "tts": tts_bench.main([*quick, "--out", str(out / "tts.json")]),
         "llm": llm_bench.main([*quick, "--out", str(out / "llm.json")]),
         "cache_probe": cache_probe.main([*quick, "--out", str(out / "cache_probe.json")]),
@@ -295,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "whip_connect": whip_connect.main([*quick, "--out", str(out / "whip_connect.json")]),
         "resume": resume_bench.main([*quick, "--out", str(out / "resume.json")]),
+        "admission": admission_bench.main([*quick, "--out", str(out / "admission.json")]),
         "talk_over": talk_over_bench.main(
             [*(["--seeds", "1"] if args.smoke else []), "--out", str(out / "talk_over.json")]
         ),

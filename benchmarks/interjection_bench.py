@@ -37,7 +37,7 @@ from benchmarks import pct, stamped
 from benchmarks.netns import isolate
 from client.cli import ClientPeer
 from server.rtc.settings import pin_host_addresses
-from tests.support.server_process import ServerProcess
+from tests.support.server_process import ServerProcess, metric_value
 from tests.support.speech import rms, speak, voiced_span_ms
 
 PCM = npt.NDArray[np.int16]
@@ -181,6 +181,15 @@ def silence_reaction(
     return round((run[0] - onset) * 1000, 1)
 
 
+def server_reactions(server: ServerProcess) -> tuple[float, float]:
+    """The server's barge-in reaction histogram so far: (sum in s, count)."""
+    text = server.metrics()
+    return (
+        metric_value(text, "avatar_barge_in_reaction_seconds_sum"),
+        metric_value(text, "avatar_barge_in_reaction_seconds_count"),
+    )
+
+
 async def idle(server: ServerProcess, peer: ClientPeer, timeout: float = 120.0) -> None:
     """Until the conversation listens again: a reply to the interjection itself (an
     interruption is a turn of its own) is cancelled."""
@@ -231,8 +240,10 @@ async def trial(
     if events_after(peer, mark, "response.done"):
         return None
     clips, sent_after = len(peer.mic.clip_sent_at), len(peer.audio)
+    before = await asyncio.to_thread(server_reactions, server)
     peer.mic.play(sound)
     done = await peer.wait_event("response.done", timeout=120, after=mark)
+    after = await asyncio.to_thread(server_reactions, server)
     await asyncio.sleep(0.3)
     onset = peer.mic.clip_sent_at[clips] + onset_s(sound)
     paused = events_after(peer, mark, "output_audio_buffer.paused")
@@ -245,6 +256,8 @@ async def trial(
             return None
     reaction = None
     said = [t for t, e in peer.events[mark:] if e.get("type") == "output_audio_buffer.paused"]
+    counted = after[1] - before[1]  # the server's own figure for this sound, where it paused
+    server_ms = round((after[0] - before[0]) / counted * 1000, 1) if counted == 1 else None
     if said or truncated:
         heard_at = said[0] if said else onset
         reaction = silence_reaction(peer.audio[sent_after:], onset, heard_at)
@@ -273,6 +286,14 @@ async def trial(
         "history_whole": whole,
         "resume_check": check,
         "client_reaction_ms": reaction,
+        # stages: the server's own reaction (the first voiced frame's arrival -> the first
+        # silent frame it sent), the rest (the onset's way in, the silent frame's way out and
+        # the client's jitter buffer), and when the client was told of the pause (events)
+        "server_reaction_ms": server_ms,
+        "outside_server_ms": (
+            round(reaction - server_ms, 1) if reaction is not None and server_ms else None
+        ),
+        "paused_event_ms": round((said[0] - onset) * 1000, 1) if said else None,
         "last_words_judged": words[-1] if words and (resumed or truncated) else None,
         "last_hearing_ms": hearing[-1] if hearing and (resumed or truncated) else None,
     }
@@ -325,6 +346,11 @@ async def run(
     return summarize(outcomes, code, slow_server)
 
 
+def median_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 1) if known else None
+
+
 def summarize(outcomes: list[dict[str, Any]], code: int, slow_server: bool) -> dict[str, Any]:
     false = [o for o in outcomes if o["kind"] != "interruption" and "skipped" not in o]
     real = [o for o in outcomes if o["kind"] == "interruption" and "skipped" not in o]
@@ -366,6 +392,10 @@ def summarize(outcomes: list[dict[str, Any]], code: int, slow_server: bool) -> d
             "stopped": sum(o["interrupted"] for o in real),
             "client_reaction_p50_ms": round(statistics.median(reactions), 1) if reactions else None,
             "client_reaction_p95_ms": round(pct(reactions, 0.95), 1) if reactions else None,
+            "stages_p50_ms": {  # where the client's reaction goes (every sound that paused)
+                stage: median_of([o.get(stage) for o in outcomes])
+                for stage in ("server_reaction_ms", "outside_server_ms", "paused_event_ms")
+            },
         },
         "interjection_hearing_ms": {  # the words of a pause's last hearing: asked -> heard
             "count": len(hearings),

@@ -1,11 +1,13 @@
 """Word error rate of the recognisers on three sets, and the final transcript's time.
 
 Sets:
-- ``people``: recordings of a real person that a Debian package ships with their transcripts:
-  the Asterisk PBX prompts (``asterisk-core-sounds-en-wav``, Allison Smith, 8 kHz telephone
+- ``people``: recordings of people that Debian packages ship with their transcripts: the
+  Asterisk PBX prompts (``asterisk-core-sounds-en-wav``, Allison Smith, 8 kHz telephone
   recordings, CC BY-SA 3.0; the texts in ``asterisk-core-sounds-en``'s ``core-sounds-en.txt``):
   every prompt of 1.5-9 s whose text has no digits or symbols spoken differently than written
-  (``PEOPLE_LIMIT`` of them, in name order);
+  (``PEOPLE_LIMIT`` of them, in name order); pocketsphinx's test data
+  (``pocketsphinx-testdata``: five LibriVox readings of *Sense and Sensibility* and five card
+  names, each with its transcription); alsa-utils' channel names ("Front Left", 8 clips);
 - ``espeak``: the 24 sentences of ``asr_bench`` and the 48 questions of ``answers_bench`` by
   espeak-ng (165 words a minute);
 - ``joe``: the same texts in the avatar's own voice.
@@ -43,7 +45,9 @@ from tests.support.text import edit_distance
 RATE_HZ = 16_000
 ASTERISK = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
 ASTERISK_TEXTS = Path("/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz")
-PEOPLE_LIMIT = 80
+PEOPLE_LIMIT = 60
+SPHINX = Path("/usr/share/pocketsphinx/test/data")
+ALSA = Path("/usr/share/sounds/alsa")
 QUESTIONS = Path(__file__).parent / "data" / "questions.json"
 Clip = tuple[str, str, npt.NDArray[np.int16]]  # (set, text, 16 kHz audio)
 FILLERS = {"um", "uh", "er", "ah", "hmm", "mm"}
@@ -71,24 +75,41 @@ def spoken_as_written(text: str) -> bool:
     return bool(text) and re.fullmatch(r"[A-Za-z ,.?!'-]+", text) is not None
 
 
+def sphinx_texts() -> dict[Path, str]:
+    """pocketsphinx's test recordings and their transcriptions (``<s> text </s> (name)``)."""
+    texts: dict[Path, str] = {}
+    for folder, listing in (("librivox", "transcription"), ("cards", "cards.transcription")):
+        for line in (SPHINX / folder / listing).read_text().splitlines():
+            found = re.fullmatch(r"<s>(.*)</s>\s*\((\S+)\)", line.strip())
+            if found:
+                texts[SPHINX / folder / f"{found.group(2)}.wav"] = found.group(1).strip()
+    return texts
+
+
 def people(limit: int = PEOPLE_LIMIT) -> list[Clip]:
-    """The ``people`` set (see the module); RuntimeError if the packages are missing."""
+    """The ``people`` set (see the module): ``limit`` Asterisk prompts and the others;
+    RuntimeError if the packages are missing."""
     from client.cli import load_wav
     from server.runtime.media import resample
 
-    if not ASTERISK_TEXTS.is_file() or not ASTERISK.is_dir():
-        raise RuntimeError("install asterisk-core-sounds-en and -en-wav (scripts/setup.sh)")
-    clips: list[Clip] = []
+    if not ASTERISK_TEXTS.is_file() or not SPHINX.is_dir() or not ALSA.is_dir():
+        raise RuntimeError(
+            "install asterisk-core-sounds-en(-wav), pocketsphinx-testdata and alsa-utils "
+            "(scripts/setup.sh)"
+        )
+    chosen: list[tuple[Path, str]] = []
     for name, text in sorted(asterisk_texts().items()):
         path = ASTERISK / f"{name}.wav"
-        if not spoken_as_written(text) or not path.is_file():
-            continue
+        if len(chosen) < limit and spoken_as_written(text) and path.is_file():
+            chosen.append((path, text))
+    chosen += sorted(sphinx_texts().items())[: max(2, limit // 6)]
+    alsa = sorted(ALSA.glob("[FRS]*_*.wav"))[: max(2, limit // 7)]
+    chosen += [(path, path.stem.replace("_", " ")) for path in alsa]
+    clips: list[Clip] = []
+    for path, text in chosen:
         pcm = load_wav(path)  # 48 kHz
-        if not 1.5 <= len(pcm) / 48_000 <= 9.0:
-            continue
-        clips.append(("people", text, resample(pcm, 48_000, RATE_HZ)))
-        if len(clips) >= limit:
-            break
+        if 1.0 <= len(pcm) / 48_000 <= 9.0:
+            clips.append(("people", text, resample(pcm, 48_000, RATE_HZ)))
     return clips
 
 

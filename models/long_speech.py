@@ -80,6 +80,16 @@ class InPieces:
         self._kept: OrderedDict[bytes, str] = OrderedDict()
         self._lock = threading.Lock()
 
+    @property
+    def cross_check(self) -> bool:
+        """The recogniser's ``cross_check`` (False where it has none)."""
+        return bool(getattr(self.asr, "cross_check", False))
+
+    @cross_check.setter
+    def cross_check(self, on: bool) -> None:
+        if hasattr(self.asr, "cross_check"):
+            self.asr.cross_check = on
+
     def set_fallback_observer(self, observe: Callable[[str], None]) -> None:
         """Passed on to the recogniser, where it has one to fall back on."""
         setter = getattr(self.asr, "set_fallback_observer", None)

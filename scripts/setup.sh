@@ -15,12 +15,13 @@ fi
 # chromium is the browser of the web-page test; coturn the TURN server of the relay test; haproxy
 # the proxy in front of several hosts (tests/deploy/test_haproxy.py);
 # GStreamer's webrtcbin (with python3-gi) the second WebRTC stack of the WHIP interop test;
-# the Asterisk prompts (a real person's recordings with their texts, CC BY-SA 3.0) the speech
-# of people that tests and benchmarks/words_bench.py hear
+# recordings of people with their texts (the Asterisk prompts, CC BY-SA 3.0; pocketsphinx's
+# test data: LibriVox readings and card names; alsa-utils' channel names) the speech of
+# people that tests and benchmarks/words_bench.py hear
 APT_PACKAGES="espeak-ng iproute2 chromium coturn haproxy gstreamer1.0-tools gstreamer1.0-plugins-base
  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-nice python3-gi
  gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0 asterisk-core-sounds-en
- asterisk-core-sounds-en-wav"
+ asterisk-core-sounds-en-wav pocketsphinx-testdata alsa-utils"
 missing=""
 for pkg in $APT_PACKAGES; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"

@@ -60,6 +60,9 @@ MIN_FPS = 10
 SMALLER_VIDEO = 384  # px, when even MIN_FPS does not fit VIDEO_SHARE
 MAX_PARTIAL_INTERVAL_MS = 2000
 PARTIAL_ASR_SHARE = 0.4  # of the recogniser's time that regular partials may take
+# a final transcript heard by both recognisers (pipeline.asr_cross_check) that takes longer
+# than this for a UTTERANCE_S question would show in the turn's end: the check is left off
+CROSS_CHECK_BUDGET_MS = 250.0
 FIRST_CHUNK_MS = 120.0  # the LLM's time for the first chunk's words
 MIN_FIRST_CHUNK_WORDS = 3  # fewer breaks the first sentence's prosody
 # a turn: the user speaks UTTERANCE_S, the avatar answers REPLY_TOKENS; a session also waits
@@ -93,6 +96,7 @@ class StageCosts:
 
     asr_ms: float | None = None
     asr_audio_ms: float | None = None
+    asr_partial_ms: float | None = None  # a partial transcript of the same audio
     llm_first_token_ms: float | None = None
     llm_tokens_per_s: float | None = None
     tts_ms: float | None = None
@@ -111,6 +115,7 @@ class StageCosts:
         return cls(
             asr_ms=times.get("asr_again_ms"),
             asr_audio_ms=times.get("asr_audio_ms"),
+            asr_partial_ms=times.get("asr_partial_ms"),
             llm_first_token_ms=times.get("llm_first_token_ms"),
             llm_tokens_per_s=times.get("llm_tokens_per_s"),
             tts_ms=times.get("tts_ms"),
@@ -142,6 +147,8 @@ class Calibration:
     stage_share: float = 1.0
     # the same for speech made while the LLM writes on (two engine threads at once)
     speech_share: float = 1.0
+    # a partial transcript of a UTTERANCE_S question (one recogniser; the final may be two)
+    asr_partial_ms: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
@@ -208,6 +215,10 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, use: float = 1.0) 
     asr_audio_ms = costs.asr_audio_ms or REFERENCE["asr_audio_ms"]
     # a call costs about in proportion to its window
     asr_call = asr_ms * _window_s(UTTERANCE_S) / _window_s(asr_audio_ms / 1000)
+    partial_ms = costs.asr_partial_ms
+    if partial_ms is None or not math.isfinite(partial_ms) or partial_ms <= 0:
+        partial_ms = asr_ms  # not measured apart: a partial costs what a final does
+    partial_call = partial_ms * _window_s(UTTERANCE_S) / _window_s(asr_audio_ms / 1000)
     ttft = pick("llm_first_token_ms", costs.llm_first_token_ms)
     tps = pick("llm_tokens_per_s", costs.llm_tokens_per_s)
     rtf_measured = (
@@ -246,7 +257,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, use: float = 1.0) 
     # CPU (cores) one session needs on average: its media path and video all the time, plus
     # a turn's work spread over the turn (the user speaking, the reply, a pause)
     reply_s = REPLY_TOKENS * SPEECH_S_PER_WORD / TOKENS_PER_WORD
-    partials = UTTERANCE_S * 1000 / pc.partial_interval_ms * asr_call if pc.incremental else 0
+    partials = UTTERANCE_S * 1000 / pc.partial_interval_ms * partial_call if pc.incremental else 0
     turn_cpu_ms = partials + asr_call + REPLY_TOKENS / tps * 1000 + reply_s * 1000 * rtf
     turn_s = UTTERANCE_S + predicted / 1000 + reply_s + IDLE_S
     per_session = busy + turn_cpu_ms / 1000 / turn_s
@@ -254,6 +265,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, use: float = 1.0) 
     return Calibration(
         cpus=cpus,
         asr_call_ms=asr_call,
+        asr_partial_ms=partial_call,
         llm_first_token_ms=ttft,
         llm_tokens_per_s=tps,
         tts_rtf=rtf,
@@ -289,12 +301,18 @@ def adapt(config: Config, calibration: Calibration) -> tuple[Config, dict[str, o
     if unset("pipeline.partial_interval_ms", "asr_ms"):
         # partials keep the recogniser busy at most 40 % of the time: when the speaker pauses,
         # the decode that may become the final must not wait long behind one
+        partial_ms = calibration.asr_partial_ms or calibration.asr_call_ms
         interval = min(
-            MAX_PARTIAL_INTERVAL_MS,
-            max(pc.partial_interval_ms, calibration.asr_call_ms / PARTIAL_ASR_SHARE),
+            MAX_PARTIAL_INTERVAL_MS, max(pc.partial_interval_ms, partial_ms / PARTIAL_ASR_SHARE)
         )
         if round(interval) != pc.partial_interval_ms:
             changed["pipeline.partial_interval_ms"] = round(interval)
+    if (
+        pc.asr_cross_check
+        and unset("pipeline.asr_cross_check", "asr_ms")
+        and calibration.asr_call_ms > CROSS_CHECK_BUDGET_MS
+    ):
+        changed["pipeline.asr_cross_check"] = False
     if unset("pipeline.first_chunk_words", "llm_tokens_per_s"):
         # the first chunk goes to speech after the words the LLM writes in FIRST_CHUNK_MS
         tokens = FIRST_CHUNK_MS / 1000 * calibration.llm_tokens_per_s

@@ -26,6 +26,14 @@ class WeighsLastWord(Protocol):
 
 
 @runtime_checkable
+class CrossChecks(Protocol):
+    """A recogniser whose final transcripts two models may hear and check against each other
+    (models.moonshine's pair); ``cross_check`` turns it on or off."""
+
+    cross_check: bool
+
+
+@runtime_checkable
 class FallsBack(Protocol):
     """A recogniser that hands a clip to another where one fails (models.moonshine's pair):
     ``observe(name)`` is told which one failed, in the thread that called it."""

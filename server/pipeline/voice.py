@@ -28,6 +28,7 @@ from server.pipeline.chunks import (
 )
 from server.pipeline.engines import (
     Asr,
+    CrossChecks,
     FallsBack,
     JudgesSentenceEnd,
     Llm,
@@ -130,6 +131,8 @@ class VoicePipeline:
         made at 1 / ``stage_share`` the pace of the warm-up's until a chunk measures it."""
         self._first_chunk_words = settings.first_chunk_words
         self._speaker.expect(stage_share)
+        if isinstance(self._asr, CrossChecks):
+            self._asr.cross_check = settings.asr_cross_check
 
     def asr_cost_ms(self, samples: int) -> float:
         """Expected time (ms) of one ASR call on ``samples`` of 16 kHz audio."""
@@ -349,6 +352,7 @@ class VoicePipeline:
         half = pcm[: max(1600, len(pcm) // 2)]
         for key, clip in (("asr_ms", pcm), ("asr_half_ms", half), ("asr_again_ms", pcm)):
             await self._timed(times, key, self.transcribe(clip, tag))
+        await self._timed(times, "asr_partial_ms", self.partial_transcript(pcm, tag))
         times["asr_audio_ms"] = len(pcm) / 16
         times["tts_audio_ms"] = None if speech is None else len(speech.pcm) / (MEDIA_RATE_HZ / 1000)
         await self._timed(times, "llm_ms", self._drain(WARM_UP_MESSAGES, 4))

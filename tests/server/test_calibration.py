@@ -9,6 +9,7 @@ import pytest
 
 from server.config import Config, load_config
 from server.pipeline.calibration import (
+    CROSS_CHECK_BUDGET_MS,
     MEDIA_CORES,
     MIN_STAGE_SHARE,
     QUOTA_USE,
@@ -108,6 +109,7 @@ def test_settings_the_operator_chose_are_kept() -> None:
         "pipeline.first_chunk_words": 6,
         "transport.video_fps": 25,
         "transport.max_sessions": 4,
+        "pipeline.asr_cross_check": True,
     }
     config = load_config(overrides=chosen)
     adapted, changed = adapt(config, calibrate(SLOW, config, 1))
@@ -280,3 +282,29 @@ def test_speech_in_pieces_waits_only_for_its_first_piece() -> None:
         other = calibrate(dataclasses.replace(SLOW, tts_first_ms=first), Config(), 2)
         assert other.predicted_voice_to_voice_ms == whole.predicted_voice_to_voice_ms
         assert not other.fallbacks
+
+
+def test_the_cross_check_stays_on_only_where_a_checked_final_is_quick() -> None:
+    """A final transcript heard by both recognisers costs about two; where that would take
+    longer than CROSS_CHECK_BUDGET_MS the check is left off (unless the operator set it)."""
+    fast = calibrate(FAST, Config(), 2)
+    assert fast.asr_call_ms <= CROSS_CHECK_BUDGET_MS
+    assert "pipeline.asr_cross_check" not in adapt(Config(), fast)[1]
+    slow = calibrate(SLOW, Config(), 1)
+    assert slow.asr_call_ms > CROSS_CHECK_BUDGET_MS
+    config, changed = adapt(Config(), slow)
+    assert changed["pipeline.asr_cross_check"] is False and not config.pipeline.asr_cross_check
+    kept = load_config(overrides={"pipeline.asr_cross_check": "true"})
+    assert adapt(kept, calibrate(SLOW, kept, 1))[0].pipeline.asr_cross_check
+    unmeasured = dataclasses.replace(SLOW, asr_ms=None)  # the reference figure: nothing changes
+    assert "pipeline.asr_cross_check" not in adapt(Config(), calibrate(unmeasured, Config(), 1))[1]
+
+
+def test_partials_are_paced_by_what_a_partial_costs_not_a_checked_final() -> None:
+    checked = dataclasses.replace(SLOW, asr_ms=400, asr_partial_ms=120)
+    alone = calibrate(checked, Config(), 1)
+    assert alone.asr_partial_ms is not None and alone.asr_partial_ms < alone.asr_call_ms
+    paced = adapt(Config(), alone)[0].pipeline.partial_interval_ms
+    assert paced < adapt(Config(), calibrate(SLOW, Config(), 1))[0].pipeline.partial_interval_ms
+    # the partials' CPU follows the partial's cost too: more sessions fit
+    assert alone.capacity >= calibrate(SLOW, Config(), 1).capacity

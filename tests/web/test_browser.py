@@ -784,6 +784,26 @@ def test_start_right_after_stop_finds_room_on_a_full_server(
         stop(page, server)
 
 
+def test_a_reload_or_a_closed_tab_hangs_up(server: ServerProcess, quiet: Browser) -> None:
+    """Leaving the page ends the conversation (its DELETE on pagehide, sent with keepalive):
+    nothing waits for a resume that will not come, neither a slot nor the memory of a
+    detached conversation."""
+    with open_page(quiet, server.url) as page:
+        start(page)
+        page.reload()
+        wait_for(
+            lambda: server.health()["sessions"] == server.health()["detached_sessions"] == 0,
+            10,
+            "the reloaded page's hang-up",
+        )
+        start(page)
+    wait_for(
+        lambda: server.health()["sessions"] == server.health()["detached_sessions"] == 0,
+        10,
+        "the closed tab's hang-up",
+    )
+
+
 def test_lost_and_unreachable_server_are_explained(quiet: Browser) -> None:
     gone = ServerProcess({"pipeline.factory": "", "transport.video": "false"}).start()
     with open_page(quiet, gone.url) as page:
