@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import sys
 import time
 import wave
@@ -407,23 +408,33 @@ async def run(args: argparse.Namespace, configuration: RTCConfiguration) -> int:
         events_label=GA_EVENTS,
     )
     peer.keep_video_frames = 10_000 if args.record_video else 0
-    started = time.monotonic()
-    await peer.connect()
-    log.info(
-        "connected in %.0f ms (session %s)", (time.monotonic() - started) * 1000, peer.session_id
-    )
-    if args.wav:
-        mic.play(load_wav(args.wav))
-    if args.text:
-        peer.say(args.text)
     keeper = None
-    if not args.no_resume and not args.no_audio:
-        keeper = asyncio.get_running_loop().create_task(peer.keep_connected())
-    await asyncio.sleep(args.duration)
-    if keeper is not None:
-        keeper.cancel()
-        await asyncio.gather(keeper, return_exceptions=True)
-    await peer.close()
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C or a kill still hang up
+        loop.add_signal_handler(signum, stopped.set)
+    try:
+        started = time.monotonic()
+        await peer.connect()
+        took_ms = (time.monotonic() - started) * 1000
+        log.info("connected in %.0f ms (session %s)", took_ms, peer.session_id)
+        if args.wav:
+            mic.play(load_wav(args.wav))
+        if args.text:
+            peer.say(args.text)
+        if not args.no_resume and not args.no_audio:
+            keeper = loop.create_task(peer.keep_connected())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopped.wait(), args.duration)
+        if stopped.is_set():
+            log.info("stopped: hanging up")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        if keeper is not None:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+        await peer.close()  # DELETE first: the server frees the conversation at once
     if args.record_audio:
         save_wav(args.record_audio, peer.received_audio())
         log.info("wrote %s", args.record_audio)

@@ -11,6 +11,8 @@ connection, half vanish without a word.
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 import time
 from collections.abc import Callable
 
@@ -23,6 +25,7 @@ from server.http.signaling import REGISTRY_KEY
 from tests.support.in_process import running
 from tests.support.pace import within
 from tests.support.peers import Peer, cut_network
+from tests.support.server_process import ROOT
 
 MB = 1_000_000
 
@@ -142,3 +145,27 @@ def test_evictions_keep_each_bound_oldest_first() -> None:
     assert evictions(heavy, DetachedBound(10, 10, 6 * MB)) == ["s1"]
     assert evictions(heavy, DetachedBound(10, 10, 2 * MB)) == ["s1", "s2", "s3"]
     assert evictions(heavy, DetachedBound(0, 10, 100 * MB)) == ["s1", "s2", "s3"]
+
+
+async def test_the_command_line_client_hangs_up_when_stopped() -> None:
+    """``python -m client`` stopped by SIGTERM (or Ctrl-C) hangs up on its way out: its
+    conversation ends at once instead of waiting for a resume."""
+    async with running() as (url, app):
+        registry = app[REGISTRY_KEY]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "client", "--url", url, "--no-video", "--duration", "120",
+            "--pin-host", "127.0.0.1",
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await until(lambda: registry.live == 1, "the client's session", 20)
+            await until(lambda: any(c.attached for c in registry.conversations.values()), "", 10)
+            proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), within(30))
+            assert proc.returncode == 0, err.decode()
+            assert "hanging up" in err.decode()
+            assert len(registry) == 0, "the conversation waits for a resume"
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
