@@ -112,8 +112,11 @@ async def interrupted_reply(
     }
 
 
-async def run_server(cancel_echo: bool, trials: int, slow_server: bool) -> dict[str, Any]:
-    """The trials on one server (echo cancellation on or off)."""
+async def run_server(
+    cancel_echo: bool, trials: int, slow_server: bool, settings: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The trials on one server (echo cancellation on or off; ``settings``: more of its
+    settings, dotted names)."""
     rng = random.Random(11)
     server = ServerProcess(
         {
@@ -121,6 +124,7 @@ async def run_server(cancel_echo: bool, trials: int, slow_server: bool) -> dict[
             "transport.connect_timeout_s": "60",
             "transport.max_sessions": "2",
             "vad.echo_cancellation": str(cancel_echo).lower(),
+            **(settings or {}),
         },
         wrapper=[str(SLOW), "--"] if slow_server else None,
     ).start(timeout=400)
@@ -185,7 +189,9 @@ def summarize(outcomes: list[dict[str, Any]], code: int) -> dict[str, Any]:
     }
 
 
-async def run(quick: bool, slow_server: bool, baseline: bool = True) -> dict[str, Any]:
+async def run(
+    quick: bool, slow_server: bool, baseline: bool = True, settings: dict[str, str] | None = None
+) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     trials = 4 if quick else 10
     started = time.monotonic()
@@ -193,10 +199,11 @@ async def run(quick: bool, slow_server: bool, baseline: bool = True) -> dict[str
         "slow_server": slow_server,
         "echo_gain_db": GAIN_DB,
         "echo_delays_ms": list(DELAYS_MS),
-        "with_echo_cancellation": await run_server(True, trials, slow_server),
+        "settings": settings or {},
+        "with_echo_cancellation": await run_server(True, trials, slow_server, settings),
     }
     if baseline:
-        results["baseline_without"] = await run_server(False, trials, slow_server)
+        results["baseline_without"] = await run_server(False, trials, slow_server, settings)
     results["seconds"] = round(time.monotonic() - started, 1)
     return results
 
@@ -207,10 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 trials a server")
     parser.add_argument("--slow-server", action="store_true", help="the servers in slow.sh")
     parser.add_argument("--no-baseline", action="store_true", help="only the echo handling")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="a server setting"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/echo.json"))
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.set):
+        parser.error("--set takes NAME=VALUE")
     isolate("benchmarks.echo_bench", argv)
-    results = asyncio.run(run(args.quick, args.slow_server, not args.no_baseline))
+    settings = dict(item.split("=", 1) for item in args.set)
+    results = asyncio.run(run(args.quick, args.slow_server, not args.no_baseline, settings))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamped(results), indent=2))
     brief = {

@@ -372,7 +372,10 @@ class MoonshineWithWhisper:
             texts: dict[MoonshineAsr | WhisperAsr, str] = {}
             for asr in (self.words, self.whisper):
                 try:
-                    texts[asr] = asr.transcribe(pcm, prefix, context)
+                    # Whisper hears it whole: the prefix (the words two of Moonshine's partials
+                    # agreed on) may hold the very word Moonshine mishears
+                    first = prefix if asr is self.words else ""
+                    texts[asr] = asr.transcribe(pcm, first, context)
                 except AsrError as exc:
                     self._failed(asr, pcm, exc)
             if not texts:
