@@ -271,10 +271,10 @@ async def test_warm_up_calls_every_engine_and_survives_a_failure(llm_fails: bool
     finally:
         await pipeline.close()
     # speech first (twice: the second, warm, call is the one timed), then its transcript
-    # (padded to 1 s: the stub's speech is 10 ms)
-    assert engines.calls == ["tts", "tts", "asr", "asr", "asr", "llm", "llm", "llm"]
+    # (padded to 1 s: the stub's speech is 10 ms) three times as a final and once as a partial
+    assert engines.calls == ["tts", "tts", "asr", "asr", "asr", "asr", "llm", "llm", "llm"]
     assert times["tts_ms"] is not None and times["tts_cold_ms"] is not None
-    assert times["asr_ms"] is not None
+    assert times["asr_ms"] is not None and times["asr_partial_ms"] is not None
     assert (times["llm_ms"] is None) == llm_fails
     # the calibration's inputs: the second request's speed, and the third's first token (the
     # turn with words added after the cached prompt)
