@@ -21,6 +21,7 @@ from server.conversation.realtime_client import (
     InputClear,
     ItemCreate,
     ItemDelete,
+    ItemRetrieve,
     ItemTruncate,
     OutputClear,
     RealtimeEvent,
@@ -107,6 +108,8 @@ async def _act(conversation: Conversing, session: Session, event: RealtimeEvent)
         session.items.truncate(event.item_id, event.audio_end_ms)
     elif isinstance(event, ItemDelete):
         session.items.delete(event.item_id)
+    elif isinstance(event, ItemRetrieve):
+        session.items.retrieve(event.item_id)
     elif isinstance(event, PlaybackAck):
         session.ack_playback(event.played_ms)
 

@@ -5,7 +5,8 @@ validated into typed values; hostile input is refused as in the native dialect
 GA client events: ``session.update``, ``conversation.item.create`` (a user message; it does
 not answer by itself), ``response.create`` (answers; per-response ``instructions``),
 ``response.cancel``, ``input_audio_buffer.clear``, ``output_audio_buffer.clear``,
-``conversation.item.truncate``, ``conversation.item.delete``. Extensions: ``x-avatar.session.
+``conversation.item.truncate``, ``conversation.item.delete``, ``conversation.item.retrieve``.
+Extensions: ``x-avatar.session.
 update`` (the native ``session.update``: persona, voice, appearance) and ``x-avatar.playback.
 ack``. Audio travels on the WebRTC track: ``input_audio_buffer.append`` and ``.commit`` are
 refused, as is everything else this server does not do (each with a clear ``error``).
@@ -78,6 +79,12 @@ class ItemDelete:
 
 
 @dataclass(frozen=True)
+class ItemRetrieve:
+    item_id: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
 class RealtimeUpdate:
     """A GA ``session.update``."""
 
@@ -93,13 +100,13 @@ RealtimeEvent = (
     | OutputClear
     | ItemTruncate
     | ItemDelete
+    | ItemRetrieve
     | RealtimeUpdate
 )
 
 UNSUPPORTED = {
     "input_audio_buffer.append": "audio comes on the WebRTC track, not in events",
     "input_audio_buffer.commit": "turn detection commits the user's audio on this server",
-    "conversation.item.retrieve": "items cannot be retrieved on this server",
     "transcription_session.update": "transcription sessions are not supported",
 }
 
@@ -210,6 +217,8 @@ def parse_realtime_event(raw: str | bytes, max_bytes: int) -> RealtimeEvent:
         return _truncate(data, event_id)
     if kind == "conversation.item.delete":
         return ItemDelete(_item_id(data.get("item_id"), "item_id", event_id), event_id)
+    if kind == "conversation.item.retrieve":
+        return ItemRetrieve(_item_id(data.get("item_id"), "item_id", event_id), event_id)
     if kind == EXTENSION_PREFIX + "session.update":
         return SessionUpdate(session_fields(data, event_id), event_id)
     if kind == EXTENSION_PREFIX + "playback.ack":

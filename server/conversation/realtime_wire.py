@@ -241,6 +241,21 @@ class RealtimeWire:
             }
         ]
 
+    def _conversation_item_retrieved(self, event: Event) -> list[Event]:
+        """The item as the conversation holds it: a spoken user message with its transcript,
+        a typed one with its text, an agent's with the transcript of what was heard."""
+        text, role = str(event.get("text", "")), str(event.get("role", ""))
+        content: list[Event]
+        if role == "assistant":
+            content = [{"type": "output_audio", "transcript": text}]
+            status = "incomplete" if event.get("truncated") else "completed"
+        elif event.get("typed"):
+            content, status = [{"type": "input_text", "text": text}], "completed"
+        else:
+            content, status = [{"type": "input_audio", "transcript": text}], "completed"
+        item = _message(str(event.get("item_id", "")), role, status, content)
+        return [{"type": event["type"], "item": item}]
+
     def _response_done(self, event: Event) -> list[Event]:
         reply = self._replies.pop(str(event.get("response_id")), None)
         if reply is None:  # a turn that failed before its response began
@@ -344,6 +359,7 @@ HANDLERS: dict[str, Callable[[RealtimeWire, Event], list[Event]]] = {
     "output_audio_buffer.stopped": RealtimeWire._output_audio_buffer,
     "output_audio_buffer.cleared": RealtimeWire._output_audio_buffer,
     "conversation.item.truncated": RealtimeWire._conversation_item_truncated,
+    "conversation.item.retrieved": RealtimeWire._conversation_item_retrieved,
     "response.done": RealtimeWire._response_done,
     "response.timings": RealtimeWire._of_response,
     "avatar.viseme": RealtimeWire._of_response,

@@ -3,6 +3,7 @@ get CORS headers."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -17,6 +18,8 @@ CORS_REQUEST_HEADERS = (
 )
 CORS_EXPOSED = "Location, ETag, Link, Retry-After, Accept-Patch, Accept-Post, WWW-Authenticate"
 CORS_MAX_AGE_S = 600
+HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")  # a header name a preflight may name
+MAX_ASKED_HEADERS = 16
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -56,6 +59,21 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error_response(exc.status, exc.reason, code, headers, openai)
 
 
+def allowed_headers(path: str, asked: str) -> str:
+    """The request headers an allowed origin may send: the server's own, and on the OpenAI
+    API (``/v1/``) those its preflight asks for too: OpenAI's SDKs add their own
+    (``X-OpenAI-Agents-SDK: openai-agents-sdk.<version>`` with every offer, ``OpenAI-Beta``),
+    and a browser refuses the call when one is not allowed. Header names only (letters,
+    digits, dashes), at most MAX_ASKED_HEADERS."""
+    if not path.startswith(OPENAI_PREFIX):
+        return CORS_REQUEST_HEADERS
+    own = [h.strip() for h in CORS_REQUEST_HEADERS.split(",")]
+    known = {h.lower() for h in own}
+    names = [n.strip() for n in asked.split(",")][:MAX_ASKED_HEADERS]
+    more = [n for n in names if HEADER_NAME.fullmatch(n) and n.lower() not in known]
+    return ", ".join(own + list(dict.fromkeys(n.lower() for n in more)))
+
+
 @web.middleware
 async def cors_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Browser origins: an allowed one gets CORS headers (preflights their own), any other is
@@ -71,6 +89,8 @@ async def cors_headers(request: web.Request, handler: Handler) -> web.StreamResp
     response.headers.add("Vary", "Origin")
     if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
         response.headers["Access-Control-Allow-Methods"] = CORS_METHODS
-        response.headers["Access-Control-Allow-Headers"] = CORS_REQUEST_HEADERS
+        response.headers["Access-Control-Allow-Headers"] = allowed_headers(
+            request.path, request.headers.get("Access-Control-Request-Headers", "")
+        )
         response.headers["Access-Control-Max-Age"] = str(CORS_MAX_AGE_S)
     return response

@@ -71,6 +71,19 @@ class ItemDeleted(SessionEvent):
 
 
 @dataclass(frozen=True)
+class ItemRetrieved(SessionEvent):
+    """A conversation item as the history holds it (an agent item: the words heard, when it
+    was cut short). ``typed``: a user message added as text, not spoken."""
+
+    type: ClassVar[str] = "conversation.item.retrieved"
+    item_id: str
+    role: str
+    text: str
+    truncated: bool = False
+    typed: bool = False
+
+
+@dataclass(frozen=True)
 class ResponseCreated(SessionEvent):
     """A response began: ``response_id``, and ``item_id`` of the assistant item it makes."""
 

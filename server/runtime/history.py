@@ -59,6 +59,7 @@ class Turn:
     word_ends_ms: tuple[float, ...] = ()
     audio_ms: float = 0.0  # agent audio of this item heard (ms); 0 for a user turn
     seq: int = 0  # its place in the order turns were added to the history
+    typed: bool = False  # a user message added as text (a conversation item), not spoken
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,9 @@ class History:
 
     def add_user_item(self, text: str, epoch: int, item_id: str) -> Turn:
         """A user message added as a whole (typed), whatever turn is in progress."""
-        turn = Turn(Role.USER, text.strip(), epoch, item_id=item_id, seq=self._next_seq())
+        turn = Turn(
+            Role.USER, text.strip(), epoch, item_id=item_id, seq=self._next_seq(), typed=True
+        )
         self._turns.append(turn)
         return turn
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections import deque
 
 from server.errors import InvalidItem, UnknownItem
-from server.runtime.events import ItemDeleted, ItemTruncated, SessionEvent, UserItemAdded
+from server.runtime.events import (
+    ItemDeleted,
+    ItemRetrieved,
+    ItemTruncated,
+    SessionEvent,
+    UserItemAdded,
+)
 from server.runtime.history import History, Turn, check_audio_end
 from server.runtime.media import samples_to_ms
 from server.runtime.response import Response
@@ -88,6 +94,13 @@ class Items:
         turn = self._history.add_user_item(text, epoch, self._ids.claim(item_id))
         self._events.append(UserItemAdded(turn.item_id, turn.text, previous))
         return turn
+
+    def retrieve(self, item_id: str) -> None:
+        """``conversation.item.retrieve``: the item as the history holds it, told to the
+        client (UnknownItem); nothing changes."""
+        turn = self._history.item(item_id)
+        role = turn.role.value
+        self._events.append(ItemRetrieved(item_id, role, turn.text, turn.truncated, turn.typed))
 
     def delete(self, item_id: str) -> None:
         """``conversation.item.delete`` (UnknownItem; InvalidItem for the reply in progress)."""

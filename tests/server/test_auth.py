@@ -227,6 +227,36 @@ async def test_cors_allows_configured_and_own_origins_only() -> None:
         assert len(app[REGISTRY_KEY]) == 0
 
 
+async def test_cors_lets_openais_sdks_send_their_own_headers_to_the_openai_api() -> None:
+    """OpenAI's Agents SDK sends ``X-OpenAI-Agents-SDK`` with every offer; a browser page on
+    another origin asks for it in its preflight and fails the call ("Failed to fetch") unless
+    it is allowed. On ``/v1/`` what the preflight asks for is allowed (header names only);
+    the server's own paths keep their own list."""
+    settings = {"server.cors_origins": "https://app.example"}
+    asked = "authorization, content-type, x-openai-agents-sdk, OpenAI-Beta, bad header!, a:b"
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": asked,
+    }
+    async with running(settings) as (url, _), aiohttp.ClientSession() as http:
+        async with http.options(url + "/v1/realtime/calls", headers=preflight) as resp:
+            assert resp.status in (200, 204)
+            allowed = [
+                h.strip().lower() for h in resp.headers["Access-Control-Allow-Headers"].split(",")
+            ]
+            assert {"authorization", "content-type", "x-openai-agents-sdk", "openai-beta"} <= set(
+                allowed
+            )
+            assert "bad header!" not in allowed and "a:b" not in allowed
+            assert "Location" in resp.headers["Access-Control-Expose-Headers"]
+        async with http.options(url + "/whip", headers=preflight) as resp:
+            assert "x-openai-agents-sdk" not in resp.headers["Access-Control-Allow-Headers"].lower()
+        evil = {**preflight, "Origin": "https://evil.example"}
+        async with http.options(url + "/v1/realtime/calls", headers=evil) as resp:
+            assert resp.status == 403 and "Access-Control-Allow-Headers" not in resp.headers
+
+
 async def test_sdp_line_and_section_limits(offer: str) -> None:
     settings = {"transport.max_sdp_lines": "60"}
     async with running(settings) as (url, app), aiohttp.ClientSession() as http:

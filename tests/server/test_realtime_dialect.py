@@ -265,6 +265,40 @@ async def test_items_are_truncated_and_deleted_by_id(talk: tuple[Conversation, L
     validate(link.sent)
 
 
+async def test_items_are_retrieved_as_the_conversation_holds_them(
+    talk: tuple[Conversation, Link],
+) -> None:
+    """OpenAI's Agents SDK asks for every item it hears of (after a transcript, after a
+    truncation): ``conversation.item.retrieved`` holds the item as the history does, an agent
+    item cut to the words heard; an unknown id is an ``item_not_found`` error; nothing else
+    changes. Every event validates against the openai package's models."""
+    conversation, link = talk
+    send(conversation, user_message("Tell me about the paintings"))
+    send(conversation, {"type": "response.create"})
+    done = await until(link, "response.done", conversation=conversation)
+    agent_id = done["response"]["output"][0]["id"]
+    user_id = link.of("conversation.item.added")[0]["item"]["id"]
+    send(conversation, {"type": "conversation.item.retrieve", "item_id": user_id})
+    user = (await until(link, "conversation.item.retrieved"))["item"]
+    assert (user["id"], user["role"], user["status"]) == (user_id, "user", "completed")
+    assert user["content"] == [{"type": "input_text", "text": "Tell me about the paintings"}]
+    truncate = {"type": "conversation.item.truncate", "item_id": agent_id, "content_index": 0}
+    send(conversation, {**truncate, "audio_end_ms": 150})
+    await until(link, "conversation.item.truncated")
+    turns = len(conversation.session.history.turns)
+    mark = len(link.sent)
+    send(conversation, {"type": "conversation.item.retrieve", "item_id": agent_id})
+    agent = (await until(link, "conversation.item.retrieved", after=mark))["item"]
+    heard = conversation.session.history.item(agent_id).text
+    assert (agent["id"], agent["role"], agent["status"]) == (agent_id, "assistant", "incomplete")
+    assert agent["content"] == [{"type": "output_audio", "transcript": heard}]
+    send(conversation, {"type": "conversation.item.retrieve", "item_id": "nope", "event_id": "r"})
+    error = await until(link, "error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("item_not_found", "r")
+    assert len(conversation.session.history.turns) == turns  # nothing changed
+    validate(link.sent)
+
+
 async def test_refusals_are_ga_errors_and_change_nothing(talk: tuple[Conversation, Link]) -> None:
     conversation, link = talk
     send(conversation, user_message("Hi"))
