@@ -371,3 +371,40 @@ def test_the_cut_is_where_the_latest_reading_of_the_audio_before_it_ends() -> No
     # an end that fits nowhere (two words wrong of six) does not win over one that fits
     made_up = [*whole[:-2], "went", "home"]
     assert cut_end([left_out, made_up]) == STORY_WORDS.index("there")
+
+
+async def test_a_hang_up_during_a_resume_ends_it_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``DELETE`` that lands while a resume waits for the old peer to close ends the
+    conversation; the resume then gets 410 (before: a plain-text 500 from a KeyError, and the
+    new peer was left open, never closed and never counted)."""
+    from server.rtc.peer import PeerSession
+
+    closing = PeerSession.close
+
+    async def slow_close(self: PeerSession) -> None:
+        await asyncio.sleep(0.3)  # the hang-up comes meanwhile
+        await closing(self)
+
+    async with running() as (url, app), aiohttp.ClientSession() as http:
+        registry = app[REGISTRY_KEY]
+        peer = Peer(url, video=False)
+        try:
+            await peer.connect()
+            await peer.wait_event("session.created")
+            token = peer.resume_token
+            assert token is not None and peer.session_id is not None
+            monkeypatch.setattr(PeerSession, "close", slow_close)
+            resuming = asyncio.ensure_future(registry.resume(token, "v=0"))
+            await asyncio.sleep(0.05)
+            async with http.delete(f"{url}/whip/{peer.session_id}") as resp:
+                assert resp.status == 200
+            from server.errors import ResumeExpired
+
+            with pytest.raises(ResumeExpired):
+                await resuming
+            del resuming  # its exception's traceback holds the old peer
+            assert not registry.peers and not registry.conversations
+            monkeypatch.setattr(PeerSession, "close", closing)
+            await until(lambda: registry.live_peer_objects() == 0, "every peer gone", 10)
+        finally:
+            await peer.close(delete=False)
