@@ -162,7 +162,7 @@ def test_onset_is_where_the_gate_first_heard_voice_even_if_confirmed_later() -> 
     onset, start = events[0], decisions(events)[0]
     assert start.kind is VadEventKind.START
     assert start.onset_arrival_ms == 1000.0 + 20 * 5  # gate onset, not the confirmation
-    # the onset came first: two gate frames (vad.onset_ms 40), before the model agreed
+    # the onset came first: the gate's first frame (vad.onset_ms 20), before the model agreed
     assert onset.kind is VadEventKind.ONSET
     assert (onset.at_ms, onset.onset_arrival_ms) == (5 * 20, 1000.0 + 20 * 5)
     assert det.gate_quiet_ms == 0.0
