@@ -45,7 +45,7 @@ from server.pipeline.echo import EchoPath
 from server.pipeline.seams import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace, engines_busy
 from server.pipeline.turn_detector import TurnDetector, VadEvent
 from server.runtime.events import ResponseDone
-from server.runtime.media import MEDIA_RATE_HZ, Inbound16k, pcm_level, samples_to_ms
+from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag
@@ -96,7 +96,7 @@ class Conversation:
         self.turn_settings = self._turn(TurnSettings.from_config(config))
         self.detached_since_ms: float | None = None  # when the last link was lost
         self.inbox = Inbox(session_id, config.transport.max_event_bytes, self.emit)
-        self._resampler: Inbound16k | None = None
+        self._resampler: av.AudioResampler | None = None
         self.echo = EchoPath(detector.echo)  # the avatar's voice out of what is heard
         self.ticket = ResumeTicket(session_id)
         self.utterance = Utterance()
@@ -273,12 +273,11 @@ class Conversation:
         """One inbound audio frame (any rate): resampled to 16 kHz mono, the avatar's echo
         taken out (server/pipeline/echo.py), for the detector and the recogniser."""
         if self._resampler is None:
-            self._resampler = Inbound16k()
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=16_000)
         self.session.input.advance_heard(frame.samples * MEDIA_RATE_HZ // frame.sample_rate)
         link = self.outlet.link
-        heard = self._resampler.resample(frame)
-        if len(heard):
-            inbound = self.echo.clean(heard)
+        for out in self._resampler.resample(frame):
+            inbound = self.echo.clean(out.to_ndarray().reshape(-1).astype(np.int16))
             pcm, voice = inbound.words, inbound.voice
             if len(inbound.rewind):
                 self.utterance.repair(inbound.rewind)

@@ -51,37 +51,6 @@ def resample(pcm: npt.NDArray[np.int16], rate_hz: int, to_hz: int) -> npt.NDArra
     return np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
 
 
-class Inbound16k:
-    """A stream of audio frames (any rate and layout) as 16 kHz mono int16, each frame's
-    worth as it comes.
-
-    libswresample holds back the start of a stream by its filter's delay: the first 20 ms
-    frame comes out 16 samples short, and so, after it, every 20 ms of output is the end of
-    one packet and the start of the next. Cut into 20 ms frames for the turn detector (and
-    10 ms ones for the echo canceller), each frame then waited for the next packet to complete
-    it: the user's voice, a barge-in's onset included, was judged 20 ms later than it came.
-    The delay is given as silence at the start, so that the output keeps step with the input:
-    a 20 ms packet in, 320 samples out."""
-
-    RATE_HZ = 16_000
-
-    def __init__(self) -> None:
-        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=self.RATE_HZ)
-        self._in = 0  # the input's duration so far, in output samples
-        self._out = 0  # samples given out so far
-
-    def resample(self, frame: av.AudioFrame) -> npt.NDArray[np.int16]:
-        """The 16 kHz samples of ``frame`` (the stream's first ones led by silence)."""
-        self._in += frame.samples * self.RATE_HZ // frame.sample_rate
-        parts = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
-        pcm = np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
-        behind = self._in - self._out - len(pcm)
-        if self._out == 0 and len(pcm) and behind > 0:  # the filter's delay, once
-            pcm = np.concatenate([np.zeros(behind, np.int16), pcm])
-        self._out += len(pcm)
-        return pcm
-
-
 def pcm_level(pcm: npt.NDArray[np.int16]) -> float:
     """RMS level of int16 samples, 0..1 (a full-scale sine ~0.7; no samples: 0)."""
     if len(pcm) == 0:

@@ -18,13 +18,7 @@ from server.runtime.conditions import Conditions
 from server.runtime.history import Role
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag
-from tests.server.test_end_of_turn import (
-    ODD_FRAMES,
-    Partials,
-    quiet_until_the_turn_ends,
-    rig_with,
-    speak,
-)
+from tests.server.test_end_of_turn import Partials, quiet_until_the_turn_ends, rig_with, speak
 from tests.server.test_interjection import REPLY, Rig
 
 PARIS = "I would like to go to Paris."
@@ -124,7 +118,7 @@ async def test_a_partial_that_heard_all_the_speech_before_the_pause_begins_it_to
     # follows; its words are the pause's
     rig, llm = early_rig(monkeypatch, interval_ms=50, speaking=PARIS)
     try:
-        await speak(rig, ODD_FRAMES)
+        await speak(rig, 40)
         decodes = llm.decodes
         await pause(rig)
         assert llm.decodes == decodes  # no decode of the pause

@@ -58,11 +58,6 @@ async def quiet_until_the_turn_ends(rig: Rig, limit: int = 200) -> float:
     raise AssertionError("the turn never ended")
 
 
-# speech that ends inside one of the confirming model's 32 ms windows (40 frames end with the
-# 25th: its quiet is then counted a frame later): the pause's timing as these tests measure it
-ODD_FRAMES = 39
-
-
 async def speak(rig: Rig, frames: int) -> None:
     rig.voice.on = True
     await rig.tick(frames)
@@ -289,7 +284,7 @@ async def test_the_pause_is_decoded_at_40_ms_of_quiet_as_the_audio_comes(
     rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
     monkeypatch.setattr(partials, "PARTIAL_TICK_S", 3600.0)
     try:
-        await speak(rig, ODD_FRAMES)
+        await speak(rig, 40)
         # not at 20 ms of quiet (maybe a gap between two words): at turn_detector.PAUSE_MS
         assert await quiet_until_decoded(rig, recogniser) == 40.0
         assert rig.conversation.partials.partial.text == "I would like to go to Paris."
@@ -304,7 +299,7 @@ async def test_while_a_reply_is_being_written_the_pause_is_decoded_at_100_ms(
     rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
     recogniser.busy = True
     try:
-        await speak(rig, ODD_FRAMES)
+        await speak(rig, 40)
         assert await quiet_until_decoded(rig, recogniser) == 100.0  # partials.BUSY_PAUSE_MS
     finally:
         await rig.conversation.close()
@@ -317,7 +312,7 @@ async def test_the_pause_that_ends_the_turn_is_not_warmed(
     # running, and the reply would wait for it, then read its last token in a second pass
     rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
     try:
-        await speak(rig, ODD_FRAMES)
+        await speak(rig, 40)
         await until_judged(rig)  # the pause's words came at 40 ms, before it judged
         await quiet_until_the_turn_ends(rig)
         assert recogniser.warmed and set(recogniser.warmed) == {"I would like"}
@@ -331,7 +326,7 @@ async def test_a_running_warm_up_does_not_go_on_to_the_words_that_end_the_turn(
     rig, recogniser = rig_with(monkeypatch, "I would like to go to Paris.", "I would like")
     recogniser.hold_first_warm_up = True
     try:
-        await speak(rig, ODD_FRAMES)  # the warm-up of "I would like" runs on
+        await speak(rig, 40)  # the warm-up of "I would like" runs on
         await until_judged(rig)
         await rig.tick(3)  # 120 ms of quiet: the pause's words, the turn not yet ended
         assert rig.conversation.session.state is TurnState.USER_SPEAKING

@@ -91,39 +91,3 @@ def test_a_sender_that_stopped_is_not_filled() -> None:
     assert gaps.before(opus_like(resumed)) is None
     assert gaps.filled_ms == 0.0
     assert gaps.before(opus_like(resumed + 2 * 960)) is not None  # timed from there on
-
-
-def stereo_frames(pcm: np.ndarray, start: int = 0) -> list[av.AudioFrame]:
-    """48 kHz mono ``pcm`` as the stereo 20 ms frames aiortc's Opus decoder gives."""
-    frames = []
-    for k in range(len(pcm) // 960):
-        chunk = pcm[k * 960 : (k + 1) * 960]
-        interleaved = np.repeat(chunk, 2).reshape(1, -1)
-        frame = av.AudioFrame.from_ndarray(interleaved, format="s16", layout="stereo")
-        frame.sample_rate, frame.pts, frame.time_base = 48_000, start + k * 960, TIME_BASE
-        frames.append(frame)
-    return frames
-
-
-def test_each_packet_is_heard_whole_when_it_comes() -> None:
-    """A 20 ms packet in, 20 ms at 16 kHz out: the resampler's delay leads the stream as
-    silence once, so that no 20 ms frame of the detector waits for the next packet (before,
-    every one did: a barge-in's onset was judged 20 ms late)."""
-    from server.pipeline.turn_detector import FRAME
-    from server.runtime.media import Inbound16k
-
-    rng = np.random.default_rng(5)
-    pcm = (rng.standard_normal(48_000) * 3000).astype(np.int16)
-    inbound = Inbound16k()
-    out = [inbound.resample(frame) for frame in stereo_frames(pcm)]
-    assert [len(o) for o in out] == [FRAME] * 50
-    assert not out[0][:16].any() and out[0][16:].any()  # the filter's delay, as silence
-    plain = av.AudioResampler(format="s16", layout="mono", rate=16_000)
-    before = [
-        np.concatenate([f.to_ndarray().reshape(-1) for f in plain.resample(frame)])
-        for frame in stereo_frames(pcm)
-    ]
-    assert len(before[0]) == FRAME - 16  # what the detector had to wait for
-    # the same audio, 16 samples later: nothing else changes
-    joined, reference = np.concatenate(out), np.concatenate(before)
-    assert np.array_equal(joined[16:], reference[: len(joined) - 16])
