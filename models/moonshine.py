@@ -320,7 +320,7 @@ class MoonshineWithWhisper:
     words differ each model scores both texts (``score``: the mean log probability of the
     text's tokens for this audio); the text the two find likelier together wins. Each
     mishears what the other often gets right (espeak-ng's voice: Moonshine alone 17 %, Whisper
-    16 %, the pair 9 % word errors; BENCHMARKS.md), at about twice one's cost. Partial
+    16 %, the pair 8 % word errors; BENCHMARKS.md), at about twice one's cost. Partial
     transcripts (``hear``) stay Moonshine's alone."""
 
     def __init__(
@@ -348,11 +348,7 @@ class MoonshineWithWhisper:
             try:
                 return call(first)
             except AsrError as exc:
-                name = "moonshine" if first is self.words else "whisper"
-                seconds = pcm.size / RATE_HZ
-                log.warning("%s failed on %.1f s of audio: %s", name, seconds, exc)
-                if self.on_fallback is not None:
-                    self.on_fallback(name)
+                self._failed(first, pcm, exc)
                 return call(other)
 
     def _failed(self, asr: MoonshineAsr | WhisperAsr, pcm: Pcm16k, exc: AsrError) -> None:
