@@ -56,6 +56,15 @@ def wer(reference: str, hypothesis: str) -> float:
     return edit_distance(words(reference), words(hypothesis)) / len(words(reference))
 
 
+async def transcribed(peer: ClientPeer, pcm: np.ndarray) -> str:
+    """What the server heard of ``pcm`` (48 kHz), spoken into the peer's microphone."""
+    peer.mic.play(np.concatenate([silence(300), pcm]))
+    heard = await peer.wait_event(
+        "conversation.item.input_audio_transcription.completed", timeout=len(pcm) / 48_000 + 60
+    )
+    return str(heard["transcript"])
+
+
 @pytest.fixture
 async def peer(server: ServerProcess, client_ice: None) -> AsyncIterator[ClientPeer]:
     client = Peer(server.url, video=False)
@@ -70,11 +79,7 @@ async def test_a_minute_long_monologue_is_heard_whole(
     pcm = speak(MONOLOGUE, rate=140)
     seconds = len(pcm) / 48_000
     assert 58 <= seconds <= 90, seconds
-    peer.mic.play(np.concatenate([silence(300), pcm]))
-    heard = await peer.wait_event(
-        "conversation.item.input_audio_transcription.completed", timeout=seconds + 60
-    )
-    transcript = heard["transcript"]
+    transcript = await transcribed(peer, pcm)
     error = wer(MONOLOGUE, transcript)
     print(f"{seconds:.0f} s heard as {len(words(transcript))} words, WER {error:.3f}: {transcript}")
     assert error <= 0.25, transcript
@@ -96,11 +101,7 @@ async def test_half_a_minute_of_a_person_is_heard_whole(
     pcm = load_wav(ASTERISK / "demo-congrats.wav")  # 48 kHz
     seconds = len(pcm) / 48_000
     assert seconds >= 29, seconds
-    peer.mic.play(np.concatenate([silence(300), pcm]))
-    heard = await peer.wait_event(
-        "conversation.item.input_audio_transcription.completed", timeout=seconds + 60
-    )
-    transcript = heard["transcript"]
+    transcript = await transcribed(peer, pcm)
     error = wer(text, transcript)
     print(f"{seconds:.0f} s of a person heard with WER {error:.3f}: {transcript}")
     assert error <= 0.25, transcript
