@@ -48,5 +48,5 @@ USER avatar
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD [".venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2)"]
-# settings come from AVATAR_* environment variables (see README, "Settings")
+# settings come from AVATAR_* environment variables (docs/configuration.md lists them)
 CMD [".venv/bin/python", "-m", "server", "--host", "0.0.0.0", "--port", "8080"]

@@ -34,6 +34,7 @@ from benchmarks import (
     realtime_bench,
     resume_bench,
     scheduler_sim,
+    session_budget,
     stamped,
     talk_over_bench,
     transport_bench,
@@ -299,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "whip_connect": whip_connect.main([*quick, "--out", str(out / "whip_connect.json")]),
         "resume": resume_bench.main([*quick, "--out", str(out / "resume.json")]),
         "admission": admission_bench.main([*quick, "--out", str(out / "admission.json")]),
+        "session_budget": session_budget.main([*quick, "--out", str(out / "session_budget.json")]),
         "talk_over": talk_over_bench.main(
             [*(["--seeds", "1"] if args.smoke else []), "--out", str(out / "talk_over.json")]
         ),
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "resume": _load(out, "resume.json"),
         "talk_over": _load(out, "talk_over.json"),
         "inbound": _load(out, "inbound.json"),
+        "session_budget": _load(out, "session_budget.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }

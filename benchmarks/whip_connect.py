@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.whip_connect [--count 10] [--quick] [--out PATH]
 
-The figure README's "Integrating" section quotes (median, POST -> ``connected``), for two
+The figure docs/clients.md quotes (median, POST -> ``connected``), for two
 WebRTC stacks and two ways of sending candidates, against a real server process (the tone
 reply pipeline of tests/support: no models) on loopback:
 

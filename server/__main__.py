@@ -94,11 +94,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
         ("server.port", args.port),
         ("server.log_level", args.log_level),
         ("server.workers", args.workers),
-        ("server.session_id_prefix", args.worker_index and f"w{args.worker_index}-"),
     ):
         if value is not None:
             overrides[dotted] = value
-    return load_config(args.config, os.environ, overrides)
+    config = load_config(args.config, os.environ, overrides)
+    if args.worker_index:  # worker k of a supervisor: the host's prefix, then "wk-" ("h1.w2-")
+        prefix = f"{config.server.session_id_prefix}w{args.worker_index}-"
+        config = load_config(
+            args.config, os.environ, {**overrides, "server.session_id_prefix": prefix}
+        )
+    return config
 
 
 async def serve(

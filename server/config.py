@@ -8,6 +8,7 @@ invalid one raises :class:`ConfigError` naming the setting (e.g. ``server.port``
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 import tomllib
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ ASR_WINDOWS = ("audio", "full")
 ASR_MODELS = ("moonshine-tiny", "whisper-tiny.en")
 LLM_ENGINES = ("auto", "llamacpp", "vllm")
 PRIVATE_CANDIDATES = ("auto", "allow", "drop")
+ANONYMOUS_TURN = ("auto", "allow", "deny")
 MIN_TOKEN_CHARS = 16  # a bearer token is at least this long
 
 
@@ -90,7 +92,10 @@ class ServerConfig:
     )
     trusted_proxies: tuple[str, ...] = _setting(
         (),
-        "Addresses of reverse proxies whose X-Forwarded-For names the client (for rate limits).",
+        "Reverse proxies whose X-Forwarded-For names the client (rate limits, per-client "
+        "limits, the ICE candidate filter): IP addresses or CIDR ranges (10.0.0.0/8), not "
+        "host names. The client is the right-most address in the header that none of them "
+        "wrote.",
     )
     workers: int = _setting(
         1,
@@ -116,6 +121,14 @@ class ServerConfig:
     )
 
     def __post_init__(self) -> None:
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"server.trusted_proxies: {entry!r} is neither an IP address nor a CIDR "
+                    "range (e.g. 172.18.0.0/16); name the proxy by its address"
+                ) from None
         if self.agent_port and self.workers > 1:
             raise ConfigError(
                 "server.agent_port: the load-balancer agent is for single-process hosts "
@@ -272,6 +285,33 @@ class TransportConfig:
     patch_burst: int = _setting(
         30, "Trickle PATCHes one session may send at once (token bucket size).", min=1, max=10_000
     )
+    max_media_packets_per_s: float = _setting(
+        100.0,
+        "Inbound audio (RTP) packets one session may send a second (token bucket refill); more "
+        "are dropped before they are decoded and counted in avatar_session_rate_limited_total"
+        '{kind="media"}. A WebRTC sender sends 50 (20 ms packets), 100 at 10 ms. The audio '
+        "they make heard, with the lost time filled between them, is held to 1.5 s a second "
+        "beyond a burst of max_media_gap_ms + 2 s. 0: no limit.",
+        min=0.0,
+        max=100_000.0,
+    )
+    media_packets_burst: int = _setting(
+        100,
+        "Inbound audio packets one session may send at once (token bucket size): 2 s of 20 ms "
+        "packets arriving together after a network stall.",
+        min=1,
+        max=100_000,
+    )
+    max_media_gap_ms: int = _setting(
+        1000,
+        "Longest jump (ms) in the microphone's RTP timestamps that is filled (concealment, "
+        "silence) to keep the sender's timeline; a longer one (a sender that stopped) or one "
+        "back in time is a discontinuity: the timeline is joined, nothing filled. A gap the "
+        "audio budget (max_media_packets_per_s) has no room for is joined too, and counted "
+        '(kind="jump").',
+        min=0,
+        max=1000,
+    )
     private_candidates: str = _setting(
         "auto",
         "Remote ICE candidates at loopback, link-local or other non-global addresses and mDNS "
@@ -293,10 +333,19 @@ class TransportConfig:
         secret=True,
     )
     ice_credential_ttl_s: int = _setting(
-        86_400,
-        "Lifetime (s) of issued TURN credentials; a session must end within it.",
+        14_400,
+        "Lifetime (s) of issued TURN credentials; a session must end within it (sessions have "
+        "no maximum length: a longer call loses its relay and must resume).",
         min=60,
         max=7 * 86_400,
+    )
+    ice_anonymous_turn: str = _setting(
+        "auto",
+        "TURN credentials (GET /ice-servers, WHIP Link headers) for callers without a bearer "
+        "token, i.e. when server.auth_tokens is empty: 'allow', 'deny' (GET /ice-servers "
+        "answers 403, Link headers name no TURN server), or 'auto': allow only while "
+        "server.host is a loopback address.",
+        choices=ANONYMOUS_TURN,
     )
     ice_host_addresses: tuple[str, ...] = _setting(
         (), "Host addresses offered as ICE candidates (empty: every interface but 127.0.0.1)."
@@ -392,9 +441,9 @@ class VadConfig:
     onset_ms: int = _setting(
         20,
         "Audio (ms) the gate alone calls voice that pauses a reply at once, before the "
-        "confirming model and the interjection judge decide (20: the first voiced frame; "
-        "barge-in as an aiortc client hears it 127 ms p50 against 146 ms at 40, the echo "
-        "benchmark's self-interruptions and echo pauses 0 either way).",
+        "confirming model and the interjection judge decide (20: the first voiced frame; the "
+        "echo benchmark's self-interruptions and echo pauses were 0 at 20 and at 40; "
+        "BENCHMARKS.md has barge-in as a client hears it).",
         min=20,
         max=1000,
     )
@@ -595,6 +644,30 @@ class SessionConfig:
         "this the oldest ends.",
         min=0.0,
         max=1_000_000.0,
+    )
+    max_events_per_s: float = _setting(
+        20.0,
+        "Client events (data-channel messages, valid or not) one session may send a second "
+        "(token bucket refill); past it they are dropped unanswered, but for one 'rate_limited' "
+        "error until the bucket is full again, and counted in "
+        'avatar_session_rate_limited_total{kind="events"}. A client sends a few a second '
+        "(typed text, response.cancel, playback.ack 4 a second). 0: no limit.",
+        min=0.0,
+        max=100_000.0,
+    )
+    events_burst: int = _setting(
+        50,
+        "Client events one session may send at once (token bucket size).",
+        min=1,
+        max=100_000,
+    )
+    flood_s: float = _setting(
+        3.0,
+        "A session that sends more than 10x max_events_per_s events, or 10x "
+        "transport.max_media_packets_per_s audio packets, in each of this many seconds in a row "
+        "is ended (as one that leaves its events unread); 0: never.",
+        min=0.0,
+        max=3600.0,
     )
 
 

@@ -113,6 +113,14 @@ class Forbidden(RequestError):
     code = "forbidden"
 
 
+class TurnNeedsToken(Forbidden):
+    """TURN credentials asked for without a bearer token where
+    ``transport.ice_anonymous_turn`` withholds them (no tokens configured, server reachable
+    beyond loopback): whoever holds them can relay traffic through the TURN server."""
+
+    code = "turn_needs_token"
+
+
 class PreconditionFailed(RequestError):
     """``If-Match`` names an entity-tag the resource no longer has."""
 

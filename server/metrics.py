@@ -41,8 +41,17 @@ class Metrics:
             "avatar_sessions_let_go",
             "Sessions ended or detached to keep a bound, by reason: stale_peer (a full server "
             "let go a peer whose audio had stopped), detached_bound (the oldest waiting "
-            "conversation ended).",
+            "conversation ended), flooded (a session far past its events or media budget for "
+            "session.flood_s was ended).",
             ["reason"],
+            registry=r,
+        )
+        self.session_rate_limited = Counter(
+            "avatar_session_rate_limited",
+            "What sessions sent past their budgets, by kind: events (client events dropped, "
+            "unanswered but for one rate_limited error an episode), media (inbound audio packets "
+            "dropped before decoding), jump (gaps in the audio's timestamps joined, not filled).",
+            ["kind"],
             registry=r,
         )
         self.loop_cpu = Gauge(

@@ -373,6 +373,10 @@ export class AvatarConnection extends EventTarget {
       // Tried again after a failure: if the server took it, it refuses it now (403).
       const token = this.resumeToken;
       try {
+        // TURN credentials expire (transport.ice_credential_ttl_s): fresh ones for each try
+        const fresh = await fetchIceServers(this.baseUrl);
+        if (fresh.length) this._iceServers = fresh;
+        if (this._stopped) return;
         if (!(await this._connect(token))) return; // stopped meanwhile
         this.reconnecting = false;
         this.resumes += 1;

@@ -44,6 +44,7 @@ from server.owner import NO_OWNER
 from server.pipeline.echo import EchoPath
 from server.pipeline.seams import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace, engines_busy
 from server.pipeline.turn_detector import TurnDetector, VadEvent
+from server.runtime.budget import Rate
 from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
@@ -95,7 +96,15 @@ class Conversation:
         self.wire = RealtimeWire(self.session_view, lambda: self.session.conditions.voice)
         self.turn_settings = self._turn(TurnSettings.from_config(config))
         self.detached_since_ms: float | None = None  # when the last link was lost
-        self.inbox = Inbox(session_id, config.transport.max_event_bytes, self.emit)
+        self.inbox = Inbox(
+            session_id,
+            config.transport.max_event_bytes,
+            self.emit,
+            Rate(config.session.max_events_per_s, config.session.events_burst),
+            config.session.flood_s,
+            self.clock,
+            metrics.session_rate_limited.labels("events").inc,
+        )
         self._resampler: av.AudioResampler | None = None
         self.echo = EchoPath(detector.echo)  # the avatar's voice out of what is heard
         self.ticket = ResumeTicket(session_id)
@@ -350,9 +359,10 @@ class Conversation:
         await self.interrupt(self.session.time_out(overdue), barge_in=False)
 
     # --- client events ------------------------------------------------------------------------
-    def receive(self, raw: str | bytes) -> None:
-        """One client message (from the link's events channel)."""
-        self.inbox.receive(raw)
+    def receive(self, raw: str | bytes) -> bool:
+        """One client message (from the link's events channel); False when its sender floods
+        far past the session's events budget (the link then ends the session)."""
+        return self.inbox.receive(raw)
 
     async def handle(self, event: RealtimeEvent) -> None:
         """One client event (server/conversation/commands.py)."""

@@ -8,31 +8,64 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from server.clock import Clock, MonotonicClock
 from server.conversation.protocol import ProtocolError, error_event, parse_client_event
 from server.conversation.realtime_client import RealtimeEvent
+from server.runtime.budget import Admission, Rate, Throttle
 
 log = logging.getLogger(__name__)
 
 MAX_INBOX = 64
+NO_LIMIT = Rate(0.0, 1.0)
 
 
 class Inbox:
-    """The client events of one conversation, handled one at a time, in order."""
+    """The client events of one conversation, handled one at a time, in order. ``rate``:
+    events a second and a burst, past which they are dropped before they are parsed
+    (``limited`` counts each), unanswered but for one ``rate_limited`` error a throttling
+    episode; ``flood_s``: see :class:`server.runtime.budget.Throttle`."""
 
     def __init__(
-        self, session_id: str, max_event_bytes: int, emit: Callable[[dict[str, Any]], None]
+        self,
+        session_id: str,
+        max_event_bytes: int,
+        emit: Callable[[dict[str, Any]], None],
+        rate: Rate = NO_LIMIT,
+        flood_s: float = 0.0,
+        clock: Clock | None = None,
+        limited: Callable[[], None] = lambda: None,
     ) -> None:
         self._session_id = session_id
         self._max_event_bytes = max_event_bytes
         self._emit = emit
+        self._throttle = Throttle(rate, flood_s)
+        self._rate = rate
+        self._clock = clock or MonotonicClock()
+        self._limited = limited
         self._queue: asyncio.Queue[RealtimeEvent] = asyncio.Queue(maxsize=MAX_INBOX)
         self._busy = False  # an event is being handled
         # the dialect's parser (the native one until a GA channel opens)
         self.parse: Callable[[str | bytes, int], RealtimeEvent] = parse_client_event
 
-    def receive(self, raw: str | bytes) -> None:
-        """One client message: parsed and queued, or answered with one ``error``. Runs inside
-        the transport's receive path, where an exception would end it: none escapes."""
+    def receive(self, raw: str | bytes) -> bool:
+        """One client message: parsed and queued, or answered with one ``error``, or over the
+        budget dropped. False when its sender floods far past the budget: end the session.
+        Runs inside the transport's receive path, where an exception would end it: none
+        escapes."""
+        admission = self._throttle.admit(self._clock.now_ms())
+        if admission is not Admission.TAKE:
+            self._limited()
+            if admission is Admission.REFUSE:
+                message = (
+                    f"more than {self._rate.per_s:g} events a second: events are dropped "
+                    "unanswered until they slow down"
+                )
+                self._emit(ProtocolError("rate_limited", message).to_event())
+            return admission is not Admission.END
+        self._parse(raw)
+        return True
+
+    def _parse(self, raw: str | bytes) -> None:
         try:
             event = self.parse(raw, self._max_event_bytes)
         except ProtocolError as exc:

@@ -31,6 +31,7 @@ from server.conversation.protocol import (
     session_fields,
 )
 from server.conversation.realtime_session import SessionPatch, output_modalities, parse_session
+from server.runtime.conditions import MAX_PERSONA_CHARS
 
 EXTENSION_PREFIX = "x-avatar."
 
@@ -181,6 +182,13 @@ def _response(data: dict[str, Any], event_id: str | None) -> ResponseCreate:
         raise ProtocolError(
             "invalid_value",
             "instructions must be a non-empty string",
+            event_id,
+            "response.instructions",
+        )
+    if instructions is not None and len(instructions) > MAX_PERSONA_CHARS:
+        raise ProtocolError(  # they replace the persona for this reply: the persona's limit
+            "invalid_value",
+            f"instructions longer than {MAX_PERSONA_CHARS} characters",
             event_id,
             "response.instructions",
         )

@@ -286,7 +286,11 @@ class Replies:
             session.finish_response(epoch, ResponseStatus.FAILED)
         except Exception as exc:
             log.exception("session %s: reply failed", session.session_id[:8])
-            self.server_error("engine_error", f"the reply failed: {type(exc).__name__}: {exc}")
+            # the engine's own words stay in the log: they may name internal hosts, ports or
+            # limits (llama.cpp's "exceeds 2048"), which are no business of the client's
+            self.server_error(
+                "engine_error", f"the reply failed ({type(exc).__name__}); the server logged why"
+            )
             session.finish_response(epoch, ResponseStatus.FAILED)
         finally:
             self._flush()

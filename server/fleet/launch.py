@@ -43,17 +43,18 @@ def worker_command(config: Config, argv: Sequence[str], index: int, fd: int) -> 
     """The command line of worker ``index``: the supervisor's own options (without secrets,
     see split_secrets), then one worker.
 
-    The worker trusts the router's X-Forwarded-For (client addresses) and keeps the same
-    per-address session rate limit as the router, as a second line.
+    The worker trusts only the router's X-Forwarded-For, which names the client alone (the
+    router read it past its own trusted proxies), and keeps the same per-address session rate
+    limit as the router, as a second line; its session ids carry the host's prefix and
+    ``wk-`` (``h1.w2-...``), so a proxy in front still routes by host.
     """
-    proxies = dict.fromkeys((*config.server.trusted_proxies, ROUTER_ADDRESS))
     return [
         sys.executable,
         "-m",
         "server",
         *split_secrets(argv)[0],
         "--set",
-        f"server.trusted_proxies={','.join(proxies)}",
+        f"server.trusted_proxies={ROUTER_ADDRESS}",
         "--workers",
         "1",
         "--worker-index",

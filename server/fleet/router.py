@@ -45,13 +45,22 @@ from yarl import URL
 
 from server import __version__
 from server.config import Config
+from server.conversation.resume import split_token
 from server.errors import Draining, NotFound, RequestError, ServerFull
 from server.fleet.merge import join_objects, merge_expositions, pool_metrics
 from server.fleet.pool import Pool, Upstream
 from server.http.guards import WORKER_KEY_HEADER, request_guards
 from server.http.middleware import json_errors
 from server.http.realtime_calls import CALLS_PATH
-from server.http.signaling import add_session_limit, limit_session_rate, read_limited
+from server.http.signaling import (
+    PROXIES_KEY,
+    RESUME_HEADER,
+    add_session_limit,
+    client_address,
+    limit_session_rate,
+    read_limited,
+)
+from server.jsontext import JsonRefused, load_json
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +111,26 @@ class Answer:
         )
 
 
-def worker_of(session_id: str) -> int | None:
-    """The worker index in a session id (``w2-...`` -> 2), or None."""
-    match = WORKER_ID.match(session_id)
+def resume_token_of(request: web.Request, body: bytes) -> str | None:
+    """The resume token of an ``/offer`` or ``/whip``: its header, or the ``/offer`` body's
+    ``resume_token``; None when it has none (or a body the worker will refuse anyway)."""
+    token = request.headers.get(RESUME_HEADER)
+    if token is not None or request.path != "/offer":
+        return token
+    try:
+        data = load_json(body.decode("utf-8"))
+    except (UnicodeDecodeError, JsonRefused):
+        return None
+    field = data.get("resume_token") if isinstance(data, dict) else None
+    return field if isinstance(field, str) else None
+
+
+def worker_of(session_id: str, prefix: str = "") -> int | None:
+    """The worker index in a session id that starts with the host's ``prefix`` (``h1.``):
+    ``h1.w2-...`` -> 2; None for any other id."""
+    if not session_id.startswith(prefix):
+        return None
+    match = WORKER_ID.match(session_id, len(prefix))
     return int(match.group(1)) if match else None
 
 
@@ -144,18 +170,6 @@ class Router:
             key=lambda w: (w.sessions + self._pending.get(w.index, 0), (w.index - turn) % n),
         )
 
-    def _forwarded_for(self, request: web.Request) -> str:
-        """X-Forwarded-For whose last entry is the client, as server/http/signaling.py reads it.
-
-        The workers trust the router (127.0.0.1). The router trusts ``server.trusted_proxies``:
-        behind one of them the list passes as it is, else the peer's address is appended.
-        """
-        forwarded = request.headers.get("X-Forwarded-For")
-        remote = request.remote or "unknown"
-        if forwarded and remote in self.config.server.trusted_proxies:
-            return forwarded
-        return f"{forwarded}, {remote}" if forwarded else remote
-
     async def _forward(self, request: web.Request, worker: Upstream, body: bytes) -> Answer:
         """Send ``request`` (with ``body``) to ``worker``; its answer as the router's answer."""
         assert self._http is not None
@@ -165,8 +179,9 @@ class Router:
         headers.pop(WORKER_KEY_HEADER, None)
         headers.update(self._key)
         headers["Host"] = request.host
-        headers["X-Forwarded-For"] = self._forwarded_for(request)
-        if request.remote not in self.config.server.trusted_proxies:  # else theirs pass on
+        # the client as the router sees it, alone: the workers trust only the router
+        headers["X-Forwarded-For"] = client_address(request)
+        if not request.app[PROXIES_KEY].trusts(request.remote or ""):  # else theirs pass on
             headers["X-Forwarded-Proto"] = request.scheme
             headers["X-Forwarded-Host"] = request.host
         send_body = bool(body) or request.method not in ("GET", "HEAD", "OPTIONS", "DELETE")
@@ -221,13 +236,29 @@ class Router:
 
     # ----- handlers
 
+    def _owner(self, session_id: str) -> Upstream:
+        """The running worker that holds ``session_id``; NotFound when none does."""
+        index = worker_of(session_id, self.config.server.session_id_prefix)
+        owner = next((w for w in self.pool.workers if w.index == index), None)
+        if owner is None or not owner.alive:
+            raise NotFound("no such session")
+        return owner
+
     async def place(self, request: web.Request) -> web.Response:
         """A new session (``POST /offer``, ``/whip``, ``/v1/realtime/calls``) on the
-        least-loaded worker with room."""
-        if self.pool.draining:
+        least-loaded worker with room; a resume (``/offer``, ``/whip``) on the worker that
+        holds its conversation."""
+        resumes = request.path != CALLS_PATH  # the OpenAI calls have no resume
+        if self.pool.draining and not (resumes and RESUME_HEADER in request.headers):
             raise Draining(self.config.transport.retry_after_s)
         limit_session_rate(request)
         body = await self._body(request)
+        token = resume_token_of(request, body) if resumes else None
+        if token is not None:
+            owner = self._owner(split_token(token)[0])
+            return (await self._forward(request, owner, body)).response()
+        if self.pool.draining:  # a resume in the body of an /offer got past the first check
+            raise Draining(self.config.transport.retry_after_s)
         candidates = self._by_load()
         if not candidates:
             raise ServerFull("no worker is ready", self.config.transport.retry_after_s)
@@ -253,10 +284,7 @@ class Router:
     async def to_owner(self, request: web.Request) -> web.Response:
         """A request for one session (``/whip/<id>``, ``/v1/realtime/calls/<id>``) to the
         worker that holds it."""
-        index = worker_of(request.match_info["session_id"])
-        owner = next((w for w in self.pool.workers if w.index == index), None)
-        if owner is None or not owner.alive:
-            raise NotFound("no such session")
+        owner = self._owner(request.match_info["session_id"])
         return (await self._forward(request, owner, await self._body(request))).response()
 
     async def to_any(self, request: web.Request) -> web.Response:

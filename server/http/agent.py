@@ -4,7 +4,7 @@ A proxy in front of several hosts sends each new session to a host with room for
 connection to the agent reads one line and is closed: ``up <n>%`` where ``n`` is the share of
 ``transport.max_sessions`` still free (the proxy scales the host's weight by it: 0 % takes no
 new session), or ``drain`` while the host drains (server/__main__.py). Session-scoped requests
-do not depend on it: the proxy routes them by the session id's prefix (README.md, "Many
+do not depend on it: the proxy routes them by the session id's prefix (docs/operations.md, "Many
 hosts").
 """
 

@@ -89,6 +89,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def anonymous_turn(setting: str, host: str) -> bool:
+    """Whether callers without a bearer token get TURN credentials
+    (``transport.ice_anonymous_turn``): 'allow', 'deny', or 'auto': while the server listens
+    on loopback alone."""
+    return setting == "allow" or (setting == "auto" and is_loopback(host))
+
+
 def exposure_warning(host: str, tokens: Sequence[str]) -> str | None:
     """A warning when the server listens beyond localhost without authentication."""
     if tokens or is_loopback(host):

@@ -1,7 +1,8 @@
 """Log lines never hold a whole session id: without bearer tokens the id is the only credential
-of its WHIP resource (``PATCH``/``DELETE /whip/<id>``), so whoever reads the access log could
-hang up a session. Ids in ``/whip/<id>`` paths are cut to their first 8 characters, the way
-every other log line names a session."""
+of its WHIP resource (``PATCH``/``DELETE /whip/<id>``) and its OpenAI call
+(``/v1/realtime/calls/<id>``: ``DELETE``, ``hangup``, ``OPTIONS``, ``GET``), so whoever reads the
+access log could hang up a session. Ids in those paths, answered or refused, are cut to their
+first 8 characters, the way every other log line names a session."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import logging
 import re
 
 SHOWN_CHARS = 8
-_WHIP_ID = re.compile(rf"(/whip/)([A-Za-z0-9_.~-]{{{SHOWN_CHARS}}})[A-Za-z0-9_.~%-]+")
+_SESSION_PATH = re.compile(
+    rf"(/whip/|/v1/realtime/calls/)([A-Za-z0-9_.~-]{{{SHOWN_CHARS}}})[A-Za-z0-9_.~%-]+"
+)
 
 
 def short_session_ids(text: str) -> str:
-    """``text`` with every ``/whip/<id>`` cut to the id's first 8 characters and ``…``."""
-    return _WHIP_ID.sub(r"\1\2…", text)
+    """``text`` with every ``/whip/<id>`` and ``/v1/realtime/calls/<id>`` cut to the id's
+    first 8 characters and ``…``."""
+    return _SESSION_PATH.sub(r"\1\2…", text)
 
 
 class ShortSessionIds(logging.Filter):

@@ -14,7 +14,8 @@ these paths have OpenAI's shape: ``{"error": {"message", "type", "code", "param"
 
 from __future__ import annotations
 
-import json
+import re
+from email.errors import MessageError
 from email.message import Message
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -34,19 +35,38 @@ from server.http.signaling import (
     read_limited,
 )
 from server.http.whip import SDP_TYPE
+from server.jsontext import JsonRefused, load_json
 from server.runtime.conditions import validate_update
 
 CALLS_PATH = "/v1/realtime/calls"
 MULTIPART_TYPE = "multipart/form-data"
+BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")  # RFC 2046
+
+
+def _boundary(content_type: str) -> str:
+    """The ``boundary`` parameter of a multipart Content-Type: 1-70 characters of RFC 2046's
+    set (ASCII); BadRequest otherwise."""
+    params = dict(
+        (k.strip().lower(), v.strip().strip('"'))
+        for k, _, v in (part.partition("=") for part in content_type.split(";")[1:])
+    )
+    boundary = params.get("boundary", "")
+    if not BOUNDARY.fullmatch(boundary):
+        raise BadRequest("multipart/form-data needs a boundary of 1-70 RFC 2046 characters")
+    return boundary
 
 
 def _form_fields(content_type: str, body: bytes) -> dict[str, bytes]:
     """The fields of a ``multipart/form-data`` body (name -> bytes); BadRequest if it is not
     one."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    message = BytesParser(policy=HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise BadRequest("malformed multipart/form-data body")
+    boundary = _boundary(content_type)
+    head = f'Content-Type: {MULTIPART_TYPE}; boundary="{boundary}"\r\nMIME-Version: 1.0\r\n\r\n'
+    try:
+        message = BytesParser(policy=HTTP).parsebytes(head.encode("ascii") + body)
+        if not message.is_multipart() or any(p.is_multipart() for p in message.iter_parts()):
+            raise BadRequest("malformed multipart/form-data body (no parts, or nested ones)")
+    except (ValueError, RecursionError, MessageError):
+        raise BadRequest("malformed multipart/form-data body") from None
     fields: dict[str, bytes] = {}
     for part in message.iter_parts():
         assert isinstance(part, Message)
@@ -68,9 +88,9 @@ def session_patch(raw: str) -> SessionPatch:
     """The ``session`` field: a GA session object this server can apply, or BadRequest naming
     what it cannot (nothing is created then)."""
     try:
-        data = json.loads(raw)
-    except ValueError:
-        raise BadRequest("the session field is not valid JSON") from None
+        data = load_json(raw)
+    except JsonRefused as exc:
+        raise BadRequest(f"the session field: {exc}") from None
     try:
         patch = parse_session(data)
         if patch.conditions:

@@ -19,9 +19,9 @@ import logging
 import secrets
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
@@ -101,6 +101,8 @@ class SessionRegistry:
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._admitted: dict[str, Admission] = {}  # by session id, as long as it is in sessions
         self._closing: set[asyncio.Task[None]] = set()
+        # one at a time per session: a resume and a hang-up (or two resumes) never interleave
+        self._turns: dict[str, asyncio.Lock] = {}
         self._accepting = True
         self.draining = False  # new sessions refused while the live ones finish
         self.finished: deque[tuple[str, dict[str, Any]]] = deque(maxlen=256)  # (owner, describe())
@@ -239,11 +241,41 @@ class SessionRegistry:
         ResumeExpired (the conversation has ended), NotFound, Forbidden (another bearer
         token's), ResumeRefused (not its current token); none of them changes anything."""
         session_id, secret = split_token(token)
+        if session_id not in self.conversations:
+            self._unknown(session_id)
+        async with self._turn(session_id):  # a hang-up meanwhile waits, then ends it whole
+            return await self._resume(session_id, secret, offer_sdp, owner, candidates, last_event)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's turn: resumes and hang-ups of one session run one at a time."""
+        lock = self._turns.setdefault(session_id, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if session_id not in self.conversations and not lock.locked():
+                self._turns.pop(session_id, None)
+
+    def _unknown(self, session_id: str) -> NoReturn:
+        """ResumeExpired for a conversation that has ended, NotFound for any other id."""
+        if session_id in self._ended:
+            raise ResumeExpired("this conversation has ended; start a new session")
+        raise NotFound("no such session")
+
+    async def _resume(
+        self,
+        session_id: str,
+        secret: str,
+        offer_sdp: str,
+        owner: str,
+        candidates: CandidateBudget | None,
+        last_event: int | None,
+    ) -> tuple[str, RTCSessionDescription]:
+        """``resume`` with the session's turn held."""
         conversation = self.conversations.get(session_id)
         if conversation is None:
-            if session_id in self._ended:
-                raise ResumeExpired("this conversation has ended; start a new session")
-            raise NotFound("no such session")
+            self._unknown(session_id)
         check_owner(conversation.owner, owner)
         if not conversation.ticket.valid(secret):
             raise ResumeRefused("this resume token is not valid (used already, or not issued)")
@@ -297,7 +329,15 @@ class SessionRegistry:
             raise NotFound("no such session") from None
 
     async def close(self, session_id: str) -> None:
-        """End one session and free everything it holds; NotFound if unknown."""
+        """End one session and free everything it holds (after a resume in progress, which
+        it waits for); NotFound if unknown."""
+        if session_id not in self.conversations:
+            raise NotFound("no such session")
+        async with self._turn(session_id):
+            await self._close(session_id)
+
+    async def _close(self, session_id: str) -> None:
+        """``close`` with the session's turn held."""
         conversation = self.conversations.get(session_id)
         if conversation is None:
             raise NotFound("no such session")

@@ -18,7 +18,6 @@ body. Bodies are checked (type, size, SDP shape) before any peer is created.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -36,10 +35,12 @@ from server.errors import (
     PreconditionFailed,
     RequestError,
     TooManyRequests,
+    TurnNeedsToken,
     UnprocessableContent,
     UnsupportedMediaType,
 )
-from server.http.auth import BearerAuth, CorsPolicy, check_owner
+from server.http.auth import BearerAuth, CorsPolicy, anonymous_turn, check_owner
+from server.http.forwarded import TrustedProxies
 from server.http.middleware import CORS_KEY
 from server.http.ratelimit import RateLimiter, client_key
 from server.http.registry import SessionRegistry
@@ -56,7 +57,8 @@ from server.http.whip import (
     is_ice_restart,
     parse_sdpfrag,
 )
-from server.rtc.ice import IceServer, ice_servers
+from server.jsontext import JsonRefused, load_json
+from server.rtc.ice import TURN_SCHEMES, IceServer, ice_servers
 from server.rtc.settings import add_remote_candidates, remote_candidates_complete
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,8 @@ AUTH_KEY = web.AppKey("auth", BearerAuth)
 LIMITER_KEY = web.AppKey("session_rate", RateLimiter)
 PATCH_LIMITER_KEY = web.AppKey("patch_rate", RateLimiter)  # keyed by session id
 TRANSPORT_KEY = web.AppKey("transport", TransportConfig)
-PROXIES_KEY = web.AppKey("trusted_proxies", frozenset)
+ANONYMOUS_TURN_KEY = web.AppKey("anonymous_turn", bool)  # transport.ice_anonymous_turn, decided
+PROXIES_KEY = web.AppKey("trusted_proxies", TrustedProxies)
 
 MAX_MEDIA_SECTIONS = 16  # m-lines in one offer (each becomes a transceiver)
 RESUME_HEADER = "Avatar-Resume-Token"
@@ -79,12 +82,10 @@ def authenticate(request: web.Request) -> str:
 
 
 def client_address(request: web.Request) -> str:
-    """The client's address: the peer, or what a trusted proxy says in X-Forwarded-For."""
-    remote = request.remote or "unknown"
-    forwarded = request.headers.get("X-Forwarded-For")
-    if forwarded and remote in request.app[PROXIES_KEY]:
-        return forwarded.split(",")[-1].strip() or remote
-    return remote
+    """The client's address: the peer, or the right-most address in X-Forwarded-For that no
+    trusted proxy wrote (server/http/forwarded.py)."""
+    forwarded = request.headers.getall("X-Forwarded-For", [])
+    return request.app[PROXIES_KEY].client(request.remote or "unknown", forwarded)
 
 
 def limit_session_rate(request: web.Request) -> None:
@@ -197,7 +198,10 @@ def last_event(request: web.Request, field: object = None) -> int | None:
 
 def resume_token(request: web.Request, field: object = None) -> str | None:
     """The resume token a request presents: the ``Avatar-Resume-Token`` header, or (``/offer``)
-    the body's ``resume_token`` field; None for a new session."""
+    the body's ``resume_token`` field; None for a new session. BadRequest for two headers
+    (proxies disagree on which one counts)."""
+    if len(request.headers.getall(RESUME_HEADER, [])) > 1:
+        raise BadRequest(f"one {RESUME_HEADER} header at most")
     token = request.headers.get(RESUME_HEADER)
     if token is None and field is not None:
         if not isinstance(field, str):
@@ -211,9 +215,9 @@ async def post_offer(request: web.Request) -> web.Response:
     owner = admit_session(request)
     text = await read_body(request, "application/json")
     try:
-        data = json.loads(text)
-    except ValueError:
-        raise BadRequest("body is not valid JSON") from None
+        data = load_json(text)
+    except JsonRefused as exc:
+        raise BadRequest(f"body: {exc}") from None
     if not isinstance(data, dict) or data.get("type") != "offer":
         raise BadRequest('expected a JSON object with "type": "offer"')
     sdp = check_sdp(data.get("sdp"), _max_lines(request))
@@ -223,9 +227,18 @@ async def post_offer(request: web.Request) -> web.Response:
     return web.json_response({"sdp": answer, "type": "answer", "session_id": session_id})
 
 
+def _turn_withheld(request: web.Request) -> bool:
+    """Whether this caller gets no TURN credentials: it has no token because none are
+    configured, and transport.ice_anonymous_turn withholds them from such callers."""
+    return not (request.app[AUTH_KEY].enabled or request.app[ANONYMOUS_TURN_KEY])
+
+
 def _client_ice_servers(request: web.Request) -> tuple[IceServer, ...]:
     """The ICE servers for a client (issued TURN credentials are fresh for each request)."""
-    return ice_servers(request.app[TRANSPORT_KEY], time.time(), "client")
+    servers = ice_servers(request.app[TRANSPORT_KEY], time.time(), "client")
+    if _turn_withheld(request):
+        return tuple(server for server in servers if not server.turn)
+    return servers
 
 
 def _ice_links(request: web.Request) -> list[tuple[str, str]]:
@@ -234,8 +247,15 @@ def _ice_links(request: web.Request) -> list[tuple[str, str]]:
 
 async def get_ice_servers(request: web.Request) -> web.Response:
     """``{"iceServers": [...]}`` for a browser's ``RTCPeerConnection``, asked before its offer
-    (WHIP clients get the same in ``Link`` headers); needs the token when tokens are set."""
+    (WHIP clients get the same in ``Link`` headers); needs the token when tokens are set.
+    Without tokens, ``403`` where transport.ice_anonymous_turn withholds TURN credentials."""
     authenticate(request)
+    turn = any(url.startswith(TURN_SCHEMES) for url in request.app[TRANSPORT_KEY].ice_urls)
+    if turn and _turn_withheld(request):
+        raise TurnNeedsToken(
+            "TURN credentials need a bearer token: set server.auth_tokens "
+            "(or transport.ice_anonymous_turn=allow)"
+        )
     servers = [server.to_json() for server in _client_ice_servers(request)]
     return web.json_response({"iceServers": servers}, headers={"Cache-Control": "no-store"})
 
@@ -359,7 +379,7 @@ async def options_offer(request: web.Request) -> web.Response:
 def add_session_limit(app: web.Application, config: Config) -> None:
     """What ``limit_session_rate`` needs: the rate limiter and the proxies trusted to name the
     client (server/fleet/router.py keeps the limit too, once for all workers)."""
-    app[PROXIES_KEY] = frozenset(config.server.trusted_proxies)
+    app[PROXIES_KEY] = TrustedProxies.parse(config.server.trusted_proxies)
     app[LIMITER_KEY] = RateLimiter(
         config.transport.session_rate_per_min,
         config.transport.session_burst,
@@ -371,6 +391,9 @@ def add_routes(app: web.Application, config: Config) -> None:
     """Signaling routes and what they need: limits, tokens, origins, the rate limiter."""
     app[TRANSPORT_KEY] = config.transport
     app[AUTH_KEY] = BearerAuth(config.server.auth_tokens)
+    app[ANONYMOUS_TURN_KEY] = anonymous_turn(
+        config.transport.ice_anonymous_turn, config.server.host
+    )
     app[CORS_KEY] = CorsPolicy(config.server.cors_origins)
     add_session_limit(app, config)
     app[PATCH_LIMITER_KEY] = RateLimiter(

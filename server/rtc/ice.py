@@ -29,6 +29,11 @@ class IceServer:
     username: str | None = None
     credential: str | None = None
 
+    @property
+    def turn(self) -> bool:
+        """Whether this is a TURN server (which relays for whoever holds its credentials)."""
+        return any(url.startswith(TURN_SCHEMES) for url in self.urls)
+
     def to_json(self) -> dict[str, Any]:
         """The browser's ``RTCIceServer`` dictionary."""
         out: dict[str, Any] = {"urls": list(self.urls)}

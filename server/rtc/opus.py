@@ -78,6 +78,28 @@ def install() -> None:
     aiortc.rtcrtpreceiver.get_decoder = _decoder_for  # type: ignore[attr-defined]
 
 
+# samples (48 kHz) of one Opus frame by its TOC configuration (RFC 6716 3.1): SILK 10, 20, 40,
+# 60 ms; hybrid 10, 20 ms; CELT 2.5, 5, 10, 20 ms
+_FRAME_SAMPLES = (480, 960, 1920, 2880) * 3 + (480, 960) * 2 + (120, 240, 480, 960) * 4
+
+
+def packet_samples(packet: bytes) -> int:
+    """Samples (48 kHz, per channel) an Opus packet plays, read from its TOC byte (and the
+    frame count of a code 3 packet), at most MAX_FRAME_SAMPLES; 0 for no packet. Pure Python,
+    without libopus: for the inbound audio's budget (server/rtc/jitter.py)."""
+    if not packet:
+        return 0
+    toc = packet[0]
+    code = toc & 0x3
+    if code == 0:
+        frames = 1
+    elif code in (1, 2):
+        frames = 2
+    else:
+        frames = packet[1] & 0x3F if len(packet) > 1 else 0
+    return min(frames * _FRAME_SAMPLES[toc >> 3], MAX_FRAME_SAMPLES)
+
+
 def has_copy(packet: bytes) -> bool:
     """Whether an Opus packet carries the previous frame's FEC copy."""
     return bool(libopus().opus_packet_has_lbrr(packet, len(packet)) > 0)

@@ -27,14 +27,17 @@ import numpy.typing as npt
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from server.clock import MonotonicClock
 from server.config import Config
 from server.conversation.conversation import REALTIME_DIALECT, Conversation
 from server.conversation.protocol import quoted
 from server.conversation.resume import Resumed
 from server.rtc.face_encoder import encode_as_face
 from server.rtc.ice import ice_servers
-from server.rtc.jitter import ArrivalBuffer
+from server.rtc.ice_teardown import end_consent_checks_with_close
+from server.rtc.jitter import ArrivalBuffer, MediaGuard
 from server.rtc.opus import Concealed
+from server.rtc.sctp_bounds import InboundGuard, bound_inbound_messages
 from server.rtc.settings import (
     add_outbound_track,
     audio_jitter_buffer,
@@ -44,6 +47,7 @@ from server.rtc.settings import (
 )
 from server.rtc.speech_encoder import speak_as_speech
 from server.rtc.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
+from server.runtime.budget import FLOOD_FACTOR, MediaBudget, Rate
 from server.runtime.inbound import Gaps, frames
 from server.tasks import TaskOwner
 
@@ -68,7 +72,8 @@ class Gone(Enum):
 
     LOST = "lost"  # the connection failed or closed, or its audio stopped
     NEVER_CONNECTED = "never_connected"  # the connect watchdog fired
-    OVERFLOWED = "overflowed"  # it left MAX_QUEUED_BYTES of events unread
+    OVERFLOWED = "overflowed"  # it left MAX_QUEUED_BYTES of events unread, or sent past the
+    # bounds on inbound data (server/rtc/sctp_bounds.py)
 
 
 class PeerSession:
@@ -100,6 +105,7 @@ class PeerSession:
         self._channel: RTCDataChannel | None = None
         self._overflowed = False  # the peer left MAX_QUEUED_BYTES unread: nothing more is sent
         self._refused_channels = 0
+        self.inbound: InboundGuard | None = None  # the bounds on its inbound messages
         self.sends_audio = False  # the client offered to receive audio
         self.sends_video = False  # the client offered video and we have a renderer
         self._hears_audio = False  # the client sends audio (every 20 ms, silence too)
@@ -136,8 +142,11 @@ class PeerSession:
     async def answer(self, offer_sdp: str) -> RTCSessionDescription:
         """Apply the client's offer and return our answer (ICE gathered: no trickle)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        tune_audio_receive(self.pc)
-        guard_data_channels(self.pc, f"session {self.session_id[:8]}")
+        tune_audio_receive(self.pc, self._media_guard())
+        name = f"session {self.session_id[:8]}"
+        guard_data_channels(self.pc, name)
+        self.inbound = bound_inbound_messages(self.pc, name, self._sent_past_bounds)
+        end_consent_checks_with_close(self.pc)  # a close mid-connect leaks no ICE task
         # on the m-lines the client wants to receive on (none for a pure publisher)
         self.sends_audio = add_outbound_track(self.pc, self.audio_track)
         if self.video_track is not None:
@@ -147,6 +156,10 @@ class PeerSession:
         encode_as_face(self.pc)  # VP8 for a drawn picture: no denoiser
         self._tasks.spawn(self._connect_watchdog(), "watchdog")
         return self.pc.localDescription
+
+    def _sent_past_bounds(self) -> None:
+        """The peer sent past the bounds on inbound data (logged there): the session ends."""
+        self._gone(Gone.OVERFLOWED)
 
     def _gone(self, why: Gone) -> None:
         if self.state in (PeerState.NEW, PeerState.CONNECTED):
@@ -212,11 +225,13 @@ class PeerSession:
             if isinstance(buffer, ArrivalBuffer):
                 log.info(
                     "session %s peer: inbound audio: %d packets, %d with a FEC copy, "
-                    "%d dropped (late or repeated)",
+                    "%d dropped (late or repeated), %d over the budget, %d gaps joined",
                     self.session_id[:8],
                     buffer.released,
                     buffer.with_copy,
                     buffer.dropped,
+                    buffer.limited,
+                    buffer.joined,
                 )
 
     # --- the conversation's link --------------------------------------------------------------
@@ -286,6 +301,21 @@ class PeerSession:
                 self._count_lost(frame, frame.opaque.value)
             await self.conversation.hear(frame, self.last_media_ms)
 
+    def _media_guard(self) -> MediaGuard:
+        """The inbound audio budget of this connection's receivers (server/rtc/jitter.py), on
+        real time as media is (whatever clock the conversation runs on)."""
+        transport = self.config.transport
+        packets = Rate(transport.max_media_packets_per_s, transport.media_packets_burst)
+        budget = MediaBudget(packets, transport.max_media_gap_ms, self.config.session.flood_s)
+        limited = self.conversation.metrics.session_rate_limited
+
+        def flooded() -> None:
+            self._flooded("audio packet", packets.per_s)
+
+        return MediaGuard(
+            budget, MonotonicClock(), lambda kind: limited.labels(kind).inc(), flooded
+        )
+
     def _count_lost(self, frame: av.AudioFrame, heard_as: str) -> None:
         seconds = frame.samples / frame.sample_rate
         self.conversation.metrics.inbound_lost.labels(heard_as=heard_as).inc(seconds)
@@ -300,9 +330,29 @@ class PeerSession:
             self._refuse_channel(channel)
             return
         self._channel = channel
-        channel.on("message", self.conversation.receive)
+        channel.on("message", self._receive)
         audio, video = self.sends_audio, self.sends_video
         self.conversation.link_open(audio, video, self.resumed, dialect)
+
+    def _receive(self, raw: str | bytes) -> None:
+        """One message on the events channel, for the conversation; a sender that floods far
+        past the session's events budget ends the session."""
+        if not self.conversation.receive(raw):
+            self._flooded("events", self.config.session.max_events_per_s)
+
+    def _flooded(self, what: str, per_s: float) -> None:
+        """The peer sent ``what`` at over FLOOD_FACTOR times its ``per_s`` a second for
+        ``session.flood_s``: the session ends, as one that leaves its events unread."""
+        log.warning(
+            "session %s: %s flood (over %gx %g a second for %g s); closing the session",
+            self.session_id[:8],
+            what,
+            FLOOD_FACTOR,
+            per_s,
+            self.config.session.flood_s,
+        )
+        self.conversation.metrics.sessions_let_go.labels("flooded").inc()
+        self._gone(Gone.OVERFLOWED)
 
     def _refuse_channel(self, channel: RTCDataChannel) -> None:
         self._refused_channels += 1

@@ -29,7 +29,7 @@ from OpenSSL import SSL
 from server.conversation.protocol import UndecodableText
 from server.rtc import opus
 from server.rtc.ice import IceServer
-from server.rtc.jitter import ArrivalBuffer
+from server.rtc.jitter import ArrivalBuffer, MediaGuard, PayloadClock
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,11 @@ def pin_host_addresses(addresses: Sequence[str]) -> None:
     log.info("ICE host candidates pinned to %s", ", ".join(pinned))
 
 
-def tune_audio_receive(pc: RTCPeerConnection) -> int:
+def tune_audio_receive(pc: RTCPeerConnection, guard: MediaGuard | None = None) -> int:
     """Release inbound audio packets as they arrive (server/rtc/jitter.py), instead of after
     aiortc's 4, and 280 ms late for the rest of the call after a loss; and ask the sender for
     in-band FEC, which the receiver's decoder uses for lost packets (server/rtc/opus.py).
+    ``guard``: the session's inbound audio budget, shared by its audio receivers (None: none).
 
     aiortc has no public option for either; the receiver's buffer and the codecs to answer
     with are replaced before media flows (call after setRemoteDescription, before
@@ -125,7 +126,12 @@ def tune_audio_receive(pc: RTCPeerConnection) -> int:
             codecs = [opus.receiving_fec(codec) for codec in transceiver._codecs]
             transceiver._codecs = codecs
             asked = (c.payloadType for c in codecs if opus.FEC_PARAMETER in c.parameters)
-            buffer = ArrivalBuffer(frozenset(pt for pt in asked if pt is not None))
+            clocks = {
+                c.payloadType: PayloadClock(c.clockRate, c.mimeType.lower() == "audio/opus")
+                for c in codecs
+                if c.payloadType is not None
+            }
+            buffer = ArrivalBuffer(frozenset(pt for pt in asked if pt is not None), guard, clocks)
             transceiver.receiver._RTCRtpReceiver__jitter_buffer = buffer  # type: ignore[attr-defined]
             tuned += 1
     return tuned

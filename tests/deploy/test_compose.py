@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +27,7 @@ import aioice.turn
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
-from server.config import load_config
+from server.config import TransportConfig, load_config
 from server.rtc.ice import ice_servers, rest_credential
 from tests.support.coturn import stun_answers
 from tests.support.server_process import ROOT, free_port, terminate
@@ -203,7 +204,11 @@ def test_the_server_environment_is_valid_configuration(compose: dict[str, Any]) 
     assert config.transport.ice_urls == ("turn:turn.example.com:3478?transport=udp",)
     assert config.transport.ice_auth_secret == OPERATOR_ENV["TURN_SECRET"]
     assert config.transport.ice_username == config.transport.ice_credential == ""
-    assert config.transport.ice_credential_ttl_s == 86_400
+    # as long as the server's default: four hours (a call must end within it)
+    assert config.transport.ice_credential_ttl_s == TransportConfig().ice_credential_ttl_s
+    assert config.transport.ice_credential_ttl_s == 14_400
+    # no TURN credentials for anonymous callers: with no tokens set, GET /ice-servers is 403
+    assert config.transport.ice_anonymous_turn == "deny"
 
 
 def test_the_server_talks_to_the_vllm_service(compose: dict[str, Any]) -> None:
@@ -403,3 +408,20 @@ async def test_coturn_takes_the_credentials_the_compose_server_issues(
     for username, password in ((issued.username, forged), (expired.username, expired.credential)):
         with pytest.raises(aioice.stun.TransactionFailed, match=r"401 - Unauthorized"):
             await asyncio.wait_for(allocate(port, str(username), str(password)), 10)
+
+
+def test_the_server_trusts_the_tls_proxy_alone(compose: dict[str, Any]) -> None:
+    """SECURITY.md: .env.example named the proxy by its container name, which never matched
+    an address, so every client behind it shared one rate-limit bucket. Now it names caddy's
+    fixed address, which no other container of the network can get."""
+    example = dict(
+        line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines() if "=" in line
+    )
+    trusted = example["AVATAR_TRUSTED_PROXIES"]
+    caddy = services(compose)["caddy"]["networks"]["default"]["ipv4_address"]
+    assert trusted == caddy
+    (network,) = compose["networks"]["default"]["ipam"]["config"]
+    subnet, dynamic = ip_network(network["subnet"]), ip_network(network["ip_range"])
+    assert ip_address(caddy) in subnet and ip_address(caddy) not in dynamic
+    config = load_config(env={"AVATAR_SERVER_TRUSTED_PROXIES": trusted})
+    assert config.server.trusted_proxies == (caddy,)

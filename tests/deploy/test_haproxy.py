@@ -307,10 +307,11 @@ async def test_sessions_spread_and_their_requests_reach_their_host(
     assert set(spread) == set(HOSTS) and all(8 <= n <= 12 for n in spread.values()), spread
     for name, host in fleet.hosts.items():
         assert await sessions_of(http, host) == spread[name]
-    # a resume with a made-up secret is refused by the owner (403); any other host knows no
-    # such session (404): through /offer with the token in its body, and with the header
+    # a resume with a made-up secret (of a real one's shape: only those steer) is refused by
+    # the owner (403); any other host knows no such session (404): through /offer with the
+    # token in its body, and with the header
     for session_id in ids[:6]:
-        token = f"{session_id}.not-its-secret"
+        token = f"{session_id}.{'N' * 32}"
         body = {"type": "offer", "sdp": offer, "resume_token": token}
         async with http.post(f"{fleet.url}/offer", json=body) as resp:
             assert resp.status == 403, (session_id, resp.status, await resp.text())

@@ -160,6 +160,7 @@ def test_the_server_reaches_vllm_and_shares_coturns_secret() -> None:
     coturn = find("DaemonSet", "coturn")
     turn_env = environment(container(coturn, "coturn"), "coturn-x")
     assert turn_env["TURN_SECRET"] == config.transport.ice_auth_secret
+    assert config.transport.ice_anonymous_turn == "deny"  # credentials for token holders only
     (url,) = config.transport.ice_urls
     assert url.startswith("turn:") and f":{turn_env['TURN_PORT']}?" in url
     script = container(coturn, "coturn")["args"][0]

@@ -12,7 +12,13 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 from server.clock import FakeClock
 from server.config import load_config
 from server.errors import ConfigError, Unauthorized
-from server.http.auth import BearerAuth, CorsPolicy, exposure_warning, token_digest
+from server.http.auth import (
+    BearerAuth,
+    CorsPolicy,
+    anonymous_turn,
+    exposure_warning,
+    token_digest,
+)
 from server.http.ratelimit import RateLimiter
 from server.http.signaling import REGISTRY_KEY
 from tests.support.in_process import running
@@ -80,6 +86,16 @@ def test_cors_policy_and_exposure_warning() -> None:
     assert exposure_warning("0.0.0.0", (TOKEN_A,)) is None
     warning = exposure_warning("0.0.0.0", ())
     assert warning is not None and "auth_tokens" in warning
+
+
+def test_anonymous_turn_is_for_loopback_servers_unless_set() -> None:
+    assert load_config().transport.ice_anonymous_turn == "auto"
+    assert anonymous_turn("auto", "127.0.0.1") and anonymous_turn("auto", "::1")
+    assert anonymous_turn("auto", "localhost")
+    assert not anonymous_turn("auto", "0.0.0.0") and not anonymous_turn("auto", "10.1.2.3")
+    assert anonymous_turn("allow", "0.0.0.0") and not anonymous_turn("deny", "127.0.0.1")
+    with pytest.raises(ConfigError, match="ice_anonymous_turn"):
+        load_config(env={"AVATAR_TRANSPORT_ICE_ANONYMOUS_TURN": "sometimes"})
 
 
 # --- the real app -----------------------------------------------------------------------------
@@ -267,3 +283,43 @@ async def test_sdp_line_and_section_limits(offer: str) -> None:
         async with http.post(url + "/offer", json={"type": "offer", "sdp": sections}) as resp:
             assert resp.status == 400 and "media sections" in (await resp.json())["error"]
         assert len(app[REGISTRY_KEY]) == 0
+
+
+async def test_without_tokens_turn_credentials_stay_on_loopback_servers() -> None:
+    """No tokens: anyone who reaches the server is anonymous. One bound beyond loopback (here
+    as configured; the test listens on 127.0.0.1 either way) gives them no TURN credentials,
+    unless transport.ice_anonymous_turn says allow: GET /ice-servers answers 403, WHIP's Link
+    headers name the STUN server alone."""
+    turn = {
+        "transport.ice_urls": "stun:stun.example.net:3478,turn:turn.example.net:3478",
+        "transport.ice_auth_secret": "north-wind",
+    }
+    cases: tuple[tuple[dict[str, str], bool], ...] = (
+        ({}, True),  # a localhost dev server
+        ({"server.host": "0.0.0.0"}, False),
+        ({"server.host": "0.0.0.0", "transport.ice_anonymous_turn": "allow"}, True),
+        ({"transport.ice_anonymous_turn": "deny"}, False),
+    )
+    for settings, handed_out in cases:
+        async with running({**turn, **settings}) as (url, _), aiohttp.ClientSession() as http:
+            async with http.get(url + "/ice-servers") as resp:
+                body = await resp.json()
+                if handed_out:
+                    assert resp.status == 200, settings
+                    assert body["iceServers"][1]["username"].endswith(":client")
+                else:
+                    assert (resp.status, body["code"]) == (403, "turn_needs_token"), settings
+                    assert "auth_tokens" in body["error"]
+            async with http.options(url + "/whip") as resp:
+                links = resp.headers.getall("Link")
+                assert links[0] == '<stun:stun.example.net:3478>; rel="ice-server"'
+                assert len(links) == (2 if handed_out else 1), settings
+    # with tokens the token decides, whatever the setting; a STUN server alone is no secret
+    tokens = {"server.auth_tokens": TOKEN_A, "transport.ice_anonymous_turn": "deny"}
+    async with running({**turn, **tokens}) as (url, _), aiohttp.ClientSession() as http:
+        resp = await http.get(url + "/ice-servers", headers=bearer(TOKEN_A))
+        assert resp.status == 200 and len((await resp.json())["iceServers"]) == 2
+    stun = {"transport.ice_urls": "stun:stun.example.net:3478", "server.host": "0.0.0.0"}
+    async with running(stun) as (url, _), aiohttp.ClientSession() as http:
+        resp = await http.get(url + "/ice-servers")
+        assert resp.status == 200 and len((await resp.json())["iceServers"]) == 1

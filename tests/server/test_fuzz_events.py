@@ -186,8 +186,12 @@ async def send(client: ClientPeer, message: Message) -> None:
         client.channel.send(message)
 
 
+# no events budget (session.max_events_per_s 0): the fuzz sends faster than a client may, to
+# see each message parsed and answered (the budget: tests/server/test_session_budget_e2e.py)
 server = server_process(
-    {"transport.max_sessions": "2"}, pipeline=TONE_PIPELINE, env=tone_env(500, sentences=1)
+    {"transport.max_sessions": "2", "session.max_events_per_s": "0"},
+    pipeline=TONE_PIPELINE,
+    env=tone_env(500, sentences=1),
 )
 
 

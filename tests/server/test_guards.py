@@ -69,6 +69,11 @@ def test_access_log_lines_hold_no_whole_session_id() -> None:
     assert record.getMessage() == '127.0.0.1 "PATCH /whip/w1-AbCdE… HTTP/1.1" 204'
     assert sid not in record.getMessage()
     assert short_session_ids("GET /healthz") == "GET /healthz"
+    call = f"DELETE /v1/realtime/calls/h1.{sid} HTTP/1.1"
+    assert short_session_ids(call) == "DELETE /v1/realtime/calls/h1.w1-Ab… HTTP/1.1"
+    assert short_session_ids(f"POST /v1/realtime/calls/{sid}/hangup") == (
+        "POST /v1/realtime/calls/w1-AbCdE…/hangup"
+    )
 
 
 def test_a_workers_command_line_holds_no_secret() -> None:

@@ -24,7 +24,9 @@ def test_static_credentials_go_with_turn_urls_only() -> None:
 def test_issued_credentials_follow_the_turn_rest_scheme() -> None:
     """username ``<expiry>:<label>``, credential base64(HMAC-SHA1(secret, username)); the
     expected value was computed with ``openssl dgst -sha1 -hmac north-wind -binary | base64``."""
-    config = TransportConfig(ice_urls=(STUN, TURN), ice_auth_secret="north-wind")
+    config = TransportConfig(
+        ice_urls=(STUN, TURN), ice_auth_secret="north-wind", ice_credential_ttl_s=86_400
+    )
     stun, turn = ice_servers(config, 1_700_000_000.7, "client")
     assert stun == IceServer((STUN,))
     assert turn == IceServer((TURN,), "1700086400:client", "Y6A7JDuij9jFTA55aQ9EUca27xA=")

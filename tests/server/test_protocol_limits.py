@@ -42,8 +42,14 @@ def test_nesting_past_the_limit_is_refused_even_when_json_parses_it() -> None:
     for _ in range(40):
         nested = [nested]
     error = refusal(json.dumps({"type": "session.update", "session": {"persona": nested}}))
-    assert error.code == "invalid_event"
-    assert "nested" in error.message
+    assert error.code == "invalid_json"  # measured on the text, before the parser runs
+    assert "nested deeper than 32" in error.message
+
+
+def test_a_key_named_twice_is_refused() -> None:
+    """Parsers disagree on which value counts (SECURITY.md, one resume_token)."""
+    error = refusal('{"type": "response.create", "type": "session.update"}')
+    assert error.code == "invalid_json" and "'type' appears twice" in error.message
 
 
 def test_text_that_was_not_utf8_is_one_protocol_error() -> None:

@@ -327,10 +327,12 @@ async def test_refusals_are_ga_errors_and_change_nothing(talk: tuple[Conversatio
             "type": "conversation.item.create",
             "item": {"type": "message", "role": "assistant", "content": []},
         },
+        # SECURITY.md: 15,500 characters were taken, past the persona's 4,000
+        {"type": "response.create", "response": {"instructions": "Be brief. " * 1550}},
     ):
         send(conversation, event)
     for _ in range(100):
-        if len(link.of("error", n)) == 5:
+        if len(link.of("error", n)) == 6:
             break
         await asyncio.sleep(0.01)
     errors = link.of("error", n)
@@ -340,7 +342,10 @@ async def test_refusals_are_ga_errors_and_change_nothing(talk: tuple[Conversatio
         "invalid_value",
         "unknown_event",
         "unsupported_feature",
+        "invalid_value",
     ]
+    assert errors[-1]["error"]["param"] == "response.instructions"
+    assert not link.of("response.created", n)
     assert all(
         e["error"]["type"] == "invalid_request_error" and e["error"]["message"] for e in errors
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from server.http.signaling import REGISTRY_KEY
 from server.http.whip import SDPFRAG_TYPE
@@ -157,6 +158,28 @@ async def test_a_public_client_cannot_point_the_server_at_private_addresses() ->
         assert (await patch(http, url, sid, mid, candidates, PUBLIC_CLIENT))[0] == 204
         assert ("127.0.0.1", 47000) in remote_candidates(app, sid)
         assert len(remote_candidates(app, sid)) >= len(ADDRESSES) - 1
+
+
+async def test_behind_a_proxy_range_a_client_cannot_claim_the_lan() -> None:
+    """SECURITY.md: ``trusted_proxies`` took exact strings only (the Kubernetes manifest's
+    ``10.0.0.0/8`` never matched), so behind the proxy every internet client was a LAN client
+    to this filter; and a client's own ``X-Forwarded-For`` line was read first."""
+    offer = await trickle_offer()
+    mid = first_mid(offer)
+    candidates = [host_candidate(a, 47000 + i, f"p{i}") for i, (a, _) in enumerate(ADDRESSES)]
+    public = {(a, 47000 + i) for i, (a, ok) in enumerate(ADDRESSES) if ok}
+    in_range = {"server.trusted_proxies": "127.0.0.0/8"}
+    forged = [("X-Forwarded-For", LAN_CLIENT), ("X-Forwarded-For", PUBLIC_CLIENT)]
+    async with running(in_range) as (url, app), aiohttp.ClientSession() as http:
+        headers = CIMultiDict([("Content-Type", SDP["Content-Type"]), *forged])
+        body = with_candidates(offer, candidates)
+        async with http.post(url + "/whip", data=body, headers=headers) as resp:
+            assert resp.status == 201
+            sid = resp.headers["Location"].rsplit("/", 1)[-1]
+        assert remote_candidates(app, sid) == public
+        _, _, sid = await create(http, url, offer, LAN_CLIENT)  # a LAN client, named by it
+        assert (await patch(http, url, sid, mid, candidates, LAN_CLIENT))[0] == 204
+        assert ("192.168.1.20", 47002) in remote_candidates(app, sid)
 
 
 async def test_never_multicast_broadcast_unspecified_or_dns_names() -> None:

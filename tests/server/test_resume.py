@@ -373,10 +373,12 @@ def test_the_cut_is_where_the_latest_reading_of_the_audio_before_it_ends() -> No
     assert cut_end([left_out, made_up]) == STORY_WORDS.index("there")
 
 
-async def test_a_hang_up_during_a_resume_ends_it_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``DELETE`` that lands while a resume waits for the old peer to close ends the
-    conversation; the resume then gets 410 (before: a plain-text 500 from a KeyError, and the
-    new peer was left open, never closed and never counted)."""
+async def test_a_hang_up_during_a_resume_waits_and_ends_it_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``DELETE`` that lands while a resume waits for the old peer to close waits for the
+    resume, then ends the conversation with its new peer (before: the resume got a plain-text
+    500 from a KeyError, and the new peer was left open, never closed and never counted)."""
     from server.rtc.peer import PeerSession
 
     closing = PeerSession.close
@@ -394,17 +396,78 @@ async def test_a_hang_up_during_a_resume_ends_it_cleanly(monkeypatch: pytest.Mon
             token = peer.resume_token
             assert token is not None and peer.session_id is not None
             monkeypatch.setattr(PeerSession, "close", slow_close)
-            resuming = asyncio.ensure_future(registry.resume(token, "v=0"))
+            resuming = asyncio.ensure_future(registry.resume(token, await offer_sdp()))
             await asyncio.sleep(0.05)
             async with http.delete(f"{url}/whip/{peer.session_id}") as resp:
                 assert resp.status == 200
-            from server.errors import ResumeExpired
-
-            with pytest.raises(ResumeExpired):
-                await resuming
-            del resuming  # its exception's traceback holds the old peer
+            session_id, answer = await resuming  # it went first, whole
+            assert session_id == peer.session_id and answer.type == "answer"
             assert not registry.peers and not registry.conversations
             monkeypatch.setattr(PeerSession, "close", closing)
             await until(lambda: registry.live_peer_objects() == 0, "every peer gone", 10)
         finally:
             await peer.close(delete=False)
+
+
+async def offer_sdp() -> str:
+    """An offer of a peer that will never connect (its ICE candidates are its own)."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="sendrecv")
+    pc.createDataChannel("events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def session_tasks() -> int:
+    """Tasks but aiohttp's handlers of kept-alive client connections."""
+    names = (getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks())
+    return sum(name != "RequestHandler.start" for name in names)
+
+
+async def test_resumes_racing_hang_ups_leak_nothing() -> None:
+    """The attack of SECURITY.md re-run: a resume and a ``DELETE`` of one session sent
+    together, 40 times, the ``DELETE`` a few ms before or after. Before: 8 of 40 resumes got a
+    plain-text 500 and 7 peers lived on, uncounted, with their fds and tasks. Now every
+    answer is a typed one and no peer outlives its conversation."""
+    offsets_ms = [-5, 0, 2, 5, 10, 20, 40, 80]
+    statuses: list[tuple[int, int]] = []
+    unlimited = {"transport.session_rate_per_min": "0"}  # 40 sessions from one address
+    async with running(unlimited) as (url, app), aiohttp.ClientSession() as http:
+        registry = app[REGISTRY_KEY]
+        tasks_before = session_tasks()
+        for round_ in range(40):
+            peer = Peer(url, video=False)
+            try:
+                await peer.connect()
+                await peer.wait_event("session.created")
+                token, session_id = peer.resume_token, peer.session_id
+                body = {"type": "offer", "sdp": await offer_sdp(), "resume_token": token}
+
+                async def resume(body: dict[str, Any] = body) -> int:
+                    async with http.post(url + "/offer", json=body) as resp:
+                        assert resp.content_type == "application/json"
+                        return resp.status
+
+                async def hang_up(delay_ms: float, session_id: str | None = session_id) -> int:
+                    await asyncio.sleep(max(0.0, delay_ms) / 1000)
+                    async with http.delete(f"{url}/whip/{session_id}") as resp:
+                        return resp.status
+
+                offset = offsets_ms[round_ % len(offsets_ms)]
+                if offset < 0:  # the hang-up first
+                    hung = asyncio.ensure_future(hang_up(0))
+                    await asyncio.sleep(-offset / 1000)
+                    resumed = await resume()
+                    statuses.append((resumed, await hung))
+                else:
+                    got = await asyncio.gather(resume(), hang_up(offset))
+                    statuses.append((got[0], got[1]))
+            finally:
+                await peer.close(delete=False)
+        assert all(r in (200, 404, 410) and d in (200, 404) for r, d in statuses), statuses
+        assert all(d == 200 for _, d in statuses)  # every hang-up ended its session
+        assert not registry.peers and not registry.conversations
+        await until(lambda: registry.live_peer_objects() == 0, "every peer gone", 20)
+        await until(lambda: session_tasks() <= tasks_before, "the sessions' tasks gone", 20)

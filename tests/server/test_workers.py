@@ -163,11 +163,22 @@ async def test_realtime_calls_reach_a_worker_and_end_on_their_owner(server: Serv
             assert resp.status == 404
             assert (await resp.json())["error"]["type"] == "invalid_request_error"
         on_1 = next(loc for loc in locations if loc != on_2)
+        async with http.options(server.url + on_1) as resp:
+            assert resp.status < 500
         async with http.post(server.url + on_1 + "/hangup") as resp:
             assert resp.status == 200
+        async with http.post(server.url + on_1 + "/hangup") as resp:
+            assert resp.status == 404  # a failed hang-up is logged too
     await sessions_are(server, {1: 0, 2: 0})
     for peer in peers:
         await peer.close(delete=False)
+    # SECURITY.md: the access log held whole call ids (DELETE, hangup, OPTIONS; failed ones
+    # too); without tokens the id is the only credential of the call
+    log = server.log()
+    for location in locations:
+        call_id = location.rsplit("/", 1)[-1]
+        assert f"/v1/realtime/calls/{call_id[:8]}…" in log
+        assert call_id not in log
 
 
 async def test_router_answers_errors_as_json(server: ServerProcess) -> None:
@@ -407,7 +418,7 @@ async def test_router_passes_headers_and_skips_a_full_worker(
     headers = {
         "Authorization": "Bearer t0k",
         "Content-Type": "application/sdp",
-        "X-Forwarded-For": "6.6.6.6",  # not from a trusted proxy: the peer's address goes last
+        "X-Forwarded-For": "6.6.6.6",  # not from a trusted proxy: replaced by the peer's address
     }
     async with aiohttp.ClientSession() as http:
         # worker 1 is least loaded but full (503): the offer lands on worker 2
@@ -416,7 +427,7 @@ async def test_router_passes_headers_and_skips_a_full_worker(
             echo = await resp.json()
             assert echo["worker"] == 2 and echo["path"] == "/whip?x=1"
             assert echo["authorization"] == "Bearer t0k"
-            assert echo["forwarded_for"] == "6.6.6.6, 127.0.0.1"
+            assert echo["forwarded_for"] == "127.0.0.1"  # the client alone, as the router saw it
             assert echo["content_type"] == "application/sdp" and echo["body"] == "v=0"
             assert echo["host"] == url.removeprefix("http://")  # the public host, kept
             assert resp.headers["Location"] == "/whip/w2-abc"
@@ -586,10 +597,53 @@ async def test_concurrent_polls_ask_each_worker_once() -> None:
         sock.close()
 
 
+hosted = server_process(
+    {**SETTINGS, "server.session_id_prefix": "h1.", "session.resume_window_s": "30"},
+    env=tone_env(1000, sentences=1),
+    exit_code=None,
+)
+
+
+async def test_resumes_reach_the_owner_worker_and_ids_keep_the_host_prefix(
+    hosted: ServerProcess,
+) -> None:
+    """Attack re-run (SECURITY.md): behind --workers every resume got 404 (6 of 6: the router
+    placed it on the least-loaded worker) and the host prefix was replaced (``h1.`` ->
+    ``w1-``), so a proxy in front could not route by host."""
+    peers = [Peer(hosted.url, whip=whip, video=False) for whip in (False, True, False)]
+    try:
+        for peer in peers:
+            await peer.connect()
+            await peer.wait_event("session.created")
+        assert all((p.session_id or "").startswith(("h1.w1-", "h1.w2-")) for p in peers)
+        owners = [worker_of(p.session_id or "", "h1.") or 0 for p in peers]
+        assert sorted(owners) in ([1, 1, 2], [1, 2, 2])
+        resumed = 0
+        for _ in range(2):  # each resumes twice: /offer's body and WHIP's header
+            for peer in peers:
+                await peer.resume()
+                created = await peer.wait_event("session.created", where=lambda e: e["resumed"])
+                assert created["session"]["id"] == peer.session_id
+                resumed += 1
+        assert resumed == 6
+        async with aiohttp.ClientSession() as http:
+            # a resume token that names no worker of this host: 404, nothing placed
+            token = {"Avatar-Resume-Token": "h1.w9-" + "A" * 32 + "." + "B" * 32}
+            sdp = {"Content-Type": "application/sdp"}
+            async with http.post(hosted.url + "/whip", data="v=0", headers={**token, **sdp}) as r:
+                assert r.status == 404
+        await sessions_are(hosted, {1: owners.count(1), 2: owners.count(2)})
+    finally:
+        for peer in peers:
+            await peer.close()
+    await sessions_are(hosted, {1: 0, 2: 0})
+
+
 def test_session_id_prefix_setting() -> None:
     config: Config = load_config(overrides={"server.session_id_prefix": "w3-"})
     assert config.server.session_id_prefix == "w3-" and worker_of("w3-abc") == 3
     assert worker_of("abc") is None
+    assert worker_of("h1.w3-abc", "h1.") == 3 and worker_of("h2.w3-abc", "h1.") is None
     with pytest.raises(ConfigError, match=r"server\.session_id_prefix"):
         load_config(overrides={"server.session_id_prefix": "a/b"})
     with pytest.raises(ConfigError, match=r"server\.workers"):
