@@ -21,7 +21,7 @@ RUN apt-get update \
     && useradd --create-home --uid 10001 avatar
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY server ./server
 COPY models ./models
 COPY client ./client

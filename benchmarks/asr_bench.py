@@ -91,7 +91,7 @@ def score(
 def voices(sentences: list[str]) -> list[tuple[str, str, npt.NDArray[np.int16]]]:
     """(voice, sentence, 16 kHz audio) for Piper's joe and espeak-ng."""
     from models.tts import OnnxVoiceTts
-    from server.runtime.media import resample
+    from server.pipeline.resample import resample
 
     piper = OnnxVoiceTts()
     out = []

@@ -49,9 +49,9 @@ from aiortc.jitterbuffer import JitterFrame
 from benchmarks import stamped
 from benchmarks.asr_bench import SENTENCES, score, voices
 from server.machine import this_machine
+from server.pipeline.resample import resample
 from server.rtc.opus import Concealed, ConcealingOpusDecoder
 from server.rtc.speech_encoder import SpeechEncoder
-from server.runtime.media import resample
 from tests.support.browser_mic import FRAME, RATE_HZ, Packets, encoded, frames
 
 ASR_RATE_HZ = 16_000

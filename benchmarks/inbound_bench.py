@@ -35,7 +35,7 @@ from benchmarks import at_mic_level, write_summarised
 from models.echo import WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
 from server.pipeline.echo import EchoPath
-from server.runtime.media import resample
+from server.pipeline.resample import resample
 from tests.support.echo import HEARD, PULL, detector, echo_of
 
 PCM = npt.NDArray[np.int16]

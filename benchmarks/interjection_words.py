@@ -58,8 +58,8 @@ from server.conversation.floor import PREROLL_MS
 from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
 from server.pipeline.echo import EchoPath
 from server.pipeline.echo_gate import ONSET_FRAMES, WORDS_HOLD_FRAMES
+from server.pipeline.resample import resample
 from server.rtc.speech_encoder import SpeechEncoder
-from server.runtime.media import resample
 from tests.support.browser_mic import FRAME, RATE_HZ, encoded
 from tests.support.echo import PULL, echo_of, through
 

@@ -39,7 +39,7 @@ from benchmarks.end_of_turn_bench import COMPLETE, RATE, UNFINISHED, Utterance, 
 from server.config import load_config
 from server.conversation.hearing import HEARINGS
 from server.conversation.unfinished import Bars, Words, judge_words, sounds_unfinished, stranded
-from server.runtime.media import resample
+from server.pipeline.resample import resample
 
 SETS = Path(__file__).parent / "data" / "end_of_turn_sets.json"
 WORDS_QUIET_MS = 200  # of the pause the recogniser hears

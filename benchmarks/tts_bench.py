@@ -210,7 +210,7 @@ def run(
     """Each engine says ``replies`` ``repeats`` times (the voice is random: more runs, a
     steadier WER), the engines taking turns reply by reply (a busy machine slows both)."""
     from models.asr import WhisperAsr
-    from server.runtime.media import resample
+    from server.pipeline.resample import resample
 
     results: dict[str, Any] = {"machine": this_machine().to_dict(), "threads": threads}
     loaded: dict[str, tuple[Say, Tally]] = {}

@@ -90,7 +90,7 @@ def people(limit: int = PEOPLE_LIMIT) -> list[Clip]:
     """The ``people`` set (see the module): ``limit`` Asterisk prompts and the others;
     RuntimeError if the packages are missing."""
     from client.cli import load_wav
-    from server.runtime.media import resample
+    from server.pipeline.resample import resample
 
     if not ASTERISK_TEXTS.is_file() or not SPHINX.is_dir() or not ALSA.is_dir():
         raise RuntimeError(

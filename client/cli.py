@@ -36,10 +36,11 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from server.pipeline.resample import resample
 from server.rtc.ice import TURN_SCHEMES, IceServer
+from server.rtc.inbound import frames
 from server.rtc.settings import pin_host_addresses, rtc_configuration
-from server.runtime.inbound import frames
-from server.runtime.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ, resample
+from server.runtime.media import AUDIO_TIME_BASE, FRAME_SAMPLES, MEDIA_RATE_HZ
 
 log = logging.getLogger("client")
 PCM = npt.NDArray[np.int16]

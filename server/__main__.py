@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -232,6 +233,60 @@ async def calibrate_server(
     return config, renderer, calibration
 
 
+def bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (``"127.0.0.1:8080 is in use"``), or None.
+
+    Each address ``host`` names is bound and let go at once, as asyncio's server binds them
+    (SO_REUSEADDR, IPv6 only on IPv6): said before the models load (tens of seconds), not as
+    a traceback after. Port 0 (any free port) is never a problem.
+    """
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV
+        )
+    except socket.gaierror as exc:
+        return f"{host}:{port}: {exc.strerror}"
+    for family, kind, proto, _, address in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a family this machine lacks (IPv6 off): asyncio skips it too
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                where = (
+                    f"[{address[0]}]:{port}"
+                    if family == socket.AF_INET6
+                    else f"{address[0]}:{port}"
+                )
+                if exc.errno == errno.EADDRINUSE:
+                    return f"{where} is in use"
+                return f"{where}: {exc.strerror}"
+    return None
+
+
+def port_problem(config: Config, listen_fd: int | None) -> str | None:
+    """The first port this process would listen on that it cannot, said with the option that
+    changes it; None if all are free. A worker (``listen_fd``) serves on the supervisor's
+    socket, so the public port is not its own to check."""
+    server = config.server
+    if listen_fd is None:
+        problem = bind_problem(server.host, server.port)
+        if problem is not None:
+            return f"{problem}; pass --port another port (server.port)"
+    if server.agent_port:
+        problem = bind_problem(server.host, server.agent_port)
+        if problem is not None:
+            return f"{problem}; set server.agent_port to another port"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -242,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(config)
         return 0
+    # before any model loads: a port in use is one line now, not a traceback in 20 s
+    problem = port_problem(config, args.listen_fd)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     tag = f"[w{args.worker_index}] " if args.worker_index else ""
     logging.basicConfig(
         level=config.server.log_level,

@@ -129,6 +129,11 @@ class ServerConfig:
                     f"server.trusted_proxies: {entry!r} is neither an IP address nor a CIDR "
                     "range (e.g. 172.18.0.0/16); name the proxy by its address"
                 ) from None
+        if self.agent_port and self.agent_port == self.port:
+            raise ConfigError(
+                f"server.agent_port: {self.agent_port} is server.port too; the agent needs a "
+                "port of its own"
+            )
         if self.agent_port and self.workers > 1:
             raise ConfigError(
                 "server.agent_port: the load-balancer agent is for single-process hosts "

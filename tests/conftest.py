@@ -49,6 +49,8 @@ E2E_TESTS = {  # single tests of otherwise unit modules
     "tests/server/test_config.py": (
         "test_cli_rejects_invalid_value_with_its_name",  # python -m server
         "test_cli_help_lists_settings",
+        "test_a_port_in_use_is_one_line_before_any_model_loads",
+        "test_an_agent_port_in_use_is_one_line_too",
     ),
     "tests/server/test_voice.py": ("test_synthesized_chunks_carry_word_and_phoneme_timings",),
     "tests/server/test_rtc.py": (

@@ -363,3 +363,42 @@ def test_server_does_not_import_the_client() -> None:
         if _top(imp.target) == "client"
     )
     assert not offenders, "server modules that import the client package:\n" + "\n".join(offenders)
+
+
+# the packages of the WebRTC transport and its media: server/rtc owns them, server/runtime takes
+# plain numbers and arrays (docs/architecture.md, "server/runtime is pure")
+WEBRTC_PACKAGES = frozenset({"aiortc", "aioice", "av"})
+
+
+def test_the_runtime_imports_no_webrtc_or_media_codecs() -> None:
+    offenders = sorted(
+        f"{name} imports {imp.target} (line {imp.line})"
+        + (" [TYPE_CHECKING]" if imp.type_only else "")
+        for name, found in raw_imports().items()
+        if name == "server.runtime" or name.startswith("server.runtime.")
+        for imp in found
+        if _top(imp.target) in WEBRTC_PACKAGES
+    )
+    assert not offenders, (
+        "server/runtime modules that import "
+        + ", ".join(sorted(WEBRTC_PACKAGES))
+        + " (server/rtc owns WebRTC and its media):\n"
+        + "\n".join(offenders)
+    )
+
+
+def test_imports_inside_functions_count_for_the_runtime_rule() -> None:
+    source = "\n".join(
+        [
+            "import numpy",
+            "def lazy() -> None:",
+            "    import av",
+            "    from aiortc.mediastreams import MediaStreamError",
+            "class Reader:",
+            "    async def read(self) -> None:",
+            "        from aioice import Connection",
+        ]
+    )
+    tops = {_top(i.target) for i in imports_of(source, "server.runtime.inbound")}
+    assert tops >= WEBRTC_PACKAGES
+    assert "numpy" in tops

@@ -41,11 +41,12 @@ from server.pipeline.engines import (
 )
 from server.pipeline.held import reply_text
 from server.pipeline.repetition import loop_end
+from server.pipeline.resample import resample
 from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.pipeline.speaker import Speaker
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry
-from server.runtime.media import MEDIA_RATE_HZ, resample
+from server.runtime.media import MEDIA_RATE_HZ
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
 from server.scheduling.engine_queue import EngineQueue, JobTag, ShedWork

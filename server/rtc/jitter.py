@@ -8,7 +8,7 @@ the user's voice reaches the turn detector about 280 ms late (tests/server/test_
 measures both). An Opus packet is a whole frame, so this buffer hands each one on at once:
 nothing waits, a loss delays nothing after it, and a packet that comes after a newer one
 (reordered, or sent twice) is dropped. The track then skips its 20 ms, which the inbound
-path fills with silence (server/runtime/inbound.py). Released frames keep their packets'
+path fills with silence (server/rtc/inbound.py). Released frames keep their packets'
 order, which aiortc's timestamp mapper needs (it takes an older timestamp for a wrap).
 
 With a :class:`MediaGuard` the buffer also keeps the session's inbound audio budget

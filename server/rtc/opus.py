@@ -6,7 +6,7 @@ packet once the receiver reports loss (in-band FEC, ``useinbandfec=1``). This de
 libopus itself (the copy PyAV ships, else the system's), and where the packets' timestamps
 skip a frame it decodes that copy from the packet that follows; frames lost before that one
 are extrapolated by libopus's concealment (PLC), up to ``MAX_CONCEALED_SAMPLES``. Longer gaps
-stay gaps, which the inbound path fills with silence (server/runtime/inbound.py).
+stay gaps, which the inbound path fills with silence (server/rtc/inbound.py).
 
 Frames come out as aiortc's do: s16 stereo at 48 kHz, pts the receiver's mapped RTP
 timestamp (samples, growing without a wrap). A frame made for a lost packet says how in its

@@ -35,6 +35,7 @@ from server.conversation.resume import Resumed
 from server.rtc.face_encoder import encode_as_face
 from server.rtc.ice import ice_servers
 from server.rtc.ice_teardown import end_consent_checks_with_close
+from server.rtc.inbound import Gaps, frames
 from server.rtc.jitter import ArrivalBuffer, MediaGuard
 from server.rtc.opus import Concealed
 from server.rtc.sctp_bounds import InboundGuard, bound_inbound_messages
@@ -48,7 +49,6 @@ from server.rtc.settings import (
 from server.rtc.speech_encoder import speak_as_speech
 from server.rtc.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
 from server.runtime.budget import FLOOD_FACTOR, MediaBudget, Rate
-from server.runtime.inbound import Gaps, frames
 from server.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,7 @@ class PeerSession:
             self._hears_audio = True
             self._tasks.spawn(self._consume_audio(track), "audio-in")
         else:
-            self._tasks.spawn(self.conversation.camera.consume(track), "video-in")
+            self._tasks.spawn(self.conversation.camera.consume(frames(track)), "video-in")
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
         gaps = self.inbound_gaps

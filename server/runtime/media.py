@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-import av
 import numpy as np
 import numpy.typing as npt
 
@@ -32,23 +31,6 @@ def ms_to_samples(ms: float) -> int:
 def samples_to_ms(samples: int) -> float:
     """Convert samples at 48 kHz to milliseconds."""
     return samples * 1000 / MEDIA_RATE_HZ
-
-
-def resample(pcm: npt.NDArray[np.int16], rate_hz: int, to_hz: int) -> npt.NDArray[np.int16]:
-    """Mono int16 audio at ``rate_hz`` resampled to ``to_hz`` with PyAV (flushed)."""
-    if rate_hz == to_hz:
-        return pcm.astype(np.int16)
-    if pcm.size == 0:
-        return np.zeros(0, np.int16)
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=to_hz)
-    frame = av.AudioFrame.from_ndarray(
-        np.ascontiguousarray(pcm, dtype=np.int16).reshape(1, -1), format="s16", layout="mono"
-    )
-    frame.sample_rate = rate_hz
-    parts = [
-        f.to_ndarray().reshape(-1) for f in [*resampler.resample(frame), *resampler.resample(None)]
-    ]
-    return np.concatenate(parts).astype(np.int16) if parts else np.zeros(0, np.int16)
 
 
 def pcm_level(pcm: npt.NDArray[np.int16]) -> float:

@@ -7,16 +7,14 @@ debounced presence becomes an event and a persona note, and the face position st
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 
 import av
 import numpy as np
-from aiortc.mediastreams import MediaStreamTrack
 
 from server.avatar.face import Attention
 from server.clock import Clock
 from server.config import VisionConfig
-from server.runtime.inbound import frames
 from server.vision.sampling import FrameSampler, PresenceTracker, VisionModel, small_size
 
 
@@ -40,9 +38,10 @@ class CameraStage:
             session_id, config.present_after_ms, config.away_after_ms, config.smoothing_ms
         )
 
-    async def consume(self, track: MediaStreamTrack) -> None:
-        """Read every frame (aiortc queues them unbounded); analyse the sampled ones."""
-        async for frame in frames(track):
+    async def consume(self, frames: AsyncIterable[object]) -> None:
+        """Read every frame of the camera track until it ends (aiortc queues them unbounded;
+        server/rtc/inbound.py reads them); analyse the sampled ones."""
+        async for frame in frames:
             if not isinstance(frame, av.VideoFrame):
                 continue
             at_ms = self._clock.now_ms()

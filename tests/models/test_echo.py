@@ -17,8 +17,8 @@ from models.asr import WhisperAsr
 from models.echo import EchoError, WebRtcEchoCanceller
 from models.tts import OnnxVoiceTts
 from server.pipeline.echo import EchoPath
+from server.pipeline.resample import resample
 from server.pipeline.turn_detector import VadEventKind
-from server.runtime.media import resample
 from tests.server.test_turn_detector import chromium_fake_microphone
 from tests.support.echo import PCM, detector, echo_of, room_response, through, voice_events
 

@@ -139,7 +139,7 @@ def test_real_moonshine_fails_past_its_limit_and_the_pieces_keep_it_under() -> N
 
     said = " ".join(["the quick brown fox jumps over the lazy dog and runs away"] * 3)
     pcm = speak(said)  # espeak-ng, 48 kHz
-    from server.runtime.media import resample
+    from server.pipeline.resample import resample
 
     clip = resample(pcm, 48_000, RATE)
     if clip.size < 10.5 * RATE:

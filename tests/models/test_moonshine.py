@@ -21,8 +21,8 @@ from models.moonshine import (
     verify,
 )
 from models.tts import OnnxVoiceTts
+from server.pipeline.resample import resample
 from server.pipeline.wiring import recogniser
-from server.runtime.media import resample
 from tests.support.recognisers import (
     KITCHEN,
     SENTENCES,

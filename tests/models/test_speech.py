@@ -36,7 +36,7 @@ from models.tts import (
     split_sentences,
 )
 from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
-from server.runtime.media import resample
+from server.pipeline.resample import resample
 from tests.support.recognisers import (
     KITCHEN,
     SENTENCES,

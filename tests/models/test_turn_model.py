@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from models.turn import WINDOW, SmartTurn, log_mel, smart_turn_model_path
-from server.runtime.media import resample
+from server.pipeline.resample import resample
 from tests.support.speech import speak
 
 COMPLETE = "What is the capital of France?"

@@ -14,7 +14,7 @@ import pytest
 from client.cli import ClientPeer
 from models.asr import WhisperAsr
 from models.tts import OnnxVoiceTts
-from server.runtime.media import resample
+from server.pipeline.resample import resample
 from tests.support.echo import EchoingMic
 from tests.support.pace import within
 from tests.support.peers import Peer

@@ -1,14 +1,19 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from server.__main__ import port_problem
 from server.config import Config, describe, load_config
 from server.errors import ConfigError
+from tests.support.pace import within
 
 
 def test_defaults_are_valid_and_frozen() -> None:
@@ -40,6 +45,8 @@ def test_precedence_toml_then_env_then_overrides(tmp_path: Path) -> None:
         ({"AVATAR_RUNTIME_NOPE": "1"}, "AVATAR_RUNTIME_NOPE"),
         # every worker would bind the agent's port
         ({"AVATAR_SERVER_AGENT_PORT": "9000", "AVATAR_SERVER_WORKERS": "2"}, "server.agent_port"),
+        # the agent and the HTTP server on one port: the second bind would fail
+        ({"AVATAR_SERVER_AGENT_PORT": "8080"}, "server.agent_port"),
     ],
 )
 def test_invalid_values_name_the_setting(env: dict[str, str], needle: str) -> None:
@@ -134,3 +141,51 @@ def test_cli_help_lists_settings() -> None:
     assert proc.returncode == 0
     for needle in ("--host", "--port", "--config", "AVATAR_RUNTIME_LOOKAHEAD_BUDGET_MS"):
         assert needle in proc.stdout
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A loopback port another program listens on, for the test's length."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
+
+
+def run_server(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "server", "--host", "127.0.0.1", *args],
+        capture_output=True,
+        text=True,
+        timeout=within(60),
+    )
+    return proc, time.monotonic() - started
+
+
+def test_a_port_in_use_is_one_line_before_any_model_loads(held_port: int) -> None:
+    proc, took_s = run_server("--port", str(held_port))
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"error: 127.0.0.1:{held_port} is in use; pass --port another port (server.port)\n"
+    )
+    assert "Traceback" not in proc.stderr and not proc.stdout
+    # the models load in tens of seconds: the port is looked at before them
+    assert took_s < within(10), f"{took_s:.1f} s"
+
+
+def test_an_agent_port_in_use_is_one_line_too(held_port: int) -> None:
+    proc, _ = run_server("--port", "0", "--set", f"server.agent_port={held_port}")
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"error: 127.0.0.1:{held_port} is in use; set server.agent_port to another port\n"
+    )
+
+
+def test_a_worker_does_not_look_at_the_public_port(held_port: int) -> None:
+    """The supervisor's router holds the public port while it restarts a worker: the worker
+    serves on its inherited socket (--listen-fd) and must start all the same."""
+    config = load_config(overrides={"server.host": "127.0.0.1", "server.port": held_port})
+    assert port_problem(config, listen_fd=None) is not None
+    assert port_problem(config, listen_fd=3) is None
+    assert port_problem(load_config(overrides={"server.port": 0}), listen_fd=None) is None

@@ -9,8 +9,8 @@ import av
 import numpy as np
 from aiortc.rtp import RtpPacket
 
+from server.rtc.inbound import MAX_FILLED_MS, Gaps
 from server.rtc.jitter import ArrivalBuffer
-from server.runtime.inbound import MAX_FILLED_MS, Gaps
 
 TIME_BASE = Fraction(1, 48_000)
 

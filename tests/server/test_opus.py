@@ -16,10 +16,10 @@ from aiortc.rtp import RtpPacket
 
 from models.tts import OnnxVoiceTts
 from server.rtc import opus
+from server.rtc.inbound import Gaps
 from server.rtc.jitter import ArrivalBuffer
 from server.rtc.opus import Concealed, ConcealingOpusDecoder
 from server.rtc.speech_encoder import SpeechEncoder
-from server.runtime.inbound import Gaps
 from tests.support.browser_mic import FRAME, Packets, encoded
 
 

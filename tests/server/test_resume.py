@@ -20,8 +20,9 @@ from models.asr import WhisperAsr
 from server.conversation.conversation import Conversation
 from server.conversation.outlet import event_number
 from server.http.signaling import REGISTRY_KEY
+from server.pipeline.resample import resample
 from server.runtime.history import Role
-from server.runtime.media import MEDIA_RATE_HZ, resample
+from server.runtime.media import MEDIA_RATE_HZ
 from tests.support.in_process import running
 from tests.support.pace import within
 from tests.support.peers import Peer, cut_network

@@ -14,6 +14,7 @@ import pytest
 
 from models.vad import SileroVad, WebRtcGate
 from server.config import VadConfig
+from server.pipeline.resample import resample
 from server.pipeline.turn_detector import (
     TONAL_SHARE,
     TurnDetector,
@@ -22,7 +23,6 @@ from server.pipeline.turn_detector import (
     VadState,
     line_share,
 )
-from server.runtime.media import resample
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 RATE = 16_000

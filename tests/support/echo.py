@@ -12,8 +12,8 @@ from client.cli import ScriptedMic
 from models.vad import SileroVad, WebRtcGate
 from server.config import VadConfig
 from server.pipeline.echo import EchoPath
+from server.pipeline.resample import resample
 from server.pipeline.turn_detector import TurnDetector, VadEventKind
-from server.runtime.media import resample
 
 PCM = npt.NDArray[np.int16]
 PULL = 960  # the audio track's 20 ms at 48 kHz

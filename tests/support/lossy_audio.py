@@ -15,9 +15,9 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCRtpSe
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamTrack
 
+from server.rtc.inbound import Gaps
 from server.rtc.opus import Concealed
 from server.rtc.settings import pin_host_addresses
-from server.runtime.inbound import Gaps
 
 Tune = Callable[[RTCPeerConnection], object]  # sets the server's jitter buffer
 Lose = Callable[[int], bool]  # the client's nth RTP packet (1-based) -> whether it is lost

@@ -31,7 +31,7 @@ ENV = "TEST_PACE"
 def whisper_seconds() -> float:
     """Median time (s) of one Whisper tiny.en call on the clip, after a warm-up call."""
     from models.asr import WhisperAsr
-    from server.runtime.media import resample
+    from server.pipeline.resample import resample
     from tests.support.speech import speak
 
     asr = WhisperAsr(window="full")  # the window the reference was measured with

@@ -11,7 +11,7 @@ import numpy.typing as npt
 from models.asr import RIVALS
 from models.tts import RATE_HZ, OnnxVoiceTts
 from server.conversation.unfinished import Bars, stranded
-from server.runtime.media import resample
+from server.pipeline.resample import resample
 from tests.support.text import edit_distance
 
 KITCHEN = "Please open the window in the kitchen."

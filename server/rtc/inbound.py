@@ -1,5 +1,6 @@
 """Reading what a remote peer sends: the frames of its tracks (microphone, camera), and the
-silence that keeps the microphone's timeline whole where packets were lost."""
+silence that keeps the microphone's timeline whole where packets were lost (PyAV frames from
+aiortc's tracks, so this lives with the WebRTC transport, not in the pure server/runtime)."""
 
 from __future__ import annotations
 
