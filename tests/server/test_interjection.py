@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ from server.runtime.session import Session
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag
 from tests.server.test_session import play, say
+from tests.support.pace import within
 
 RULES = JudgeRules(interruption_ms=600.0, quiet_ms=160.0)
 
@@ -614,11 +616,13 @@ async def test_a_paused_replys_speech_waits_while_the_voice_over_it_is_heard() -
         assert engines.synthesised == ["One day a dragon woke up."]
         assert conversation.session.playback.space > 0  # room: only the pause holds it
         engines.heard.set()
-        for _ in range(100):
+        # the hearing and the synthesis run in engine threads: wait for what is needed, on a
+        # real deadline that follows the machine's pace (a busy machine takes longer), not
+        # on a count of ticks
+        deadline = time.monotonic() + within(10.0)
+        while len(engines.synthesised) < 3 and time.monotonic() < deadline:
             await rig.tick()
             await asyncio.sleep(0.005)
-            if len(engines.synthesised) == 3:
-                break
         assert rig.events("output_audio_buffer.resumed")[0]["reason"] == "backchannel"
         assert engines.synthesised[1:] == ["It flew over the hills.", "It saw a castle."]
     finally:
