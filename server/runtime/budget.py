@@ -4,7 +4,7 @@ ms); the owner (the inbox, the audio jitter buffer) carries each verdict out.
 
 - :class:`Bucket`: a token bucket (``Rate``: tokens back a second, most held).
 - :class:`FloodWatch`: a sender over ``FLOOD_FACTOR`` times its rate for whole seconds in a
-  row: one to end, not to throttle.
+  row: one to end, not to throttle; :class:`FloodGate` says so once, then drops the rest.
 - :class:`Throttle`: client events. Past the budget an event is dropped unanswered, but for
   one ``rate_limited`` answer per throttling episode (it lasts until the bucket is full again).
 - :class:`MediaBudget`: inbound audio packets (a packet rate), and the audio they make heard,
@@ -106,25 +106,40 @@ class Admission(Enum):
     END = "end"  # far over it for seconds: end the session (said once)
 
 
+class FloodGate:
+    """A :class:`FloodWatch` that says END once, then DROP for everything after it."""
+
+    def __init__(self, per_s: float, seconds: float) -> None:
+        self._watch = FloodWatch(per_s, seconds)
+        self._ended = False
+
+    def verdict(self, now_ms: float) -> Admission | None:
+        """For one item at ``now_ms``: END when the flood has lasted long enough, DROP for
+        any item after that, None while the sender is not (yet) ended."""
+        if self._ended:
+            return Admission.DROP
+        if self._watch.offered(now_ms):
+            self._ended = True
+            return Admission.END
+        return None
+
+
 class Throttle:
     """A session's client events: ``rate`` a second with a burst; past ``FLOOD_FACTOR``
     times the rate for ``flood_s`` seconds in a row, the end."""
 
     def __init__(self, rate: Rate, flood_s: float) -> None:
         self._bucket = Bucket.full(rate)
-        self._flood = FloodWatch(rate.per_s, flood_s)
+        self._flood = FloodGate(rate.per_s, flood_s)
         self._throttled = False  # in an episode: its one answer was given
-        self._ended = False
 
     def admit(self, now_ms: float) -> Admission:
         """The fate of one event arriving at ``now_ms``."""
         if not self._bucket.rate.limited:
             return Admission.TAKE
-        if self._ended:
-            return Admission.DROP
-        if self._flood.offered(now_ms):
-            self._ended = True
-            return Admission.END
+        flooded = self._flood.verdict(now_ms)
+        if flooded is not None:
+            return flooded
         bucket = self._bucket.at(now_ms)
         if bucket.is_full:
             self._throttled = False  # quiet long enough: the episode is over
@@ -158,18 +173,15 @@ class MediaBudget:
         self._packets = Bucket.full(packets)
         self._heard = Bucket.full(Rate(HEARD_SPEEDUP * 1000, max_gap_ms + HEARD_BACKLOG_MS))
         self._max_gap_ms = max_gap_ms
-        self._flood = FloodWatch(packets.per_s, flood_s)
-        self._ended = False
+        self._flood = FloodGate(packets.per_s, flood_s)
 
     def packet(self, now_ms: float) -> Admission:
         """The fate of one packet arriving at ``now_ms``: TAKE, DROP, or END once."""
         if not self._packets.rate.limited:
             return Admission.TAKE
-        if self._ended:
-            return Admission.DROP
-        if self._flood.offered(now_ms):
-            self._ended = True
-            return Admission.END
+        flooded = self._flood.verdict(now_ms)
+        if flooded is not None:
+            return flooded
         taken = self._packets.take(now_ms)
         if taken is None:
             self._packets = self._packets.at(now_ms)

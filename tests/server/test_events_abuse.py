@@ -22,15 +22,13 @@ import time
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiortc import RTCDataChannel
 
 from server.http.signaling import REGISTRY_KEY
-from server.rtc.peer import PeerSession
 from tests.support.hostile_peers import send_channel_open, send_raw_text, stop_acknowledging
 from tests.support.in_process import running
 from tests.support.pace import within
-from tests.support.peers import Peer
+from tests.support.peers import Peer, connected, server_side
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
@@ -41,20 +39,6 @@ MAX_BAD_EVENTS = 30_000  # the unacknowledging peer gives up after this many
 OWN_QUEUE_BYTES = 64 * 1024  # the attacker lets its own channel drain past this
 EXTRA_CHANNELS = 40
 OTHER_CHANNELS = 5
-
-
-async def connected(url: str, peers: list[Peer]) -> Peer:
-    """An events-only peer (no audio, no video) with its ``session.created``."""
-    peer = Peer(url, video=False, audio=False)
-    peers.append(peer)
-    await peer.connect()
-    await peer.wait_event("session.created")
-    return peer
-
-
-def server_side(app: web.Application, peer: Peer) -> PeerSession:
-    assert peer.session_id is not None
-    return app[REGISTRY_KEY].get(peer.session_id)
 
 
 async def answers(peer: Peer, after: int, count: int = 1) -> list[dict[str, Any]]:

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from aiohttp import web
 from aiortc.rtcsctptransport import (
     SCTP_DATA_FIRST_FRAG,
     SCTP_DATA_LAST_FRAG,
@@ -36,12 +35,12 @@ from aiortc.rtcsctptransport import (
 )
 
 from server.http.signaling import REGISTRY_KEY
-from server.rtc.peer import PeerSession, PeerState
+from server.rtc.peer import PeerState
 from server.rtc.sctp_bounds import MAX_HELD_CHUNKS, OVERSIZED_BEFORE_CLOSE
 from tests.support.hostile_peers import send_raw_text
 from tests.support.in_process import running
 from tests.support.pace import within
-from tests.support.peers import Peer
+from tests.support.peers import Peer, connected, server_side
 
 pytestmark = pytest.mark.usefixtures("client_ice")  # tests/conftest.py
 
@@ -78,20 +77,6 @@ def watch(sctp: RTCSctpTransport) -> Probe:
 
     sctp._receive_data_chunk = watched  # type: ignore[method-assign]
     return probe
-
-
-async def connected(url: str, peers: list[Peer]) -> Peer:
-    """An events-only peer (no audio, no video) with its ``session.created``."""
-    peer = Peer(url, video=False, audio=False)
-    peers.append(peer)
-    await peer.connect()
-    await peer.wait_event("session.created")
-    return peer
-
-
-def server_side(app: web.Application, peer: Peer) -> PeerSession:
-    assert peer.session_id is not None
-    return app[REGISTRY_KEY].get(peer.session_id)
 
 
 def advertised_max_message_size(peer: Peer) -> int:

@@ -33,7 +33,7 @@ from server.rtc.peer import PeerSession
 from server.rtc.settings import audio_jitter_buffer
 from tests.support.in_process import running
 from tests.support.pace import within
-from tests.support.peers import Peer
+from tests.support.peers import Peer, connected, server_side
 from tests.support.rtp_abuse import FloodingSender, JumpingSender, RewritingSender
 from tests.support.server_process import metric_value
 
@@ -59,19 +59,6 @@ JUMP_MS = 980.0  # just under the longest gap the inbound path fills
 JUMP_S = 2.0
 RATE_LIMITED = "avatar_session_rate_limited_total"
 LOST = "avatar_inbound_audio_lost_seconds_total"
-
-
-async def connected(url: str, peers: list[Peer], audio: bool = False) -> Peer:
-    peer = Peer(url, video=False, audio=audio)
-    peers.append(peer)
-    await peer.connect()
-    await peer.wait_event("session.created")
-    return peer
-
-
-def server_side(app: web.Application, peer: Peer) -> PeerSession:
-    assert peer.session_id is not None
-    return app[REGISTRY_KEY].get(peer.session_id)
 
 
 def metrics(app: web.Application) -> str:

@@ -6,9 +6,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web
 from aiortc import RTCPeerConnection
 
 from client.cli import ClientPeer
+from server.http.signaling import REGISTRY_KEY
+from server.rtc.peer import PeerSession
 from tests.support.pace import within
 
 
@@ -27,6 +30,22 @@ class Peer(ClientPeer):
         after: int = 0,
     ) -> dict[str, Any]:
         return await super().wait_event(kind, within(timeout), where, after)
+
+
+async def connected(url: str, peers: list[Peer], audio: bool = False) -> Peer:
+    """A peer with no video (and no audio unless ``audio``) with its ``session.created``;
+    added to ``peers`` (whoever owns the list closes them)."""
+    peer = Peer(url, video=False, audio=audio)
+    peers.append(peer)
+    await peer.connect()
+    await peer.wait_event("session.created")
+    return peer
+
+
+def server_side(app: web.Application, peer: Peer) -> PeerSession:
+    """The server's peer of ``peer``'s session, in the in-process ``app``."""
+    assert peer.session_id is not None
+    return app[REGISTRY_KEY].get(peer.session_id)
 
 
 async def keep_talking(peer: ClientPeer, replies: list[str], stop: asyncio.Event) -> None:
