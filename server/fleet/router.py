@@ -59,6 +59,7 @@ from server.http.signaling import (
     client_address,
     limit_session_rate,
     read_limited,
+    resume_token,
 )
 from server.jsontext import JsonRefused, load_json
 
@@ -112,17 +113,17 @@ class Answer:
 
 
 def resume_token_of(request: web.Request, body: bytes) -> str | None:
-    """The resume token of an ``/offer`` or ``/whip``: its header, or the ``/offer`` body's
-    ``resume_token``; None when it has none (or a body the worker will refuse anyway)."""
-    token = request.headers.get(RESUME_HEADER)
-    if token is not None or request.path != "/offer":
-        return token
-    try:
-        data = load_json(body.decode("utf-8"))
-    except (UnicodeDecodeError, JsonRefused):
-        return None
-    field = data.get("resume_token") if isinstance(data, dict) else None
-    return field if isinstance(field, str) else None
+    """The resume token of an ``/offer`` or ``/whip`` as the worker will read it
+    (server/http/signaling.py ``resume_token``: the header, else the ``/offer`` body's
+    field); None when it has none, or a body the worker will refuse anyway."""
+    field = None
+    if request.path == "/offer" and RESUME_HEADER not in request.headers:
+        try:
+            data = load_json(body.decode("utf-8"))
+        except (UnicodeDecodeError, JsonRefused):
+            return None
+        field = data.get("resume_token") if isinstance(data, dict) else None
+    return resume_token(request, field)
 
 
 def worker_of(session_id: str, prefix: str = "") -> int | None:

@@ -279,17 +279,15 @@ class SessionRegistry:
         check_owner(conversation.owner, owner)
         if not conversation.ticket.valid(secret):
             raise ResumeRefused("this resume token is not valid (used already, or not issued)")
+        # the session's turn is held: no close (a hang-up, an eviction the admission asks
+        # for) and no other resume of it runs until this one has ended
         if session_id not in self.peers:
             await self._admit()  # a detached conversation becomes live work again
-            if self.conversations.get(session_id) is not conversation:  # ended meanwhile
-                raise ResumeExpired("this conversation has ended; start a new session")
-        if not conversation.ticket.redeem(secret):  # another resume took it meanwhile
+        if not conversation.ticket.redeem(secret):
             raise ResumeRefused("this resume token is not valid (used already, or not issued)")
         old = self.peers.pop(session_id, None)
         if old is not None:
             await old.close()
-        if self.conversations.get(session_id) is not conversation:  # a hang-up came meanwhile
-            raise ResumeExpired("this conversation has ended; start a new session")
         try:
             answer = await self._connect(conversation, offer_sdp, Resumption(last_event))
         except BadRequest:
