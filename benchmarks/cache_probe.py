@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import source_commit
-from models.llm import GenerationStats, LlmEngine, Message, VllmEngine
+from models.llm import GenerationStats, LlmEngine, Message
+from models.llm_vllm import VllmEngine
 from models.prepare import prepare_llm
 from models.tts import split_sentences
 from server.clock import MonotonicClock

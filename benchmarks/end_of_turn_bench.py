@@ -90,7 +90,6 @@ from benchmarks import at_mic_level, pct, stamped
 from server.config import Config, load_config
 from server.conversation.conversation import Conversation
 from server.conversation.hearing import HEARINGS
-from server.conversation.realtime_session import SessionPatch
 from server.machine import this_machine
 from server.metrics import Metrics
 from server.pipeline.calibration import StageCosts, adapt, calibrate, quota_use
@@ -98,6 +97,7 @@ from server.pipeline.cpuplan import running_cores
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.runtime.media import FRAME_SAMPLES
 from server.runtime.turn import TurnState
+from server.wire.realtime_session import SessionPatch
 
 PCM = npt.NDArray[np.int16]
 RATE = 48_000
@@ -529,9 +529,11 @@ async def llm_verdicts(quick: bool) -> dict[str, Any]:
         marks: dict[str, list[float]] = {"complete_unpunctuated": [], "unfinished_with_a_mark": []}
         moved = [
             ("complete_unpunctuated", [t.rstrip(".?!") for t in complete]),
-            ("unfinished_with_a_mark", [f + ("?" if f.split()[0] in QUESTION_WORDS else ".")
-                                        for f in unfinished]),
-        ]  # fmt: skip
+            (
+                "unfinished_with_a_mark",
+                [f + ("?" if f.split()[0] in QUESTION_WORDS else ".") for f in unfinished],
+            ),
+        ]
 
         async def probability(text: str) -> float:
             chat = [{"role": "system", "content": persona}, {"role": "user", "content": text}]

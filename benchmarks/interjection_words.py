@@ -5,7 +5,7 @@ part that decides most of its misses: the primed transcript of a short interject
 ``is_backchannel`` on it. Each phrase is spoken by espeak-ng in several voices and at three
 speeds, sent through an Opus round trip (encoded as a browser's microphone: mono speech,
 32 kbps, 20 ms packets, in-band FEC; decoded by the server's decoder), resampled to 16 kHz,
-and cut as the floor cuts it (server/conversation/floor.py):
+and cut as the conversation cuts it (server/conversation/conversation.py):
 
 - the final clip: ``PREROLL_MS`` before the onset to ``vad.interjection_quiet_ms`` after the last
   loud sample (the judge's hearing once the speech falls quiet);
@@ -54,8 +54,7 @@ from benchmarks.interjection_bench import BACKCHANNELS, INTERRUPTIONS
 from client.cli import load_wav
 from models.echo import WebRtcEchoCanceller
 from server.config import VadConfig
-from server.conversation.floor import PREROLL_MS
-from server.conversation.interjection import INTERJECTION_CONTEXT, is_backchannel
+from server.conversation.interjection import INTERJECTION_CONTEXT, PREROLL_MS, is_backchannel
 from server.pipeline.echo import EchoPath
 from server.pipeline.echo_gate import ONSET_FRAMES, WORDS_HOLD_FRAMES
 from server.pipeline.resample import resample

@@ -158,7 +158,7 @@ async def start(engine_name: str, model: str) -> LlmEngine:
             slots=4, threads=plan.llm_threads, batch_threads=plan.llm_prompt_threads
         )
         return await LlamaCppEngine.start(path, options)
-    from models.llm import VllmEngine, VllmOptions
+    from models.llm_vllm import VllmEngine, VllmOptions
     from models.prepare import prepare_llm
 
     return await VllmEngine.start(prepare_llm(), VllmOptions(omp_bind=plan.llm_bind))

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import pct, source_commit
-from models.llm import VllmOptions
+from models.llm_vllm import VllmOptions
 from server.machine import this_machine
 
 if TYPE_CHECKING:

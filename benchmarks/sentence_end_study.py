@@ -65,9 +65,16 @@ def read_at_pause(utterances: list[Utterance]) -> list[dict[str, Any]]:
         heard = {h.quiet_ms: model.probability(pcm[: at + int(h.quiet_ms * 16)]) for h in HEARINGS}
         words, rivals = asr.hear(pcm[: at + WORDS_QUIET_MS * 16])
         kind = "complete" if u.pause_ms is None else "unfinished"
-        rows.append({"text": u.text, "kind": kind, "smart_turn": heard, "words": words,
-                     "rivals": [[r, round(p, 4)] for r, p in rivals],
-                     "stranded": round(stranded(words, rivals), 3)})  # fmt: skip
+        rows.append(
+            {
+                "text": u.text,
+                "kind": kind,
+                "smart_turn": heard,
+                "words": words,
+                "rivals": [[r, round(p, 4)] for r, p in rivals],
+                "stranded": round(stranded(words, rivals), 3),
+            }
+        )
     return rows
 
 

@@ -8,8 +8,9 @@ reply pipeline of tests/support: no models) on loopback:
 
 - ``aiortc``: the project's client (``client.cli.ClientPeer``: its peer connection, ``events``
   data channel and microphone track; ``close()`` DELETEs the resource). The benchmark does the
-  WHIP exchange itself, as tests/server/test_whip.py does, because ``ClientPeer.connect`` neither
-  exposes the moment of its POST nor waits for ``connected`` (it waits for the data channel).
+  WHIP exchange itself, as tests/server/http/test_whip.py does, because
+  ``ClientPeer.connect`` neither exposes the moment of its POST nor waits for ``connected``
+  (it waits for the data channel).
   ``full``: the offer carries every candidate. ``trickle``: the offer goes without candidates;
   after the answer they follow in one PATCH (``application/trickle-ice-sdpfrag``, ``If-Match``
   the ETag), then ``a=end-of-candidates`` in a second. The clock (``time.monotonic``) starts just

@@ -2,7 +2,7 @@
 
 llama.cpp's server core runs in this process on threads of its own; each request blocks one
 thread of the engine's own pool (not the event loop's) while its chunks are handed to the
-event loop. Behaviour matches :class:`models.llm.VllmEngine`:
+event loop. Behaviour matches :class:`models.llm_vllm.VllmEngine`:
 
 - ``stream`` yields text deltas; closing the stream (a barge-in) stops it: the callback tells
   llama.cpp to stop at the next token, which frees the slot;
@@ -48,9 +48,10 @@ from models.llm import (
     GenerationStats,
     LlmError,
     Message,
-    _one_token,
-    _StatsBook,
+    StatsBook,
+    StreamTally,
     check_salt,
+    elapsed_ms,
     words_open_text,
 )
 from models.prompt_text import ChatText
@@ -188,7 +189,7 @@ class LlamaCppEngine:
         self._freed = asyncio.Condition()  # binds to a loop at its first use
         self._requests: dict[str, _Request] = {}
         self._stopping: set[asyncio.Future[None]] = set()  # stopped requests' last token
-        self._stats = _StatsBook()
+        self._stats = StatsBook()
         self._closed = False
         log.info(
             "LLM ready in %.1f s (llama.cpp, %d slots of %d tokens, %d threads)",
@@ -244,7 +245,7 @@ class LlamaCppEngine:
         """Compute the prompt stream() would send into the scope's slot (one token generated
         and dropped); a later stream() of the same or a longer chat reuses it."""
         generation = self._generate(self.chat.render(messages), request_id, 1, cache_salt)
-        return await _one_token(generation, self._stats, request_id)
+        return await self._stats.drain(generation, request_id)
 
     async def prefill_open(
         self,
@@ -265,7 +266,7 @@ class LlamaCppEngine:
         """
         prompt = self.chat.render(messages) if paused else self.chat.render_user_open(messages)
         generation = self._generate(prompt, request_id, 1, cache_salt)
-        return await _one_token(generation, self._stats, request_id)
+        return await self._stats.drain(generation, request_id)
 
     async def end_of_turn_probability(
         self, messages: Sequence[Message], *, cache_salt: str | None = None
@@ -402,7 +403,7 @@ class LlamaCppEngine:
         started = time.perf_counter()
         request = _Request(asyncio.Queue(), threading.Event())
         self._requests[request_id] = request
-        tally = _Tally()
+        tally = StreamTally()
         lease: SlotLease | None = None
         leased = started
         try:
@@ -413,7 +414,7 @@ class LlamaCppEngine:
             request.done = self._submit(body, request, hold)
             async for text in self._chunks(request, tally, request_id):
                 if tally.ttft_ms is None:
-                    tally.ttft_ms = (time.perf_counter() - started) * 1000.0
+                    tally.ttft_ms = elapsed_ms(started)
                 yield text
         except (GeneratorExit, asyncio.CancelledError):
             tally.finish = tally.finish or "abort"
@@ -487,12 +488,12 @@ class LlamaCppEngine:
         return self._pool.submit(run)
 
     async def _chunks(
-        self, request: _Request, tally: _Tally, request_id: str
+        self, request: _Request, tally: StreamTally, request_id: str
     ) -> AsyncGenerator[str, None]:
         while (chunk := await request.queue.get()) is not _END:
             if isinstance(chunk, BaseException):
                 raise LlmError(f"llama.cpp request {request_id} failed: {chunk}") from chunk
-            text = tally.apply(chunk, request_id)
+            text = tally.apply(chunk, f"llama.cpp request {request_id}")
             if text:
                 yield text
 
@@ -540,49 +541,6 @@ class _UnixHttp(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         sock.connect(str(self._path))
         self.sock = sock
-
-
-@dataclass
-class _Tally:
-    """What a request's chunks reported so far (usage and timings come with the last one)."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    deltas: int = 0
-    ttft_ms: float | None = None
-    finish: str | None = None
-
-    def apply(self, chunk: Any, request_id: str) -> str | None:
-        """Take one chunk; its text, if any. An error chunk raises LlmError."""
-        if not isinstance(chunk, dict):
-            raise LlmError(f"llama.cpp request {request_id}: unexpected chunk {chunk!r:.200}")
-        if "error" in chunk or ("code" in chunk and "message" in chunk):
-            detail = chunk.get("error") or chunk.get("message")
-            raise LlmError(f"llama.cpp refused request {request_id}: {detail}")
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self.output_tokens = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            self.cached_tokens = int(details.get("cached_tokens") or 0)
-        choices = chunk.get("choices") or []
-        if not choices:
-            return None
-        choice = choices[0]
-        if choice.get("finish_reason"):
-            self.finish = str(choice["finish_reason"])
-        text = choice.get("text")
-        if not text:
-            return None
-        self.deltas += 1
-        return str(text)
-
-    def stats(self) -> GenerationStats:
-        outputs = self.output_tokens or self.deltas
-        return GenerationStats(
-            self.prompt_tokens, self.cached_tokens, outputs, self.ttft_ms, self.finish
-        )
 
 
 def _top_tokens(responses: list[Any]) -> list[dict[str, Any]]:

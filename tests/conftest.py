@@ -32,17 +32,18 @@ from tests.support.server_process import is_server_fixture
 E2E_DIRS = ("tests/web/", "tests/models/", "tests/deploy/")  # Chromium, real models, docker
 E2E_FIXTURES = {"peers", "client_ice"}  # real aiortc client peers over loopback
 E2E_MODULES = {  # modules whose tests (nearly all) start a server, real peers or a model
-    "tests/server/test_app.py": "the server process",
-    "tests/server/test_auth.py": "the server in process (tests.support.in_process), aiortc",
-    "tests/server/test_guards.py": "the server in process, aiortc",
-    "tests/server/test_whip.py": "the server in process, aiortc peers",
-    "tests/server/test_remote_candidates.py": "the server in process, aiortc",
-    "tests/server/test_session_caps.py": "the server in process, aiortc peers",
-    "tests/server/test_resume.py": "the server in process, aiortc peers, Whisper",
-    "tests/server/test_turn_detector.py": "the Silero VAD model, espeak-ng",
-    "tests/server/test_turn_relay.py": "coturn",
+    "tests/server/http/test_app.py": "the server process",
+    "tests/server/http/test_auth.py": "the server in process (tests.support.in_process), aiortc",
+    "tests/server/http/test_guards.py": "the server in process, aiortc",
+    "tests/server/http/test_whip.py": "the server in process, aiortc peers",
+    "tests/server/http/test_remote_candidates.py": "the server in process, aiortc",
+    "tests/server/http/test_session_caps.py": "the server in process, aiortc peers",
+    "tests/server/http/test_realtime_ws.py": "the server in process, espeak-ng, Silero",
+    "tests/server/conversation/test_resume.py": "the server in process, aiortc peers, Whisper",
+    "tests/server/pipeline/test_turn_detector.py": "the Silero VAD model, espeak-ng",
+    "tests/server/rtc/test_turn_relay.py": "coturn",
     "tests/benchmarks/test_talk_over_bench.py": "the joe voice, AEC3, the Silero VAD model",
-    "tests/server/test_opus.py": "the joe voice",
+    "tests/server/rtc/test_opus.py": "the joe voice",
     "tests/benchmarks/test_audio_loss_bench.py": "Whisper, the joe voice, espeak-ng",
 }
 E2E_TESTS = {  # single tests of otherwise unit modules
@@ -52,8 +53,10 @@ E2E_TESTS = {  # single tests of otherwise unit modules
         "test_a_port_in_use_is_one_line_before_any_model_loads",
         "test_an_agent_port_in_use_is_one_line_too",
     ),
-    "tests/server/test_voice.py": ("test_synthesized_chunks_carry_word_and_phoneme_timings",),
-    "tests/server/test_rtc.py": (
+    "tests/server/pipeline/test_voice.py": (
+        "test_synthesized_chunks_carry_word_and_phoneme_timings",
+    ),
+    "tests/server/rtc/test_rtc.py": (
         "test_server_peer_releases_inbound_audio_packets_as_they_arrive",
         "test_a_lost_packet_leaves_the_inbound_audio_as_late_as_before",
         "test_lost_packets_are_recovered_from_fec_and_counted",

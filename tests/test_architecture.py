@@ -32,6 +32,7 @@ LAYERS = (
     "server.http",
     "server.rtc",
     "server.conversation",
+    "server.wire",
     "server.pipeline",
     "server.vision",
     "server.avatar",

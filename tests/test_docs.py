@@ -178,6 +178,7 @@ SKIPPED_DIRS = frozenset(
         ".mypy_cache",
         ".ruff_cache",
         "build",
+        "node_modules",  # npm packages the tests install (tests/web/agents_sdk), not ours
     }
 )
 # the folder beside the repository, by a relative path or by an absolute one (not in a URL)

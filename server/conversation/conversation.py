@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,36 +23,54 @@ import numpy.typing as npt
 from server.avatar.seam import AvatarRenderer
 from server.clock import Clock, MonotonicClock
 from server.config import Config
-from server.conversation.commands import handle
 from server.conversation.diagnostics import describe
 from server.conversation.floor import Floor
-from server.conversation.inbox import Inbox
-from server.conversation.link import Link
+from server.conversation.interjection import INTERJECTION_CONTEXT, PREROLL_MS, AskWords
 from server.conversation.looks import looks_for
-from server.conversation.outbound import SessionCreated
-from server.conversation.outlet import Outlet
 from server.conversation.partials import Partials, warm_context
 from server.conversation.playout import Playout
-from server.conversation.protocol import parse_client_event
-from server.conversation.realtime_client import RealtimeEvent, parse_realtime_event
-from server.conversation.realtime_session import SessionPatch, TurnSettings, session_object
-from server.conversation.realtime_wire import RealtimeWire
 from server.conversation.reply import Replies
 from server.conversation.resume import Resumed, ResumeTicket
+from server.conversation.turn_actions import (
+    DropEarly,
+    EndTurn,
+    HearUtterance,
+    PauseReply,
+    ResumeReply,
+    TakeFloor,
+    TranscribeInterjection,
+    TurnAction,
+)
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.owner import NO_OWNER
 from server.pipeline.echo import EchoPath
-from server.pipeline.seams import ReplyRequest, SessionScoped, TurnPipeline, TurnTrace, engines_busy
+from server.pipeline.seams import (
+    PrimedTranscripts,
+    ReplyRequest,
+    SessionScoped,
+    TurnPipeline,
+    TurnTrace,
+    engines_busy,
+)
 from server.pipeline.turn_detector import TurnDetector, VadEvent
 from server.runtime.budget import Rate
 from server.runtime.events import ResponseDone
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
 from server.runtime.turn import TurnState
-from server.scheduling.engine_queue import JobTag
-from server.tasks import TaskOwner
+from server.scheduling.engine_queue import JobTag, StaleWork
+from server.tasks import TaskOwner, cancel
 from server.vision.sampling import PresenceTracker, VisionModel, presence_note
+from server.wire.commands import handle
+from server.wire.inbox import Inbox
+from server.wire.link import Link
+from server.wire.outbound import SessionCreated
+from server.wire.outlet import Outlet
+from server.wire.protocol import parse_client_event
+from server.wire.realtime_client import RealtimeEvent, parse_realtime_event
+from server.wire.realtime_session import SessionPatch, TurnSettings, session_object
+from server.wire.realtime_wire import RealtimeWire
 
 log = logging.getLogger(__name__)
 
@@ -144,38 +163,23 @@ class Conversation:
             self._tasks.spawn,
             self.request,
             self.tag,
-            lambda chunk_id: self.playout.announce_visemes(chunk_id),
             lambda: self.turn_settings,
         )
-        self.playout = Playout(
-            self.session,
-            self.replies,
-            self.lipsync,
-            self.avatar,
-            metrics,
-            self.clock,
-            self.emit,
-            self.flush_events,
-            self.echo.played,
-            lambda ms: log.info("session %s barge-in reaction %.0f ms", session_id[:8], ms),
-        )
+        self.playout = Playout(self.session, self.avatar, metrics, self.clock)
+        incremental = pipeline is not None and config.pipeline.incremental
         self.floor = Floor(
             self.session,
             detector,
             self.utterance,
             self.partials,
-            pipeline,
             config,
             metrics,
-            self.playout,
-            self.replies,
             self.clock,
             lambda: self.turn_settings,
-            self._tasks.spawn,
-            self.tag,
-            self.interrupt,
-            self.flush_events,
+            incremental,
         )
+        self._partials_task: asyncio.Task[None] | None = None
+        self._words_task: asyncio.Task[None] | None = None
 
     # --- tasks ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -277,6 +281,35 @@ class Conversation:
             if isinstance(event, ResponseDone):
                 self.replies.report(event)
 
+    # --- media out: what the link's tracks pull -------------------------------------------------
+    def pull_audio(self, n: int) -> npt.NDArray[np.int16]:
+        """The next ``n`` samples (48 kHz) for the link's audio track; every sample pulled is
+        the echo canceller's far end, and makes room in the lookahead budget."""
+        pcm = self.playout.pull_audio(n)
+        self.replies.room_made()
+        self.flush_events()
+        self.echo.played(pcm)
+        return pcm
+
+    def on_cursor_held(self, samples: int) -> None:
+        """``samples`` (48 kHz) of media time passed on the link without the playback cursor
+        (server/conversation/playout.py); the echo canceller's far end gets the silence the
+        client heard."""
+        self.playout.on_cursor_held(samples)
+        self.echo.played(np.zeros(samples, dtype=np.int16))
+
+    def on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
+        """The link's audio track sent the frame at ``pts`` (samples) ``lateness_s`` late."""
+        reaction = self.playout.on_sent(lateness_s, pcm, self.replies.trace)
+        if reaction is not None:
+            ms = reaction.reaction_ms
+            log.info("session %s barge-in reaction %.0f ms", self.session_id[:8], ms)
+            self.emit(reaction.to_dict())
+
+    async def face_at(self, media_ms: float) -> av.VideoFrame:
+        """The avatar's picture at ``media_ms`` on the link's media clock (needs a renderer)."""
+        return await self.playout.face_at(media_ms)
+
     # --- frames in ----------------------------------------------------------------------------
     async def hear(self, frame: av.AudioFrame, arrival_ms: float) -> None:
         """One inbound audio frame (any rate): resampled to 16 kHz mono, the avatar's echo
@@ -296,7 +329,10 @@ class Conversation:
             for event in self.detector.push(voice, arrival_ms, inbound.heard):
                 await self.on_vad(event)
             self.keep_audio(pcm)
-            await self.floor.after_frames(self.echo.masked_ms)
+            if self.session.state is TurnState.USER_SPEAKING:
+                self.partials.heard()  # the partial loop looks at once (a pause may have begun)
+            early = self.replies.early is not None
+            await self.act(self.floor.after_frames(self.echo.masked_ms, early))
 
     def keep_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         self.utterance.keep(pcm, self.session.state is TurnState.USER_SPEAKING)
@@ -308,11 +344,117 @@ class Conversation:
         self.flush_events()
 
     async def on_vad(self, event: VadEvent) -> None:
-        """One decision of the turn detector (server/conversation/floor.py acts on it)."""
-        await self.floor.on_vad(event)
+        """One decision of the turn detector: the floor decides, the conversation acts."""
+        await self.act(self.floor.on_vad(event))
+
+    # --- the floor's decisions carried out ----------------------------------------------------
+    async def act(self, actions: Sequence[TurnAction]) -> None:
+        """Carry out the floor's ``actions`` in order (server/conversation/turn_actions.py),
+        then tell the client what the session emitted. One that no longer applies (the session
+        moved on while an earlier one was awaited) is skipped."""
+        for action in actions:
+            if isinstance(action, PauseReply):
+                if self.session.pause_reply():
+                    self.playout.barged_in(action.arrival_ms, action.arrival_ms)
+            elif isinstance(action, ResumeReply):
+                if self.session.state is TurnState.PAUSED:
+                    self.session.resume_reply(action.reason)
+            elif isinstance(action, TakeFloor):
+                await self._take_floor(action)
+            elif isinstance(action, EndTurn):
+                await self._end_turn(action.at_ms)
+            elif isinstance(action, HearUtterance):
+                probe = self._hear_utterance(action, self.utterance.audio())
+                self._tasks.spawn(probe, "end-of-turn")
+            elif isinstance(action, TranscribeInterjection):
+                await cancel(self._words_task)
+                words = self._transcribe_interjection(action.ask)
+                self._words_task = self._tasks.spawn(words, "interjection-words")
+            elif isinstance(action, DropEarly):
+                await self.replies.drop_early(action.reason)
+        self.flush_events()
+
+    async def _take_floor(self, action: TakeFloor) -> None:
+        """The user's speech starts; over a reply, the session bumps its epoch (a barge-in)."""
+        barge = self.session.speech_started(action.at_ms)
+        if barge is not None:
+            if action.onset_arrival_ms is not None:  # not paused first: timed from here
+                confirmed = action.confirmed_arrival_ms or action.onset_arrival_ms
+                self.playout.barged_in(action.onset_arrival_ms, confirmed)
+            await self._interrupted(barge)
+        if not action.begin:
+            return
+        self.utterance.begin(action.back_ms)
+        self.partials.reset()
+        if action.partials and self.pipeline is not None:
+            run = self.partials.run(
+                self.pipeline, self.floor.ending, self._reply_early, action.judge_words
+            )
+            self._partials_task = self._tasks.spawn(run, "partials")
+
+    async def _end_turn(self, at_ms: float) -> None:
+        """The user's turn ends at ``at_ms`` (input timeline): transcribe it and reply."""
+        await self._stop_partials()
+        if self.session.state is not TurnState.USER_SPEAKING:
+            return  # typed text or a cleared input ended it meanwhile
+        trace = TurnTrace(endpoint_ms=self.clock.now_ms())
+        self.session.speech_stopped(at_ms)
+        utterance = self.utterance.take()
+        silence = int((self.detector.position_ms - at_ms) * 16)  # samples of the turn's end
+        speech_end = max(0, len(utterance) - silence)
+        self.replies.start(self.session.epoch, trace, utterance=utterance, speech_end=speech_end)
+
+    async def _stop_partials(self) -> None:
+        task, self._partials_task = self._partials_task, None
+        self.floor.partials_stopped()
+        await cancel(task)
+
+    async def _reply_early(self) -> bool:
+        """Begin the reply at this pause if the floor allows it (server/conversation/early.py);
+        not while the engines are busy. Whether one runs."""
+        if not self.floor.may_reply_early():
+            return False
+        return await self.replies.begin_early(self.session.epoch)
+
+    async def _hear_utterance(self, hearing: HearUtterance, audio: npt.NDArray[np.int16]) -> None:
+        """The end-of-turn model hears the utterance (in a worker thread)."""
+        model = self.detector.completeness
+        assert model is not None
+        probability: float | None = None
+        try:
+            probability = await asyncio.to_thread(model.probability, audio)
+        finally:
+            self.floor.heard_probability(hearing, probability)
+
+    async def _transcribe_interjection(self, ask: AskWords) -> None:
+        """Transcribe the voice over the paused reply (from just before its onset); the judge
+        decides on its words."""
+        since_ms = self.detector.position_ms - ask.from_ms + PREROLL_MS
+        audio = self.utterance.recent(since_ms)
+        pipeline, asked_ms = self.pipeline, self.clock.now_ms()
+        assert pipeline is not None  # a reply plays, so there is a pipeline
+        try:
+            if isinstance(pipeline, PrimedTranscripts):
+                text = await pipeline.transcribe_primed(audio, self.tag(), INTERJECTION_CONTEXT)
+            else:
+                text = await pipeline.transcribe(audio, self.tag())
+        except StaleWork:
+            return  # the pause was decided some other way (typed text, cancel, its deadline)
+        except Exception as exc:  # the recogniser failed: the pause's deadline decides
+            log.warning("session %s: interjection not transcribed: %s", self.session_id[:8], exc)
+            return
+        took_ms = self.clock.now_ms() - asked_ms
+        await self.act(self.floor.interjection_heard(ask, text, took_ms))
 
     # --- the one interruption path ------------------------------------------------------------
-    async def interrupt(self, barge: BargeIn | None, barge_in: bool = True) -> None:
+    async def cancel_reply(self) -> bool:
+        """``response.cancel`` (or the client cleared or cut the reply's audio): the reply
+        stops, what was heard stays. Whether there was one."""
+        barge = self.session.cancel_response()
+        await self._interrupted(barge)
+        return barge is not None
+
+    async def _interrupted(self, barge: BargeIn | None, barge_in: bool = True) -> None:
         """After the session bumped its epoch (speech, typed text, ``response.cancel``, or a
         missed turn deadline: ``barge_in`` False), or found nothing to interrupt (``barge``
         None): count it, drop the old epoch's mouth cues, tell the client (``response.done``
@@ -350,13 +492,12 @@ class Conversation:
             overdue.stage,
         )
         if overdue.state is TurnState.USER_SPEAKING:
-            await self.floor.end_user_turn(self.detector.position_ms)
-            self.flush_events()
+            await self.act(self.floor.end_turn(self.detector.position_ms))
             return
         if overdue.state is TurnState.PAUSED:
-            await self.floor.overdue()  # the voice over the reply is judged now
+            await self.act(self.floor.overdue())  # the voice over the reply is judged now
             return
-        await self.interrupt(self.session.time_out(overdue), barge_in=False)
+        await self._interrupted(self.session.time_out(overdue), barge_in=False)
 
     # --- client events ------------------------------------------------------------------------
     def receive(self, raw: str | bytes) -> bool:
@@ -365,16 +506,16 @@ class Conversation:
         return self.inbox.receive(raw)
 
     async def handle(self, event: RealtimeEvent) -> None:
-        """One client event (server/conversation/commands.py)."""
+        """One client event (server/wire/commands.py)."""
         await handle(self, event)
 
     async def typed_text(self, text: str) -> None:
         """Typed text: it supersedes speech in progress, interrupts a reply, and is answered."""
         if self.session.state is TurnState.USER_SPEAKING:
-            await self.floor.stop_partials()
+            await self._stop_partials()
             self.utterance.clear()
         _, barge = self.session.submit_text(text)
-        await self.interrupt(barge)
+        await self._interrupted(barge)
         self.answer(None)
 
     def answer(self, instructions: str | None, text_only: bool | None = None) -> None:
@@ -383,10 +524,21 @@ class Conversation:
         trace = TurnTrace(endpoint_ms=self.clock.now_ms())
         self.replies.start(self.session.epoch, trace, None, 0, instructions, text_only)
 
+    async def client_stopped_reply(self) -> None:
+        """A client that plays the audio itself stopped the reply held paused for the voice
+        over it (server/conversation/floor.py, ``Floor.client_stopped``)."""
+        await self.act(self.floor.client_stopped())
+
+    async def commit_input(self) -> None:
+        """``input_audio_buffer.commit``: the user's speech in progress ends its turn now (as at
+        a pause), and is answered as the session's turn settings say."""
+        if self.session.state is TurnState.USER_SPEAKING:
+            await self.act(self.floor.end_turn(self.detector.position_ms))
+
     async def clear_input(self) -> None:
         """``input_audio_buffer.clear``: the user's speech in progress is dropped."""
         if self.session.state is TurnState.USER_SPEAKING:
-            await self.floor.stop_partials()
+            await self._stop_partials()
             self.utterance.clear()
         self.session.clear_input()
 

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from server.pipeline.seams import ReplyRequest, SpeechAudio, TurnTrace
+from server.pipeline.seams import ReplyRequest, ReplyStanding, SpeechAudio, TurnTrace
 from server.tasks import cancel
 
 
@@ -47,6 +47,12 @@ class EarlyReply:
     audio: SpeechAudio | None = None
     failed: bool = False
     adopted: bool = False
+
+    @property
+    def standing(self) -> ReplyStanding:
+        """Whether it is still optional work (held) or was shed (server/pipeline/seams.py)."""
+        assert self.request.standing is not None  # an early reply's request carries one
+        return self.request.standing
 
     def answers(self, request: ReplyRequest) -> bool:
         """Whether ``request`` asks what this reply answers (same epoch, prompt, conditions)."""

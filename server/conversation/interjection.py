@@ -50,6 +50,7 @@ MAX_BACKCHANNEL_WORDS = 6  # hums and fillers aside: "Mm-hm. Mm-hm. Mm-hm." is n
 # Both spellings of the hum: with "Mhm." too, 225 of 240 backchannels resumed against 219, and
 # 339 of 360 interruptions stopped either way (benchmarks/interjection_words.py)
 INTERJECTION_CONTEXT = "Mm-hm. Mhm. Uh-huh. Yeah. Okay. Stop."
+PREROLL_MS = 100.0  # of audio before the onset given to the recogniser with an interjection
 FILLERS = frozenset(
     {"mm", "mmm", "mhm", "hm", "hmm", "uh", "huh", "um", "umm", "ah", "oh", "aha", "ooh", "wow"}
 )

@@ -31,7 +31,6 @@ import numpy as np
 import numpy.typing as npt
 
 from server.clock import Clock
-from server.conversation.outbound import TranscriptionDelta
 from server.conversation.partial_words import (
     MIN_PARTIAL_SAMPLES,
     Partial,
@@ -50,6 +49,7 @@ from server.runtime.session import Session
 from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag, ShedWork
 from server.tasks import cancel
+from server.wire.outbound import TranscriptionDelta
 
 log = logging.getLogger(__name__)
 
@@ -228,10 +228,13 @@ class Partials:
                 if judges:
                     await self._judge(pipeline, said)
                 ends = ending()
-                log.debug("session %s: the pause's words after %.0f ms of quiet, decoded in"
-                          " %.0f ms: %s", session.session_id[:8], quiet,
-                          self._clock.now_ms() - last_ms,
-                          "the turn may end on them" if ends else "the turn waits on")  # fmt: skip
+                log.debug(
+                    "session %s: the pause's words after %.0f ms of quiet, decoded in %.0f ms: %s",
+                    session.session_id[:8],
+                    quiet,
+                    self._clock.now_ms() - last_ms,
+                    "the turn may end on them" if ends else "the turn waits on",
+                )
                 if not ends:
                     await self._waits_on(pipeline, early)
                 continue
@@ -325,8 +328,11 @@ class Partials:
         self.verdict = SentenceEnd(words, probability)
         took_ms = round(self._clock.now_ms() - asked_ms, 1)
         self.verdicts.append((probability, took_ms, stranded(words, self.partial.last_word_rivals)))
-        log.debug("session %s: the pause's words are a sentence with p %s",
-                  self._session.session_id[:8], probability)  # fmt: skip
+        log.debug(
+            "session %s: the pause's words are a sentence with p %s",
+            self._session.session_id[:8],
+            probability,
+        )
 
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed
@@ -380,9 +386,13 @@ class Partials:
         if not ended_early(prefix, got.text, before):
             return got
         again = await decode("")
-        log.debug("session %s: %d words after the stable ones (%d before), %d without them",
-                  tag.session_id[:8], len(got.text.split()), len(before.split()),
-                  len(again.text.split()))  # fmt: skip
+        log.debug(
+            "session %s: %d words after the stable ones (%d before), %d without them",
+            tag.session_id[:8],
+            len(got.text.split()),
+            len(before.split()),
+            len(again.text.split()),
+        )
         return again if heard_more(again.text, got.text) else got
 
     def abandon_decode(self) -> asyncio.Task[Transcript] | None:

@@ -1,55 +1,43 @@
 """What the link's tracks pull from a conversation, and what the conversation learns from
-what was sent: underruns, lookahead, frame lateness, first audio, barge-in reactions."""
+what was sent: underruns, lookahead, frame lateness, first audio, barge-in reactions.
+
+The bookkeeping alone: it sends nothing and starts nothing. The conversation carries out what
+follows from a pull (the echo canceller's far end, room in the lookahead budget, the events
+the session emitted) and sends the reaction events it returns."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any
 
 import av
 import numpy as np
 import numpy.typing as npt
 
-from server.avatar.lipsync import LipSync
 from server.avatar.video import AvatarVideo
 from server.clock import Clock
-from server.conversation.outbound import BargeInReaction
-from server.conversation.reply import Replies
 from server.metrics import Metrics
+from server.pipeline.seams import TurnTrace
 from server.runtime.media import samples_to_ms
 from server.runtime.session import Session
+from server.wire.outbound import BargeInReaction
 
 LOOKAHEAD_SAMPLE_FRAMES = 25  # sample the lookahead every 0.5 s of output
 
 
 class Playout:
-    """The output side of one conversation: audio pulls, faces, viseme announcements."""
+    """The output side of one conversation: audio pulls, faces, what was sent."""
 
     def __init__(
         self,
         session: Session,
-        replies: Replies,
-        lipsync: LipSync,
         avatar: AvatarVideo | None,
         metrics: Metrics,
         clock: Clock,
-        emit: Callable[[dict[str, Any]], None],
-        flush: Callable[[], None],
-        played: Callable[[npt.NDArray[np.int16]], None],
-        log_reaction: Callable[[float], None],
     ) -> None:
-        """``played``: told every sample the track pulled (the echo canceller's far end)."""
         self._session = session
-        self._replies = replies
-        self._lipsync = lipsync
         self._avatar = avatar
         self._metrics = metrics
         self._clock = clock
-        self._emit = emit
-        self._flush = flush
-        self._log_reaction = log_reaction
-        self._played = played
         self.base_ms = 0.0  # the playback cursor (ms) when the current link attached
         self.send_log: deque[float] = deque(maxlen=3000)  # lateness (s) of recent audio frames
         self.barge_in_reactions_ms: list[float] = []  # from the gate's voice onset
@@ -67,7 +55,6 @@ class Playout:
         """The next ``n`` samples (48 kHz) for the link's audio track."""
         session = self._session
         pulled = session.pull_audio(n)
-        self._replies.room_made()
         underruns = session.playback.underruns
         if underruns > self._underruns_seen:
             self._metrics.underruns.inc(underruns - self._underruns_seen)
@@ -75,8 +62,6 @@ class Playout:
         self._pulls += 1
         if self._pulls % LOOKAHEAD_SAMPLE_FRAMES == 0 and session.playback.streaming:
             self._metrics.lookahead.observe(session.playback.slack_ms / 1000)
-        self._flush()
-        self._played(pulled.pcm)
         return pulled.pcm
 
     async def face_at(self, media_ms: float) -> av.VideoFrame:
@@ -84,29 +69,21 @@ class Playout:
         assert self._avatar is not None
         return await self._avatar(media_ms + self.base_ms)
 
-    def announce_visemes(self, chunk_id: int) -> None:
-        """``avatar.viseme`` events for the chunk's newly queued audio (ahead of its pts)."""
-        position = self._session.playback.chunk_position(chunk_id)
-        if position is None:
-            return
-        queued = self._session.chunk(chunk_id).duration
-        for event in self._lipsync.placed(chunk_id, position, queued):
-            self._emit(event)
-
     def on_cursor_held(self, samples: int) -> None:
         """``samples`` (48 kHz) of media time passed on the link without the playback cursor:
         the audio track woke too late and skipped them (server/rtc/tracks.py), or sent silence
         while the client's audio had stopped (server/rtc/peer.py). The client heard a gap, and
         the reply goes on from where it stopped. The media clock is now that much further
-        ahead of the cursor (the face follows the cursor), and the echo canceller's far end
-        gets the silence."""
+        ahead of the cursor (the face follows the cursor)."""
         self.base_ms -= samples_to_ms(samples)
-        self._played(np.zeros(samples, dtype=np.int16))
 
-    def on_sent(self, pts: int, lateness_s: float, pcm: npt.NDArray[np.int16]) -> None:
-        """The link's audio track sent a frame ``lateness_s`` late."""
+    def on_sent(
+        self, lateness_s: float, pcm: npt.NDArray[np.int16], trace: TurnTrace | None
+    ) -> BargeInReaction | None:
+        """The link's audio track sent a frame ``lateness_s`` late, during the reply of
+        ``trace`` (its first audio is stamped); the reaction to a barge-in once the output
+        went quiet."""
         self._metrics.frame_lateness.observe(lateness_s)
-        trace = self._replies.trace
         if trace is not None and trace.first_audio_ms is None and pcm.any():
             trace.first_audio_ms = self._clock.now_ms()
         self.send_log.append(lateness_s)
@@ -118,5 +95,5 @@ class Playout:
             self.barge_in_reactions_ms.append(reaction)
             self.barge_in_confirmed_reactions_ms.append(confirmed)
             self._metrics.barge_in_reaction.observe(reaction / 1000)
-            self._log_reaction(reaction)
-            self._emit(BargeInReaction(round(reaction, 1), round(confirmed, 1)).to_dict())
+            return BargeInReaction(round(reaction, 1), round(confirmed, 1))
+        return None

@@ -17,14 +17,12 @@ from server.avatar.lipsync import LipSync
 from server.clock import Clock
 from server.config import Config
 from server.conversation.early import EarlyReply
-from server.conversation.outbound import ResponseTimings, TranscriptDelta, TranscriptionCompleted
 from server.conversation.partials import Partials, warm_context
-from server.conversation.protocol import error_event
-from server.conversation.realtime_session import TurnSettings
 from server.conversation.voicing import Voicing
 from server.metrics import Metrics
 from server.pipeline.seams import (
     ReplyRequest,
+    ReplyStanding,
     SpeechAudio,
     TurnPipeline,
     TurnTrace,
@@ -39,6 +37,9 @@ from server.runtime.session_view import SessionView
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, StaleWork
 from server.tasks import cancel
+from server.wire.outbound import ResponseTimings, TranscriptDelta, TranscriptionCompleted
+from server.wire.protocol import error_event
+from server.wire.realtime_session import TurnSettings
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,6 @@ class Replies:
         spawn: Callable[[Any, str], asyncio.Task[None]],
         request: Callable[[int], ReplyRequest],
         tag: Callable[[], JobTag],
-        announce: Callable[[int], None],
         settings: Callable[[], TurnSettings] | None = None,
     ) -> None:
         """``settings``: the session's (OpenAI ``session.update``): whether a spoken turn is
@@ -102,18 +102,26 @@ class Replies:
         self._spawn = spawn
         self._request = request
         self._tag = tag
-        self._announce = announce
         self._settings = settings or (lambda: TurnSettings.from_config(config))
         self.task: asyncio.Task[None] | None = None
         self.trace: TurnTrace | None = None
         self.early: EarlyReply | None = None  # begun at the user's pause (early.py)
         self.traces: deque[dict[str, Any]] = deque(maxlen=64)
         self._room = asyncio.Event()  # set by every pull from the playback buffer
-        self._voicing = Voicing(session, lipsync, clock, announce, self._wait_for_room)
+        self._voicing = Voicing(session, lipsync, clock, self._announce, self._wait_for_room)
 
     def room_made(self) -> None:
         """The playback buffer was pulled from: there may be room in the lookahead budget."""
         self._room.set()
+
+    def _announce(self, chunk_id: int) -> None:
+        """``avatar.viseme`` events for the chunk's newly queued audio (ahead of its pts)."""
+        position = self._session.playback.chunk_position(chunk_id)
+        if position is None:
+            return
+        queued = self._session.chunk(chunk_id).duration
+        for event in self._lipsync.placed(chunk_id, position, queued):
+            self._emit(event)
 
     def server_error(self, code: str, message: str) -> None:
         """An engine failed (not the client's fault): ``error.type`` is ``server_error``."""
@@ -165,13 +173,13 @@ class Replies:
         pipeline = self._pipeline
         if pipeline is None:
             return False
-        request = self._request(epoch)
+        request = replace(self._request(epoch), standing=ReplyStanding(held=True))
         if self.early is not None and self.early.answers(request):
             return True
         await self.drop_early("the words changed")
         if engines_busy(pipeline):
             return False
-        trace = TurnTrace(endpoint_ms=self._clock.now_ms(), early=True, held=True)
+        trace = TurnTrace(endpoint_ms=self._clock.now_ms(), early=True)
         early = EarlyReply(request, trace, aiter(pipeline.reply(request, trace)))
         early.task = self._spawn(self._prepare(pipeline, early), "early-reply")
         self.early = early
@@ -196,14 +204,14 @@ class Replies:
         try:
             async with asyncio.timeout(limit_s):
                 early.first = await anext(early.sentences, None)
-                if early.first is None or early.trace.shed:
+                if early.first is None or early.standing.shed:
                     return
                 conditions = early.request.conditions
 
                 def view() -> SessionView:
                     """Until adopted nobody waits for it: after work someone waits for, as
                     partials go; adopted, as the session's reply."""
-                    return self._partials.view() if early.trace.held else self._session.view()
+                    return self._partials.view() if early.standing.held else self._session.view()
 
                 tag = JobTag(early.request.session_id, early.request.epoch, view)
                 early.audio = await pipeline.synthesize(early.first, conditions, tag)
@@ -219,11 +227,11 @@ class Replies:
             return False
         if reply.instructions is not None or reply.text_only or not early.answers(request):
             return False
-        early.trace.held = False  # someone waits for it now: no longer shed, its speech first
+        early.standing.adopt()  # someone waits for it now: no longer shed, its speech first
         if early.task is not None:
             async with asyncio.timeout(self._config.pipeline.stage_timeout_s):
                 await early.task
-        if early.failed or early.trace.shed:
+        if early.failed or early.standing.shed:
             return False
         trace = early.trace
         trace.endpoint_ms, trace.asr_final_ms = reply.trace.endpoint_ms, reply.trace.asr_final_ms

@@ -43,7 +43,7 @@ from server.fleet.worker import Worker, WorkerState
 from server.http.guards import WORKER_KEY_HEADER
 
 # WORKER_KEY_ENV, split_secrets and worker_command live in server/fleet/launch.py; they are
-# imported from here too (tests/server/test_guards.py)
+# imported from here too (tests/server/http/test_guards.py)
 __all__ = [
     "WORKER_KEY_ENV",
     "Supervisor",

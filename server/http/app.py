@@ -23,6 +23,8 @@ from server.http.agent import serve_agent
 from server.http.guards import request_guards
 from server.http.middleware import cors_headers, json_errors
 from server.http.realtime_calls import add_call_routes
+from server.http.realtime_secrets import add_secret_routes
+from server.http.realtime_ws import add_realtime_socket
 from server.http.registry import SessionRegistry
 from server.http.signaling import REGISTRY_KEY, add_routes, authenticate
 from server.looplag import LoopLagMonitor
@@ -257,6 +259,9 @@ def create_app(
         app.router.add_get("/debug/sessions", debug_sessions)
     add_routes(app, config)
     add_call_routes(app)
+    add_realtime_socket(app)
+    minted = app[METRICS_KEY].client_secrets
+    add_secret_routes(app, config, lambda event: minted.labels(event).inc())
     if web_root(config).is_dir():
         app[STATIC_ROOT_KEY] = web_root(config).resolve()  # once, not per request
         app.router.add_get("/static/{filename:.+}", static_file)

@@ -22,6 +22,12 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def bearer_value(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header; None for any other header."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
 class BearerAuth:
     """``Authorization: Bearer <token>`` against the configured tokens (none: open)."""
 

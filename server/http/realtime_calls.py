@@ -2,13 +2,14 @@
 
 ``POST /v1/realtime/calls`` takes an SDP offer, either as the body (``application/sdp``) or as
 ``multipart/form-data`` with the field ``sdp`` and an optional ``session`` (a GA session
-object, JSON: instructions, voice, turn detection; server/conversation/realtime_session.py),
+object, JSON: instructions, voice, turn detection; server/wire/realtime_session.py),
 which is applied before the first response. It answers ``201 Created`` with the SDP answer
 (``application/sdp``) and ``Location: /v1/realtime/calls/<call id>``. ``DELETE`` of that
 Location (or ``POST .../hangup``, as the ``openai`` package's ``calls.hangup`` sends) ends the
 call. The client's data channel ``oai-events`` carries GA events.
 
-Who may call, and every limit, are those of ``/whip`` (server/http/signaling.py). Errors on
+Who may call, and every limit, are those of ``/whip`` (server/http/signaling.py); a client
+secret (``Bearer ek_...``, server/http/realtime_secrets.py) creates one call. Errors on
 these paths have OpenAI's shape: ``{"error": {"message", "type", "code", "param"}}``.
 """
 
@@ -22,13 +23,10 @@ from email.policy import HTTP
 
 from aiohttp import web
 
-from server.conversation.conversation import Conversation
-from server.conversation.protocol import ProtocolError
-from server.conversation.realtime_session import SessionPatch, parse_session
 from server.errors import BadRequest, InvalidConditionUpdate, UnsupportedMediaType
 from server.http.signaling import (
     TRANSPORT_KEY,
-    admit_session,
+    admit_session_key,
     check_sdp,
     create_session,
     delete_whip,
@@ -37,6 +35,8 @@ from server.http.signaling import (
 from server.http.whip import SDP_TYPE
 from server.jsontext import JsonRefused, load_json
 from server.runtime.conditions import validate_update
+from server.wire.protocol import ProtocolError
+from server.wire.realtime_session import SessionPatch, parse_session
 
 CALLS_PATH = "/v1/realtime/calls"
 MULTIPART_TYPE = "multipart/form-data"
@@ -91,6 +91,12 @@ def session_patch(raw: str) -> SessionPatch:
         data = load_json(raw)
     except JsonRefused as exc:
         raise BadRequest(f"the session field: {exc}") from None
+    return session_config(data)
+
+
+def session_config(data: object) -> SessionPatch:
+    """A GA session object (parsed JSON) this server can apply, or BadRequest naming what it
+    cannot: the ``session`` of a call's form and of a client secret."""
     try:
         patch = parse_session(data)
         if patch.conditions:
@@ -123,15 +129,11 @@ async def read_offer(request: web.Request) -> tuple[str, SessionPatch | None]:
 
 async def post_call(request: web.Request) -> web.Response:
     """An SDP offer in, 201 with the SDP answer and the call's Location."""
-    owner = admit_session(request)
-    offer, patch = await read_offer(request)
-    sdp = check_sdp(offer, request.app[TRANSPORT_KEY].max_sdp_lines)
-
-    def prepare(conversation: Conversation) -> None:
-        if patch is not None:  # validated: it cannot fail here
-            conversation.configure(patch)
-
-    call_id, answer = await create_session(request, sdp, owner, prepare=prepare)
+    with admit_session_key(request) as grant:  # a client secret's configuration comes first
+        offer, patch = await read_offer(request)
+        sdp = check_sdp(offer, request.app[TRANSPORT_KEY].max_sdp_lines)
+        prepare = grant.prepare(patch)  # validated: it cannot fail there
+        call_id, answer = await create_session(request, sdp, grant.owner, prepare=prepare)
     headers = {"Location": f"{CALLS_PATH}/{call_id}"}
     return web.Response(status=201, body=answer.encode(), content_type=SDP_TYPE, headers=headers)
 

@@ -21,7 +21,7 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
@@ -67,6 +67,13 @@ class Admission:
     candidates: CandidateBudget
 
 
+class Carrier(Protocol):
+    """A connection other than a peer that carries a conversation (the WebSocket of
+    ``GET /v1/realtime``): attached when made; ``close`` stops it, idempotent."""
+
+    async def close(self) -> None: ...
+
+
 def receives_audio(pc: RTCPeerConnection) -> bool:
     """Whether the peer sends us audio (its liveness signal for the reaper)."""
     return any(
@@ -98,6 +105,7 @@ class SessionRegistry:
         self._vision = vision
         self.conversations: dict[str, Conversation] = {}
         self.peers: dict[str, PeerSession] = {}  # the peer carrying each conversation, if any
+        self.carriers: dict[str, Carrier] = {}  # or the other connection carrying it
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._admitted: dict[str, Admission] = {}  # by session id, as long as it is in sessions
         self._closing: set[asyncio.Task[None]] = set()
@@ -117,13 +125,17 @@ class SessionRegistry:
 
     @property
     def live(self) -> int:
-        """Conversations a peer carries (or is connecting): what counts against capacity."""
-        return len(self.peers)
+        """Conversations a peer (or a carrier) carries or connects: what counts against
+        capacity."""
+        return len(self.peers) + len(self.carriers)
 
     @property
     def detached(self) -> int:
         """Conversations waiting for a resume, with no peer."""
-        return len(self.conversations) - len(self.peers)
+        return len(self.conversations) - self.live
+
+    def _carried(self, session_id: str) -> bool:
+        return session_id in self.peers or session_id in self.carriers
 
     def _report(self) -> None:
         self._metrics.sessions_active.set(self.live)
@@ -150,26 +162,11 @@ class SessionRegistry:
         counted; ``prepare`` sets the conversation up before its peer exists (a validated
         session configuration). Raises ServerFull, TooManySessions or BadRequest, leaving
         nothing."""
-        if self.draining:
-            self._metrics.sessions_rejected.inc()
-            raise Draining(self.config.transport.retry_after_s)
-        if self._accepting:
-            self._check_client(client, owner)  # its own share first: waiting will not help it
-        await self._admit()
+        await self._room_for(client, owner)
         if candidates is None:
             candidates = CandidateBudget(self.config.transport.max_remote_candidates)
-        session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
-        conversation = Conversation(
-            session_id,
-            self.config,
-            self._detector_factory(),
-            self._pipeline,
-            self._metrics,
-            self._renderer,
-            self._vision,
-            owner,
-            self._clock,
-        )
+        conversation = self._conversation(owner)
+        session_id = conversation.session_id
         if prepare is not None:
             prepare(conversation)
         self.conversations[session_id] = conversation  # counts while we negotiate
@@ -186,6 +183,56 @@ class SessionRegistry:
         self._report()
         log.info("session %s created (%d live, %d detached)", session_id[:8], *self._counts())
         return session_id, answer
+
+    async def carry(
+        self,
+        make: Callable[[Conversation], Carrier],
+        owner: str = NO_OWNER,
+        client: str = "",
+        prepare: Callable[[Conversation], None] | None = None,
+    ) -> Conversation:
+        """A new conversation carried by what ``make`` builds for it (attached to it), within
+        capacity and the client's share as :meth:`create`; Draining, ServerFull or
+        TooManySessions leave nothing. ``prepare`` sets the conversation up before its
+        carrier exists (a client secret's session). The carrier is closed with the
+        conversation."""
+        await self._room_for(client, owner)
+        conversation = self._conversation(owner)
+        if prepare is not None:
+            prepare(conversation)
+        session_id = conversation.session_id
+        self.conversations[session_id] = conversation
+        self._admitted[session_id] = Admission(client, CandidateBudget(0))
+        self.carriers[session_id] = make(conversation)
+        conversation.start()
+        self._metrics.sessions_total.inc()
+        self._report()
+        log.info("session %s created (%d live, %d detached)", session_id[:8], *self._counts())
+        return conversation
+
+    async def _room_for(self, client: str, owner: str) -> None:
+        """Room for a new session of ``client``: Draining, TooManySessions, ServerFull."""
+        if self.draining:
+            self._metrics.sessions_rejected.inc()
+            raise Draining(self.config.transport.retry_after_s)
+        if self._accepting:
+            self._check_client(client, owner)  # its own share first: waiting will not help it
+        await self._admit()
+
+    def _conversation(self, owner: str) -> Conversation:
+        """A new conversation with a new session id (not yet registered)."""
+        session_id = self.config.server.session_id_prefix + secrets.token_urlsafe(SESSION_ID_BYTES)
+        return Conversation(
+            session_id,
+            self.config,
+            self._detector_factory(),
+            self._pipeline,
+            self._metrics,
+            self._renderer,
+            self._vision,
+            owner,
+            self._clock,
+        )
 
     def _counts(self) -> tuple[int, int]:
         return self.live, self.detached
@@ -277,6 +324,8 @@ class SessionRegistry:
         if conversation is None:
             self._unknown(session_id)
         check_owner(conversation.owner, owner)
+        if session_id in self.carriers:
+            raise ResumeRefused("this conversation is carried by a WebSocket: it cannot move")
         if not conversation.ticket.valid(secret):
             raise ResumeRefused("this resume token is not valid (used already, or not issued)")
         # the session's turn is held: no close (a hang-up, an eviction the admission asks
@@ -317,7 +366,8 @@ class SessionRegistry:
     def describe(self, session_id: str) -> dict[str, Any]:
         peer = self.peers.get(session_id)
         described = self.conversations[session_id].describe()
-        return {**described, "state": "detached" if peer is None else peer.state.value}
+        state = "detached" if peer is None else peer.state.value
+        return {**described, "state": "websocket" if session_id in self.carriers else state}
 
     def candidates(self, session_id: str) -> CandidateBudget:
         """The remote ICE candidates the session has been given so far; NotFound if unknown."""
@@ -342,12 +392,15 @@ class SessionRegistry:
         described = self.describe(session_id)
         del self.conversations[session_id]
         peer = self.peers.pop(session_id, None)
+        carrier = self.carriers.pop(session_id, None)
         self._admitted.pop(session_id, None)
         self._ended[session_id] = None
         while len(self._ended) > MAX_ENDED:
             self._ended.popitem(last=False)
         if peer is not None:
             await peer.close()
+        if carrier is not None:
+            await carrier.close()
         described["state"] = PeerState.CLOSED.value  # ended, whether a peer carried it or not
         await conversation.close()
         self.closed_total += 1
@@ -416,7 +469,7 @@ class SessionRegistry:
                 conversation.held_bytes(),
             )
             for session_id, conversation in self.conversations.items()
-            if session_id not in self.peers
+            if not self._carried(session_id)
         ]
         for session_id in evictions(waiting, bound):
             log.info("session %s: the detached conversations' bound ends it", session_id[:8])
@@ -481,7 +534,7 @@ class SessionRegistry:
             session_id
             for session_id, conversation in self.conversations.items()
             if conversation.detached_since_ms is not None
-            and session_id not in self.peers
+            and not self._carried(session_id)
             and conversation.clock.now_ms() - conversation.detached_since_ms >= window_ms
         ]
 

@@ -8,7 +8,8 @@ gets ``412``); ``DELETE /whip/<id>`` ends the session; ``OPTIONS`` on both answe
 preflights and names the methods.
 
 Who may call: bearer tokens when configured (a resource obeys only the token that created
-it), browser origins by the CORS policy, session creation by a per-address token bucket and a
+it; a session may also be created with a client secret, ``admit_session_key``), browser
+origins by the CORS policy, session creation by a per-address token bucket and a
 per-client share of the live sessions (server/http/registry.py), trickle PATCHes by a per-session
 token bucket. Remote ICE candidates, in the offer and in PATCHes, pass the candidate filter
 and the session's candidate cap (server/http/whip.py) before aiortc sees them.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -28,7 +31,6 @@ from multidict import CIMultiDict
 from server.clock import MonotonicClock
 from server.config import Config, TransportConfig
 from server.conversation.conversation import Conversation
-from server.conversation.outlet import event_number
 from server.errors import (
     BadRequest,
     PayloadTooLarge,
@@ -36,10 +38,12 @@ from server.errors import (
     RequestError,
     TooManyRequests,
     TurnNeedsToken,
+    Unauthorized,
     UnprocessableContent,
     UnsupportedMediaType,
 )
-from server.http.auth import BearerAuth, CorsPolicy, anonymous_turn, check_owner
+from server.http.auth import BearerAuth, CorsPolicy, anonymous_turn, bearer_value, check_owner
+from server.http.client_secrets import SECRET_PREFIX, SECRETS_KEY
 from server.http.forwarded import TrustedProxies
 from server.http.middleware import CORS_KEY
 from server.http.ratelimit import RateLimiter, client_key
@@ -60,6 +64,8 @@ from server.http.whip import (
 from server.jsontext import JsonRefused, load_json
 from server.rtc.ice import TURN_SCHEMES, IceServer, ice_servers
 from server.rtc.settings import add_remote_candidates, remote_candidates_complete
+from server.wire.outlet import event_number
+from server.wire.realtime_session import SessionPatch
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +107,65 @@ def limit_session_rate(request: web.Request) -> None:
 
 
 def admit_session(request: web.Request) -> str:
-    """Gate of session creation: the address's rate limit (429), then the token (401)."""
+    """Gate of session creation: the address's rate limit (429), then the token (401).
+    Server tokens only: :func:`admit_session_key` also takes client secrets."""
     limit_session_rate(request)
     return authenticate(request)
+
+
+@dataclass(frozen=True)
+class SessionGrant:
+    """Who creates a session: ``owner`` (a server token's digest; ``NO_OWNER`` with
+    authentication off) and, when a client secret admitted it, the key's public ``key_id`` and
+    its session configuration ``patch``."""
+
+    owner: str
+    patch: SessionPatch | None = None
+    key_id: str | None = None
+
+    def prepare(self, patch: SessionPatch | None = None) -> Callable[[Conversation], None]:
+        """The ``prepare`` hook of :func:`create_session`: the key's configuration, then
+        ``patch`` (the request's own, e.g. a form's ``session`` field); both validated."""
+
+        def configure(conversation: Conversation) -> None:
+            for each in (self.patch, patch):
+                if each is not None:
+                    conversation.configure(each)
+
+        return configure
+
+
+@contextmanager
+def admit_session_key(request: web.Request) -> Iterator[SessionGrant]:
+    """Gate of session creation that also takes client secrets (``Authorization: Bearer
+    ek_...``, minted by ``POST /v1/realtime/client_secrets``): the address's rate limit (429),
+    then a server token or an unexpired, unspent key (401). A key admits one session: it is
+    spent when the block ends normally, and may be used again when the block raises (no session
+    was created). Use the grant's owner and ``prepare`` for the session."""
+    limit_session_rate(request)
+    value = bearer_value(request.headers.get("Authorization"))
+    if value is None or not value.startswith(SECRET_PREFIX):
+        yield SessionGrant(authenticate(request))
+        return
+    store = request.app[SECRETS_KEY]
+    secret = store.claim(value)
+    if secret is None:  # not a key this server holds: a server token may begin so too
+        if not request.app[AUTH_KEY].enabled:  # no tokens: any key admits, as any token does
+            yield SessionGrant(authenticate(request))
+            return
+        try:
+            owner = authenticate(request)
+        except Unauthorized:
+            raise Unauthorized("unknown or expired client secret") from None
+        yield SessionGrant(owner)
+        return
+    try:
+        yield SessionGrant(secret.owner, secret.patch, secret.key_id)
+    except BaseException:
+        store.release(secret)
+        raise
+    store.settle(secret)
+    log.info("client secret %s used", secret.key_id[:8])
 
 
 async def read_limited(request: web.Request, limit: int) -> bytes:
@@ -212,18 +274,20 @@ def resume_token(request: web.Request, field: object = None) -> str | None:
 
 async def post_offer(request: web.Request) -> web.Response:
     """``{"sdp", "type": "offer"}`` -> ``{"sdp", "type": "answer", "session_id"}``."""
-    owner = admit_session(request)
-    text = await read_body(request, "application/json")
-    try:
-        data = load_json(text)
-    except JsonRefused as exc:
-        raise BadRequest(f"body: {exc}") from None
-    if not isinstance(data, dict) or data.get("type") != "offer":
-        raise BadRequest('expected a JSON object with "type": "offer"')
-    sdp = check_sdp(data.get("sdp"), _max_lines(request))
-    token = resume_token(request, data.get("resume_token"))
-    after = last_event(request, data.get("last_event_id"))
-    session_id, answer = await create_session(request, sdp, owner, token, last_event=after)
+    with admit_session_key(request) as grant:
+        text = await read_body(request, "application/json")
+        try:
+            data = load_json(text)
+        except JsonRefused as exc:
+            raise BadRequest(f"body: {exc}") from None
+        if not isinstance(data, dict) or data.get("type") != "offer":
+            raise BadRequest('expected a JSON object with "type": "offer"')
+        sdp = check_sdp(data.get("sdp"), _max_lines(request))
+        token = resume_token(request, data.get("resume_token"))
+        after = last_event(request, data.get("last_event_id"))
+        session_id, answer = await create_session(
+            request, sdp, grant.owner, token, grant.prepare(), after
+        )
     return web.json_response({"sdp": answer, "type": "answer", "session_id": session_id})
 
 
@@ -266,10 +330,12 @@ async def options_ice_servers(request: web.Request) -> web.Response:
 
 async def post_whip(request: web.Request) -> web.Response:
     """WHIP (RFC 9725): SDP offer in, 201 with the SDP answer and the resource's Location."""
-    owner = admit_session(request)
-    sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
-    token, after = resume_token(request), last_event(request)
-    session_id, answer = await create_session(request, sdp, owner, token, last_event=after)
+    with admit_session_key(request) as grant:
+        sdp = check_sdp(await read_body(request, SDP_TYPE), _max_lines(request))
+        token, after = resume_token(request), last_event(request)
+        session_id, answer = await create_session(
+            request, sdp, grant.owner, token, grant.prepare(), after
+        )
     ufrag = ice_ufrag(sdp)
     headers = CIMultiDict(
         [

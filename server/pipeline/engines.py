@@ -94,7 +94,7 @@ class HoldsReplies(Protocol):
 class PrefillsOpenTurn(Protocol):
     """An LLM that warms the prefix cache with a chat whose last message is still being
     said: the prompt stops inside it, a token prefix of the reply's prompt once it is said
-    (models.llm.VllmEngine.prefill_open). ``paused``: the user paused after these words, so
+    (models.llm_vllm.VllmEngine.prefill_open). ``paused``: the user paused after these words, so
     they may be all the message says (an engine may then open the reply's turn too)."""
 
     async def prefill_open(

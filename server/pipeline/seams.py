@@ -44,6 +44,29 @@ class ReplyRequest:
     conditions: Conditions
     owner: str = NO_OWNER
     view: Callable[[], SessionView] | None = field(default=None, compare=False, repr=False)
+    standing: ReplyStanding | None = field(default=None, compare=False, repr=False)
+
+
+class ReplyStanding:
+    """Whether a reply is optional work, which steers the LLM stage (a :class:`TurnTrace` only
+    records). An early reply (server/conversation/early.py) is ``held`` until the turn's reply
+    adopts it; held, a reply someone waits for sheds it (``shed``: its request was ended, and
+    what it wrote is no reply)."""
+
+    def __init__(self, held: bool = False) -> None:
+        self.held = held
+        self.shed = False
+
+    def adopt(self) -> None:
+        """Someone waits for it now: no longer optional, no longer shed."""
+        self.held = False
+
+    def shed_now(self) -> bool:
+        """Shed it if it is held and not shed yet; whether it was."""
+        if not self.held or self.shed:
+            return False
+        self.shed = True
+        return True
 
 
 class CacheSalts:
@@ -94,8 +117,6 @@ class TurnTrace:
     prompt_tokens: int = 0
     prefill_cached_tokens: int = 0  # best warm-up hit while the user spoke
     early: bool = False  # begun at a pause, before the endpoint (server/conversation/early.py)
-    held: bool = False  # an early reply not adopted (yet): optional work
-    shed: bool = False  # an early reply whose request was ended for required work
 
     def as_dict(self) -> dict[str, float | int | bool | None]:
         """Stage latencies in ms after the endpoint (0: done before it, by an early reply),

@@ -42,7 +42,14 @@ from server.pipeline.engines import (
 from server.pipeline.held import reply_text
 from server.pipeline.repetition import loop_end
 from server.pipeline.resample import resample
-from server.pipeline.seams import CacheSalts, ReplyRequest, SpeechAudio, Transcript, TurnTrace
+from server.pipeline.seams import (
+    CacheSalts,
+    ReplyRequest,
+    ReplyStanding,
+    SpeechAudio,
+    Transcript,
+    TurnTrace,
+)
 from server.pipeline.speaker import Speaker
 from server.runtime.conditions import Conditions
 from server.runtime.history import CacheClass, ContextEntry
@@ -123,7 +130,8 @@ class VoicePipeline:
         # False: prefill() warms nothing (partial transcripts without LLM warm-ups: an ablation)
         self.warm_prefix = True
         self._ids = itertools.count(1)
-        self._writing: dict[str, TurnTrace] = {}  # request id -> trace: replies being written
+        # request id -> its standing: replies being written
+        self._writing: dict[str, ReplyStanding] = {}
         self.speech_time = SpeechTime(SPEECH_MS_PER_CHAR)  # from the warm-up, then each chunk
         self._speaker = Speaker(tts, self.tts_queue, clock, lambda: self.speech_time)
 
@@ -215,9 +223,8 @@ class VoicePipeline:
         """A reply someone waits for begins: early replies nobody has adopted yet
         (server/conversation/early.py) are optional work, so their requests end; the turn's
         own reply starts afresh if its turn ends on their words."""
-        for rid, trace in list(self._writing.items()):
-            if trace.held and not trace.shed:
-                trace.shed = True
+        for rid, standing in list(self._writing.items()):
+            if standing.shed_now():
                 log.debug("reply %s: an early reply, shed for a reply someone waits for", rid)
                 await self._llm.abort(rid)
 
@@ -271,9 +278,10 @@ class VoicePipeline:
         salt = self._salts.of(request)
         messages = to_messages(request.context)
         stream = reply_text(self._llm, messages, rid, self._max_tokens, salt, view)
-        if not trace.held:
+        standing = request.standing or ReplyStanding()
+        if not standing.held:
             await self._shed_held()
-        self._writing[rid] = trace
+        self._writing[rid] = standing
         said = ""
         try:
             async for delta in stream:
@@ -288,7 +296,7 @@ class VoicePipeline:
                     if trace.first_chunk_text_ms is None:
                         trace.first_chunk_text_ms = self._clock.now_ms()
                     yield chunk
-            if trace.shed:  # aborted: what it wrote is no reply
+            if standing.shed:  # aborted: what it wrote is no reply
                 raise ShedWork(f"llm: early reply {rid} shed")
             for chunk in cutter.flush():
                 if trace.first_chunk_text_ms is None:

@@ -24,7 +24,8 @@ from server.vision.sampling import VisionModel
 
 if TYPE_CHECKING:
     from models.llamacpp import LlamaCppEngine
-    from models.llm import RemoteOptions, VllmEngine
+    from models.llm_remote import RemoteOptions
+    from models.llm_vllm import VllmEngine
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def end_of_turn_model() -> TurnCompleteness | None:
 
 def remote_options(config: Config) -> RemoteOptions:
     """The remote LLM's settings (``pipeline.llm_remote_*``); the model name is required."""
-    from models.llm import RemoteOptions
+    from models.llm_remote import RemoteOptions
 
     pc = config.pipeline
     if not pc.llm_remote_urls:
@@ -176,7 +177,7 @@ async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
 
 
 async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:
-    from models.llm import VllmEngine, VllmOptions
+    from models.llm_vllm import VllmEngine, VllmOptions
     from models.prepare import default_llm_dir, is_prepared
 
     pc = config.pipeline
@@ -215,7 +216,8 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
     """The embedded defaults: the recogniser (Moonshine tiny with Whisper tiny.en, or Whisper),
     the LLM (llama.cpp or vLLM on the embedded default or the configured model, or remote vLLM
     servers), the joe voice."""
-    from models.llm import LlmEngine, RemoteVllm
+    from models.llm import LlmEngine
+    from models.llm_remote import RemoteVllm
     from models.openmp import passive_waits
     from models.tts import OnnxVoiceTts, split_sentences
 

@@ -4,7 +4,7 @@ aiortc's ``JitterBuffer`` releases an audio frame once the next packet shows it 
 ``prefetch`` 1, 20 ms late; aiortc's own 4, 80 ms). After a lost packet it holds everything
 until the buffer overflows 15 packets later, drops the packet before the gap too, and then
 releases one frame for each packet that arrives: from the first loss to the end of the call,
-the user's voice reaches the turn detector about 280 ms late (tests/server/test_rtc.py
+the user's voice reaches the turn detector about 280 ms late (tests/server/rtc/test_rtc.py
 measures both). An Opus packet is a whole frame, so this buffer hands each one on at once:
 nothing waits, a loss delays nothing after it, and a packet that comes after a newer one
 (reordered, or sent twice) is dropped. The track then skips its 20 ms, which the inbound

@@ -5,7 +5,7 @@ Inbound audio frames go to the conversation (:meth:`Conversation.hear`), camera 
 camera stage; the outbound tracks pull audio and faces from it; its events go out on the
 first data channel labelled ``events`` (the native dialect) or ``oai-events`` (OpenAI Realtime
 GA events). The peer is the conversation's
-:class:`server.conversation.link.Link`; when the connection is lost the conversation can
+:class:`server.wire.link.Link`; when the connection is lost the conversation can
 wait for a new peer (a resume). The PeerSession owns every task it starts and awaits them
 all in :meth:`close`.
 """
@@ -30,7 +30,6 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from server.clock import MonotonicClock
 from server.config import Config
 from server.conversation.conversation import REALTIME_DIALECT, Conversation
-from server.conversation.protocol import quoted
 from server.conversation.resume import Resumed
 from server.rtc.face_encoder import encode_as_face
 from server.rtc.ice import ice_servers
@@ -50,6 +49,7 @@ from server.rtc.speech_encoder import speak_as_speech
 from server.rtc.tracks import MediaClock, PacedAudioTrack, PacedVideoTrack
 from server.runtime.budget import FLOOD_FACTOR, MediaBudget, Rate
 from server.tasks import TaskOwner
+from server.wire.protocol import quoted
 
 log = logging.getLogger(__name__)
 
@@ -111,14 +111,13 @@ class PeerSession:
         self._hears_audio = False  # the client sends audio (every 20 ms, silence too)
         self.stalled_frames = 0  # outbound frames held back while inbound audio had stopped
         self.inbound_gaps = Gaps()  # the microphone's lost packets, heard as silence
-        playout = conversation.playout
         self.audio_track = PacedAudioTrack(
-            self.media_clock, self._pull_audio, playout.on_sent, playout.on_cursor_held
+            self.media_clock, self._pull_audio, conversation.on_sent, conversation.on_cursor_held
         )
         self.video_track = (
             PacedVideoTrack(
                 self.media_clock,
-                playout.face_at,
+                conversation.face_at,
                 config.transport.video_fps,
                 conversation.metrics.work_shed.labels("late_frame").inc,
             )
@@ -271,9 +270,9 @@ class PeerSession:
         or for a resume on a new connection)."""
         if self._stalled():
             self.stalled_frames += 1
-            self.conversation.playout.on_cursor_held(n)
+            self.conversation.on_cursor_held(n)
             return np.zeros(n, np.int16)
-        return self.conversation.playout.pull_audio(n)
+        return self.conversation.pull_audio(n)
 
     def _stalled(self) -> bool:
         """The client's audio (every 20 ms, silence too) stopped arriving STALL_MS ago."""

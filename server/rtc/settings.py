@@ -26,10 +26,10 @@ from aiortc.rtcsctptransport import (
 from aiortc.sdp import candidate_from_sdp
 from OpenSSL import SSL
 
-from server.conversation.protocol import UndecodableText
 from server.rtc import opus
 from server.rtc.ice import IceServer
 from server.rtc.jitter import ArrivalBuffer, MediaGuard, PayloadClock
+from server.wire.protocol import UndecodableText
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Typed events the session runtime emits; the transport serialises them for the data channel.
 
 Names follow the OpenAI Realtime events where one fits. Every event of a response has its epoch,
-and the ids of the conversation's items and responses (server/conversation/realtime_wire.py
+and the ids of the conversation's items and responses (server/wire/realtime_wire.py
 turns them into the OpenAI Realtime GA shapes).
 """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -57,12 +58,17 @@ class _Segment:
 class PlaybackBuffer(Generic[V]):
     """Audio (int16 mono 48 kHz) and optional video frames per chunk, in play order."""
 
-    def __init__(self, budget_samples: int, fade_samples: int = 0) -> None:
+    def __init__(
+        self, budget_samples: int, fade_samples: int = 0, epoch: Callable[[], int] = lambda: 0
+    ) -> None:
+        """``epoch``: the session's current epoch (it lives there alone); audio of an older
+        one is refused, and :meth:`flush` follows a new one."""
         if budget_samples <= 0:
             raise ValueError("budget_samples must be > 0")
         self.budget = budget_samples
         self.fade_samples = fade_samples
-        self.epoch = 0
+        self._epoch = epoch
+        self._flushed_epoch = epoch()  # the epoch whose audio the buffer holds
         self.playback_cursor = 0
         self.underruns = 0
         self.underrun_samples = 0
@@ -277,14 +283,21 @@ class PlaybackBuffer(Generic[V]):
         self._in_gap = False
         return held
 
-    def flush(self, new_epoch: int) -> int:
-        """Barge-in: drop everything queued and refuse older epochs; returns samples dropped.
+    @property
+    def epoch(self) -> int:
+        """The session's current epoch."""
+        return self._epoch()
+
+    def flush(self) -> int:
+        """Barge-in: the session started a new epoch: drop everything queued (older epochs'
+        audio is refused from now on); returns samples dropped.
 
         The first ``fade_samples`` of the dropped audio are played faded to zero so the cut
         does not click; they are not counted as played.
         """
-        if new_epoch <= self.epoch:
-            raise ValueError(f"flush to epoch {new_epoch} from {self.epoch}: epochs only grow")
+        new_epoch = self._epoch()
+        if new_epoch <= self._flushed_epoch:
+            raise ValueError(f"flush at epoch {new_epoch}, already flushed for it: no new epoch")
         dropped = self._buffered
         if self.fade_samples and self._segments and self._paused_at is None:
             self._fade_tail = _ramp(self._head(self.fade_samples), fade_in=False)
@@ -296,7 +309,7 @@ class PlaybackBuffer(Generic[V]):
         self._video.clear()
         self._playing = None
         self._streaming = self._started = self._in_gap = False
-        self.epoch = new_epoch
+        self._flushed_epoch = new_epoch
         return dropped
 
     def forget_chunk(self, chunk_id: int) -> None:

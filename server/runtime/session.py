@@ -76,7 +76,9 @@ class Session:
         )
         self.history = History(config.persona, config.max_history_turns, count_tokens)
         self.playback: PlaybackBuffer[Any] = PlaybackBuffer(
-            ms_to_samples(config.lookahead_budget_ms), ms_to_samples(config.fade_ms)
+            ms_to_samples(config.lookahead_budget_ms),
+            ms_to_samples(config.fade_ms),
+            lambda: self.epoch,
         )
         self.stale_dropped: Counter[Stage] = Counter()
         self.input = InputCursors()
@@ -275,7 +277,7 @@ class Session:
         ``status``: of the ``response.done`` sent for a reply in progress."""
         old = self.epoch
         self.epoch += 1
-        flushed = self.playback.flush(self.epoch)
+        flushed = self.playback.flush()
         cut = self._response.interrupt(old, status)
         if next_state is TurnState.USER_SPEAKING:
             self.history.start_user_turn()

@@ -20,8 +20,7 @@ from benchmarks.interjection_words import (
     stops,
 )
 from server.config import VadConfig
-from server.conversation.floor import PREROLL_MS
-from server.conversation.interjection import INTERJECTION_CONTEXT
+from server.conversation.interjection import INTERJECTION_CONTEXT, PREROLL_MS
 from server.pipeline.echo_gate import ONSET_FRAMES, WORDS_HOLD_FRAMES
 from tests.support.speech import loud_frames
 

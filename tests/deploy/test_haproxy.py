@@ -230,16 +230,24 @@ class Caller:
     async def start(self, duration_s: float) -> Caller:
         self.proc = await asyncio.create_subprocess_exec(
             *self.fleet.spaces["client"].wrapper,
-            sys.executable, "-m", "client",
-            "--url", self.fleet.public_url,
-            "--whip", "--no-video", "--no-resume",
-            "--text", "Tell me a story.",
-            "--duration", f"{duration_s:.1f}",
-            "--record-audio", str(self.wav),
+            sys.executable,
+            "-m",
+            "client",
+            "--url",
+            self.fleet.public_url,
+            "--whip",
+            "--no-video",
+            "--no-resume",
+            "--text",
+            "Tell me a story.",
+            "--duration",
+            f"{duration_s:.1f}",
+            "--record-audio",
+            str(self.wav),
             cwd=ROOT,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         return self
 
     async def event(self, kind: str, timeout_s: float) -> dict[str, Any]:

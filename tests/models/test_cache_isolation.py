@@ -27,7 +27,8 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from models.llm import RemoteOptions, RemoteVllm, VllmEngine, VllmOptions
+from models.llm_remote import RemoteOptions, RemoteVllm
+from models.llm_vllm import VllmEngine, VllmOptions
 from models.prepare import prepare_llm
 from models.tts import split_sentences
 from server.http.auth import token_digest

@@ -19,7 +19,7 @@ from models.tts import OnnxVoiceTts
 from server.pipeline.echo import EchoPath
 from server.pipeline.resample import resample
 from server.pipeline.turn_detector import VadEventKind
-from tests.server.test_turn_detector import chromium_fake_microphone
+from tests.server.pipeline.test_turn_detector import chromium_fake_microphone
 from tests.support.echo import PCM, detector, echo_of, room_response, through, voice_events
 
 SEED = 20261203  # the voice's noise

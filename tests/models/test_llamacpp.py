@@ -338,8 +338,13 @@ async def test_the_sentence_end_probability_reads_the_words_not_their_mark(
 
 def test_a_sentence_end_is_a_top_token_that_begins_with_a_final_mark() -> None:
     def top(*tokens: tuple[str, float]) -> list[object]:
-        content = [{"top_logprobs": [{"id": i, "token": t, "logprob": math.log(p)}
-                                     for i, (t, p) in enumerate(tokens)]}]  # fmt: skip
+        content = [
+            {
+                "top_logprobs": [
+                    {"id": i, "token": t, "logprob": math.log(p)} for i, (t, p) in enumerate(tokens)
+                ]
+            }
+        ]
         return [{"choices": [{"logprobs": {"content": content}}]}]
 
     found = top(("?", 0.3), ("?\n", 0.2), (" the", 0.2), ("...", 0.1), (" ", 0.1), (".", 0.05))

@@ -23,15 +23,9 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from models.llm import (
-    LlmEngine,
-    LlmError,
-    Message,
-    RemoteOptions,
-    RemoteVllm,
-    VllmEngine,
-    VllmOptions,
-)
+from models.llm import LlmEngine, LlmError, Message
+from models.llm_remote import RemoteOptions, RemoteVllm
+from models.llm_vllm import VllmEngine, VllmOptions
 from models.prepare import prepare_llm
 from tests.support.llm_helpers import chat, collect, stats_of
 from tests.support.tiny_llama import TEXT, build_tiny_llama

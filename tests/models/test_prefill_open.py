@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from models.llm import ChatPrompts, LlmError, Message, VllmEngine, VllmOptions, settled_words
+from models.llm import ChatPrompts, LlmError, Message, settled_words
+from models.llm_vllm import VllmEngine, VllmOptions
 from models.prepare import prepare_llm
 from tests.support.llm_helpers import collect, stats_of
 

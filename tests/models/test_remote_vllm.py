@@ -20,13 +20,8 @@ import pytest
 import pytest_asyncio
 from transformers import AutoTokenizer
 
-from models.llm import (
-    LlmError,
-    LlmUnavailable,
-    Message,
-    RemoteOptions,
-    RemoteVllm,
-)
+from models.llm import LlmError, Message
+from models.llm_remote import LlmUnavailable, RemoteOptions, RemoteVllm
 from tests.support.llm_helpers import chat, collect, stats_of
 from tests.support.peers import Peer
 from tests.support.server_process import ServerProcess, free_port

@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models.llm import Message, RemoteOptions, RemoteVllm
+from models.llm import Message
+from models.llm_remote import RemoteOptions, RemoteVllm
 from models.replicas import AFFINITY_SLACK, ReplicaSet, common_prefix_len, prompt_key
 from tests.support.server_process import free_port
 

@@ -121,21 +121,16 @@ async def test_barge_in_keeps_only_what_was_played(
     peer.mic.play(np.concatenate([silence(300), question]))
     # The barge-in must land while a chunk is playing: then that chunk is cut at what was heard.
     # So wait (on events, not time) until a second chunk is queued behind the first, which on a
-    # slow machine may come only after the first has played out, and until the reply is audible
-    # now; then speak over it. Only the bounds of these waits follow the measured pace.
+    # slow machine may come only after the first has played out, and until the server plays a
+    # chunk with a few words of it played and more to come; then speak over it. Only the
+    # bounds of these waits follow the measured pace.
     first = await peer.wait_event("response.audio_transcript.delta", timeout=60)
     await peer.wait_event(
         "response.audio_transcript.delta",
         timeout=60,
         where=lambda e: e["epoch"] == 0 and e["chunk_id"] != first["chunk_id"],
     )
-    deadline = time.monotonic() + within(30)
-    while time.monotonic() < deadline:
-        recent = [p for _, p in peer.audio[-10:]]
-        if recent and max(float(np.abs(p).max()) for p in recent) > 3000:
-            break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.6)  # a few words of the playing chunk are heard before the user speaks
+    await mid_chunk(server, peer)
     n = len(peer.events)
     peer.mic.play(stop)
     truncated = await peer.wait_event("conversation.item.truncated", timeout=10, after=n)
@@ -152,6 +147,39 @@ async def test_barge_in_keeps_only_what_was_played(
     assert len(heard) < len(words(generated))  # and not all of it
     tail = words(truncated["heard_text"])  # the chunk cut mid-play ends what was heard
     assert not tail or heard[-len(tail) :] == tail
+
+
+async def mid_chunk(
+    server: ServerProcess, peer: ClientPeer, heard_ms: float = 600, left_ms: float = 1000
+) -> None:
+    """Return once the server plays a chunk of the reply (epoch 0) of which ``heard_ms`` were
+    played (a few words) and ``left_ms`` more are queued: a user who speaks now speaks over
+    that chunk, whatever the machine's pace. Waiting for the audio to be heard does not do it:
+    on a slow machine the second chunk's text may come late in the first one's audio, and
+    its speech after a gap, so that a fixed wait after that lands between the two chunks,
+    where nothing is cut (no ``conversation.item.truncated``). The chunks' extents come from
+    their viseme events, on the output timeline the playback cursor counts."""
+    assert peer.session_id is not None
+    deadline = time.monotonic() + within(60)
+    seen: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        session = await asyncio.to_thread(server.session, peer.session_id, ("live",))
+        assert session is not None
+        cursor = float(session["playback_cursor_ms"])
+        extents: dict[int, tuple[float, float]] = {}
+        for _, e in peer.events:
+            if e.get("type") == "avatar.viseme" and e["epoch"] == 0:
+                start, end = extents.get(e["chunk_id"], (e["pts_ms"], 0.0))
+                extents[e["chunk_id"]] = (
+                    min(start, e["pts_ms"]),
+                    max(end, e["pts_ms"] + e["duration_ms"]),
+                )
+        for start, end in extents.values():
+            if start + heard_ms <= cursor <= end - left_ms:
+                return
+        seen = {"cursor_ms": cursor, "chunks_ms": extents, "turn": session["turn"]}
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"no chunk of the reply played with {left_ms} ms left: {seen}")
 
 
 async def test_a_reply_over_its_own_echo_plays_out_and_the_user_still_stops_it(

@@ -65,7 +65,8 @@ server = server_process(
         "transport.max_sessions": str(MAX_SESSIONS),
         "transport.dead_peer_timeout_s": str(DEAD_PEER_TIMEOUT_S),
         # a vanished client's conversation ends with its connection (no resume window):
-        # these tests are about the reaper and leaks; tests/server/test_resume.py the window
+        # these tests are about the reaper and leaks;
+        # tests/server/conversation/test_resume.py the window
         "session.resume_window_s": "0",
         "transport.connect_timeout_s": "10",
         "transport.session_rate_per_min": "0",  # every client comes from one address

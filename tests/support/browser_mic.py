@@ -6,7 +6,7 @@ protects with nothing. Chrome, Safari and the mobile SDKs send a microphone as m
 (``useinbandfec=1``), put a low-bitrate copy of each frame's voice into the next packet, so
 that a receiver recovers a lost packet from the one after it: the server's own
 :class:`~server.rtc.speech_encoder.SpeechEncoder`. Tests and benchmarks send the user's words
-this way (tests/server/test_rtc.py, benchmarks/audio_loss_bench.py).
+this way (tests/server/rtc/test_rtc.py, benchmarks/audio_loss_bench.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Two aiortc peers on loopback, the client's microphone losing or reordering packets as told:
-how late each of its frames reaches the server's track (tests/server/test_rtc.py,
+how late each of its frames reaches the server's track (tests/server/rtc/test_rtc.py,
 benchmarks/jitter_bench.py)."""
 
 from __future__ import annotations

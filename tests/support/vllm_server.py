@@ -1,8 +1,9 @@
 """Start vLLM's OpenAI-compatible server on loopback as a subprocess (what ``vllm serve`` runs).
 
-CPU settings as for the in-process engine (models/llm.py): eager mode, 32-token KV blocks, a small
-KV cache (``VLLM_CPU_KVCACHE_SPACE``), the compile cache inside the project. Prefix caching and
-``prompt_tokens_details`` (cached tokens in the usage) are on, as in the deployment.
+CPU settings as for the in-process engine (models/llm_vllm.py): eager mode, 32-token KV blocks,
+a small KV cache (``VLLM_CPU_KVCACHE_SPACE``), the compile cache inside the project. Prefix
+caching and ``prompt_tokens_details`` (cached tokens in the usage) are on, as in the
+deployment.
 """
 
 from __future__ import annotations
