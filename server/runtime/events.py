@@ -175,7 +175,8 @@ class ResponseDone(SessionEvent):
 @dataclass(frozen=True)
 class ItemTruncated(SessionEvent):
     """After a barge-in: the chunk that was playing was heard up to ``audio_end_ms`` (of the
-    chunk); ``item_audio_end_ms``: the same place in the whole assistant item ``item_id``."""
+    chunk; 0 with no ``heard_text``: cut between two chunks, before this one began);
+    ``item_audio_end_ms``: the same place in the whole assistant item ``item_id``."""
 
     type: ClassVar[str] = "conversation.item.truncated"
     epoch: int

@@ -49,7 +49,8 @@ class ChunkAudio:
 @dataclass(frozen=True)
 class Cut:
     """What an interruption did to the response's chunks: the ids of those discarded unplayed,
-    and the last one cut mid-play (if any)."""
+    and where the item was cut (if any of it was heard): in the chunk playing, or at the start
+    of the first unplayed one."""
 
     discarded: tuple[int, ...]
     truncated: ItemTruncated | None
@@ -277,6 +278,13 @@ class Response:
             else:
                 self._set(transition_chunk(chunk, ChunkState.DISCARDED))
                 discarded.append(chunk.chunk_id)
+        if truncated is None and discarded and self.epoch == old_epoch and self.heard_samples:
+            # cut between two chunks: the item was heard to the end of the last one played,
+            # and its unplayed words are gone all the same
+            self._history.commit_agent_text(old_epoch, "", True, self.item_id)
+            heard_ms = samples_to_ms(self.heard_samples)
+            truncated = ItemTruncated(old_epoch, discarded[0], 0.0, "", self.item_id, heard_ms)
+            self._events.append(truncated)
         if self.epoch is not None:
             if self.audio_started:
                 self._events.append(OutputAudioCleared(self.epoch, self.response_id))

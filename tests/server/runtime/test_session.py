@@ -106,6 +106,24 @@ def test_unplayed_chunks_are_discarded_and_never_committed(session: Session) -> 
     assert session.pending_chunks() == ()
 
 
+def test_a_barge_in_between_two_chunks_truncates_the_item_where_the_first_ended(
+    session: Session,
+) -> None:
+    """The first sentence played whole, the next not begun: history keeps the first, the item
+    is marked cut, and the client hears where (its unplayed words were sent as text)."""
+    user_turn(session, "Tell me a story.")
+    session.start_response(0)
+    say(session, "Once upon a time.", 400, words=True)
+    second = say(session, "There was a dragon.", 400, words=True)
+    play(session, 400)  # the first chunk whole, nothing of the second
+    barge = session.speech_started()
+    assert barge is not None and barge.discarded == (second,)
+    agent = session.history.turns[-1]
+    assert agent.text == "Once upon a time." and agent.truncated
+    assert barge.truncated == ItemTruncated(0, second, 0.0, "", agent.item_id, 400.0)
+    assert barge.truncated in session.drain_events()
+
+
 def test_old_epoch_output_never_reaches_the_playback_buffer(session: Session) -> None:
     user_turn(session, "Hi")
     session.start_response(0)
