@@ -1,20 +1,10 @@
 """Partial transcripts while the user speaks, and the prefill of what they said so far.
 
-The loop re-decodes the growing utterance (16 kHz samples) every interval, or at once when the
-speaker pauses (40 ms of quiet, ``PAUSE_MS``; 100 while a reply is being written), after the
-words two partials agreed on (the stable words: a decode after them that hears fewer words
-than the last partial did is done again without them); it looks as each frame is judged. A
-warm-up pushes the words said so far into the LLM's prefix cache, one at a time: the latest
-partial's as they grow while the user speaks (their turn left open; the LLM's verdict at a
-pause then reads only the words it lacked), and at a pause the whole partial, which heard all
-the speech and is usually the final transcript (a decode begun in a pause that returns after
-the user spoke on counts as one of speech: its words are not judged). None for the words of a
-decode begun in speech that returns in a pause (the pause's decode comes next), nor while the
-turn may end on them (the end-of-turn model has yet to judge the pause, or it and the words
-say complete): the reply starts right after, and would first wait for it. Where the turn waits
-on, an early reply (server/conversation/early.py) may read the pause's words in place of their
-warm-up, from 100 ms of quiet (a shorter gap is often one between two words); else they are
-warmed.
+The loop looks as each frame is judged (or every ``PARTIAL_TICK_S``), asks its plan what to
+do (server/conversation/partial_plan.py: when to decode, which words are the pause's, what to
+warm, when to ask for a verdict or an early reply) and carries that out: the decodes (after the
+stable words; a decode after them that hears fewer words than the last partial did is done
+again without them), the LLM's verdicts, the warm-ups, the early reply and the events.
 """
 
 from __future__ import annotations
@@ -22,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -31,20 +20,31 @@ import numpy as np
 import numpy.typing as npt
 
 from server.clock import Clock
+from server.conversation.partial_plan import (
+    BUSY_PAUSE_MS,
+    EARLY_REPLY_QUIET_MS,
+    Decode,
+    EmitPartial,
+    Judge,
+    Look,
+    PartialAction,
+    PartialPlan,
+    SetTranscript,
+    TryEarly,
+    Warm,
+)
 from server.conversation.partial_words import (
     MIN_PARTIAL_SAMPLES,
     Partial,
     Said,
     ended_early,
     heard_more,
-    partial_due,
-    stable_words,
 )
-from server.conversation.unfinished import PENDING, SentenceEnd, stranded
+from server.conversation.unfinished import SentenceEnd
 from server.conversation.utterance import Utterance
 from server.metrics import Metrics
 from server.pipeline.seams import JudgesWords, ReplyRequest, Transcript, TurnPipeline, engines_busy
-from server.pipeline.turn_detector import PAUSE_MS, TurnDetector
+from server.pipeline.turn_detector import TurnDetector
 from server.runtime.session import Session
 from server.runtime.session_view import SessionView
 from server.scheduling.engine_queue import JobTag, ShedWork
@@ -55,10 +55,7 @@ log = logging.getLogger(__name__)
 
 PARTIAL_SLACK_SHARE = 0.9  # partials are scheduled as if 90% of the budget were buffered
 PARTIAL_TICK_S = 0.02  # the partial loop looks for a pause as audio is judged, or this often
-EARLY_REPLY_QUIET_MS = 100.0  # quiet (ms) before an early reply may begin on a pause's words
-# the pause (ms of quiet) while any session's reply is being written: a decode and a verdict at
-# every short gap between words would take the cores from the reply being spoken (audio gaps)
-BUSY_PAUSE_MS = 100.0
+__all__ = ["BUSY_PAUSE_MS", "EARLY_REPLY_QUIET_MS", "PARTIAL_TICK_S", "Partials", "warm_context"]
 
 
 async def warm_context(pipeline: TurnPipeline, request: ReplyRequest, metrics: Metrics) -> None:
@@ -75,7 +72,8 @@ async def warm_context(pipeline: TurnPipeline, request: ReplyRequest, metrics: M
 
 
 class Partials:
-    """The partial transcripts of the current user turn, and what they warmed in the LLM."""
+    """The partial transcripts of the current user turn, and what they warmed in the LLM: the
+    loop that carries out what its plan (``PartialPlan``) decides."""
 
     def __init__(
         self,
@@ -93,37 +91,72 @@ class Partials:
         self._utterance = utterance
         self._metrics = metrics
         self._clock = clock
-        self._interval_ms = interval_ms
         self._emit = emit
         self._request = request
-        self.partial = Partial(0, "")
-        self.stable = ""
-        self._said = Said()  # what the warm-ups push
-        self._pause_words = Partial(0, "")  # the partial last taken for a pause's words
-        self._pause_said = Said()  # ... as a warm-up would push them
-        self._partial_heard = 0  # input samples heard when the latest partial's decode began
-        self._early_for = Partial(0, "")  # the partial an early reply was begun on
-        self.verdict: SentenceEnd | None = None  # the LLM's on the pause's words
-        # recent verdicts: (p, ms it took, the recogniser's p of a word ending no sentence last)
-        self.verdicts: deque[tuple[float | None, float, float]] = deque(maxlen=16)
+        self.plan = PartialPlan(interval_ms, session.session_id[:8])
         self.decode: tuple[int, asyncio.Task[Transcript]] | None = None  # (samples heard, decode)
         self.prefill_cached = 0  # tokens the warm-ups found cached (for the turn's trace)
         self._warming: asyncio.Task[None] | None = None
-        # ablations: warm words that came back in a pause; in speech, warm the stable words only;
-        # take a decode begun in a pause as the pause's even where the speech went on since
-        self.warm_in_pause = self.warm_stable = self.gaps_are_pauses = False
-        self.pause_ms = PAUSE_MS  # quiet (ms) after which the words heard are the pause's
         self._heard = asyncio.Event()  # more audio judged since the loop last looked
+
+    # --- the plan's state, as others read it (and the ablations, as benchmarks set them) -------
+    @property
+    def partial(self) -> Partial:
+        return self.plan.partial
+
+    @property
+    def stable(self) -> str:
+        return self.plan.stable
+
+    @property
+    def verdict(self) -> SentenceEnd | None:
+        """The LLM's on the pause's words."""
+        return self.plan.verdict
+
+    @property
+    def verdicts(self) -> deque[tuple[float | None, float, float]]:
+        """Recent verdicts: (p, ms it took, the recogniser's p of a word ending no sentence)."""
+        return self.plan.verdicts
+
+    @property
+    def pause_ms(self) -> float:
+        """Quiet (ms) after which the words heard are the pause's."""
+        return self.plan.pause_ms
+
+    @pause_ms.setter
+    def pause_ms(self, value: float) -> None:
+        self.plan.pause_ms = value
+
+    @property
+    def warm_in_pause(self) -> bool:
+        """Ablation: warm words that came back in a pause."""
+        return self.plan.warm_in_pause
+
+    @warm_in_pause.setter
+    def warm_in_pause(self, value: bool) -> None:
+        self.plan.warm_in_pause = value
+
+    @property
+    def warm_stable(self) -> bool:
+        """Ablation: in speech, warm the stable words only."""
+        return self.plan.warm_stable
+
+    @warm_stable.setter
+    def warm_stable(self, value: bool) -> None:
+        self.plan.warm_stable = value
+
+    @property
+    def gaps_are_pauses(self) -> bool:
+        """Ablation: take a decode begun in a pause as the pause's where the speech went on."""
+        return self.plan.gaps_are_pauses
+
+    @gaps_are_pauses.setter
+    def gaps_are_pauses(self, value: bool) -> None:
+        self.plan.gaps_are_pauses = value
 
     def reset(self) -> None:
         """A new user turn: nothing heard yet."""
-        self.partial = Partial(0, "")
-        self.stable = ""
-        self._said = Said()
-        self._pause_words = Partial(0, "")
-        self._pause_said = Said()
-        self._early_for = Partial(0, "")
-        self.verdict = None
+        self.plan.reset()
 
     @staticmethod
     def coming(samples: int) -> bool:
@@ -136,7 +169,8 @@ class Partials:
 
     def judged(self) -> float | None:
         """The LLM's sentence-end probability for the latest partial's words (None: none)."""
-        return None if self.verdict is None else self.verdict.on(self.partial.text)
+        verdict = self.plan.verdict
+        return None if verdict is None else verdict.on(self.plan.partial.text)
 
     def take_prefill_cached(self) -> int:
         cached, self.prefill_cached = self.prefill_cached, 0
@@ -174,90 +208,16 @@ class Partials:
         early: Callable[[], Awaitable[bool]] | None,
         judges: bool,
     ) -> None:
-        session = self._session
-        last_ms = self._clock.now_ms()
+        plan = self.plan
+        plan.begin(self._clock.now_ms(), ending, early is not None, judges)
         while True:
             await self._look_again()
-            since = self._clock.now_ms() - last_ms
-            quiet, samples = self._detector.quiet_ms, self._utterance.samples
-            pause_ms = max(self.pause_ms, BUSY_PAUSE_MS if engines_busy(pipeline) else 0.0)
-            pause_start = self._pause_start()  # of the same quiet and samples (no await)
-            heard_all = self.partial.covered >= pause_start > 0 and bool(self.partial.text.strip())
-            if quiet >= pause_ms and heard_all:  # the pause's words are known
-                if self.partial != self._pause_words:
-                    await self._pause_on_partial(pipeline, ending, early, judges)
-                elif not ending():  # the end-of-turn model may have judged since
-                    await self._waits_on(pipeline, early)
-                continue
-            covered = self.partial.covered
-            if not partial_due(since, self._interval_ms, quiet, samples, covered, pause_ms):
-                continue
-            last_ms = self._clock.now_ms()
-            audio = self._utterance.audio()
-            heard = session.cursors.heard_until
-            tag = JobTag(session.session_id, session.epoch, self.view)
-            decode = self._decoded(pipeline, audio, tag, optional=True)
-            job = asyncio.get_running_loop().create_task(decode)
-            self.decode = (len(audio), job)
-            try:
-                got = await asyncio.shield(job)  # the endpoint may still want this decode
-            except ShedWork:  # required work went first; the next interval tries again
-                self.decode = None
-                self._metrics.work_shed.labels("partial").inc()
-                continue
-            previous, text = self.partial, got.text
-            self.partial = Partial(len(audio), text, got.last_word_rivals)
-            self._partial_heard = heard
-            stable = stable_words(previous.text, text)
-            self._emit(TranscriptionDelta(text, stable).to_dict())
-            if len(stable) > len(self.stable):
-                self.stable = stable
-            # a decode begun in a pause heard all the speech: likely the final transcript;
-            # not where the speech went on before it returned (a gap between two words, long
-            # on a slow machine): a verdict on its words would hold this loop, and the decode
-            # of the next pause, and they only prefix what the user is saying, as in speech
-            same_pause = self.gaps_are_pauses or self._pause_start() <= pause_start
-            paused = quiet >= pause_ms and same_pause
-            said = text.strip() if paused or not self.warm_stable else self.stable
-            now = Said(said, paused, heard)
-            if not said or now == self._said or not (paused or len(said) > len(self._said.words)):
-                continue
-            session.set_user_transcript(said)
-            if paused:
-                self._pause_words, self._pause_said = self.partial, now
-                if judges:
-                    await self._judge(pipeline, said)
-                ends = ending()
-                log.debug(
-                    "session %s: the pause's words after %.0f ms of quiet, decoded in %.0f ms: %s",
-                    session.session_id[:8],
-                    quiet,
-                    self._clock.now_ms() - last_ms,
-                    "the turn may end on them" if ends else "the turn waits on",
-                )
-                if not ends:
-                    await self._waits_on(pipeline, early)
-                continue
-            if ending():
-                # the reply starts within a tick or two and reads these words in one pass; a
-                # warm-up begun now (or one running, going on to them) would still be running
-                # then, and the reply would wait for it (a model call cannot stop halfway)
-                continue
-            quiet_now, samples_now = self._detector.quiet_ms, self._utterance.samples
-            if not self.warm_in_pause and partial_due(
-                0.0, math.inf, quiet_now, samples_now, len(audio), pause_ms
-            ):
-                # the user paused after more speech while this decode ran: the pause's decode
-                # follows at once, and the end of the turn may wait for it; a warm-up now
-                # would share the cores with it, for words the reply or the pause's warm-up
-                # reads anyway
-                continue
-            await self._push(pipeline, now)
+            actions = plan.look(self._look(), engines_busy(pipeline))
+            while actions:
+                actions = await self._carry_out(actions, pipeline, early)
 
-    def _pause_start(self) -> int:
-        """Where (16 kHz samples into the utterance) the current quiet began: the end of the
-        audio while the user speaks."""
-        return self._utterance.samples - int(self._detector.quiet_ms * 16)
+    def _look(self) -> Look:
+        return Look(self._clock.now_ms(), self._detector.quiet_ms, self._utterance.samples)
 
     async def _look_again(self) -> None:
         """Until more audio was judged, or PARTIAL_TICK_S at most (not ``asyncio.wait_for``: on
@@ -269,77 +229,75 @@ class Partials:
             timer.cancel()
         self._heard.clear()
 
-    async def _pause_on_partial(
+    async def _carry_out(
         self,
+        actions: list[PartialAction],
         pipeline: TurnPipeline,
-        ending: Callable[[], bool],
         early: Callable[[], Awaitable[bool]] | None,
-        judges: bool,
-    ) -> None:
-        """The last partial, begun before the pause was PAUSE_MS long, heard all the speech:
-        its words are the pause's, and no decode of the pause follows."""
-        words = self.partial.text.strip()
-        self._pause_words, self._pause_said = self.partial, Said(words, True, self._partial_heard)
-        self._session.set_user_transcript(words)
-        if judges:
-            await self._judge(pipeline, words)
-        if not ending():
-            await self._waits_on(pipeline, early)
+    ) -> list[PartialAction]:
+        """Carry out the plan's ``actions`` in order; what it decides on the outcome of the
+        last, where that asked for something."""
+        for action in actions:
+            if isinstance(action, EmitPartial):
+                self._emit(TranscriptionDelta(action.text, action.stable).to_dict())
+            elif isinstance(action, SetTranscript):
+                self._session.set_user_transcript(action.words)
+            elif isinstance(action, Warm):
+                await self._push(pipeline)
+            elif isinstance(action, Decode):
+                return await self._decode(pipeline)
+            elif isinstance(action, Judge):
+                return await self._judge(pipeline, action.words)
+            elif isinstance(action, TryEarly):
+                assert early is not None
+                return self.plan.early_began(await early())
+        return []
 
-    async def _waits_on(
-        self, pipeline: TurnPipeline, early: Callable[[], Awaitable[bool]] | None
-    ) -> None:
-        """The turn waits on after the pause's words (the end-of-turn model heard them as
-        unfinished, or they stop mid-sentence): an early reply begins on them (``early()``,
-        from EARLY_REPLY_QUIET_MS of quiet: a gap mid-sentence would begin and drop one
-        again and again), which reads them in place of a warm-up; else they are warmed."""
-        if self._early_for == self.partial:
-            return  # an early reply reads them
-        if early is not None and self._detector.quiet_ms < EARLY_REPLY_QUIET_MS:
-            return  # one may begin on them soon
-        if early is not None and await early():
-            self._early_for = self.partial
-            sid = self._session.session_id[:8]
-            log.debug("session %s: an early reply reads the pause's words", sid)
-            return
-        if self._pause_said != self._said:
-            await self._push(pipeline, self._pause_said)
+    async def _decode(self, pipeline: TurnPipeline) -> list[PartialAction]:
+        """A partial decode of the utterance as it stands, told to the plan."""
+        session = self._session
+        audio = self._utterance.audio()
+        heard = session.cursors.heard_until
+        tag = JobTag(session.session_id, session.epoch, self.view)
+        decode = self._decoded(pipeline, audio, tag, optional=True)
+        job = asyncio.get_running_loop().create_task(decode)
+        self.decode = (len(audio), job)
+        try:
+            got = await asyncio.shield(job)  # the endpoint may still want this decode
+        except ShedWork:  # required work went first; the next interval tries again
+            self.decode = None
+            self._metrics.work_shed.labels("partial").inc()
+            return []
+        return self.plan.decoded(len(audio), heard, got, self._look())
 
-    async def _push(self, pipeline: TurnPipeline, said: Said) -> None:
-        """Have the warm-ups push ``said``: one begins, or the one running goes on to it."""
-        self._said = said
+    async def _push(self, pipeline: TurnPipeline) -> None:
+        """Have the warm-ups push what the plan says (``said``): one begins, or the one running
+        goes on to it."""
         if self._warming is None or self._warming.done():
             if self._warming is not None:
                 await self._warming  # done: its outcome was handled in _warm
             warm = self._warm(pipeline, self._session.epoch)
             self._warming = asyncio.get_running_loop().create_task(warm)
 
-    async def _judge(self, pipeline: TurnPipeline, words: str) -> None:
-        """Ask the LLM whether the pause's ``words`` (the user's transcript now) are a whole
-        sentence; the end of the turn waits for it (``PENDING``) a bounded time."""
-        if not words or (self.verdict is not None and self.verdict.text == words):
-            return
+    async def _judge(self, pipeline: TurnPipeline, words: str) -> list[PartialAction]:
+        """Ask the LLM whether the pause's ``words`` are a whole sentence (the plan holds the
+        verdict ``PENDING`` meanwhile)."""
         assert isinstance(pipeline, JudgesWords)
-        self.verdict, asked_ms = PENDING, self._clock.now_ms()
+        asked_ms = self._clock.now_ms()
         try:
             probability = await pipeline.sentence_end(self._request(self._session.epoch))
-        finally:
-            self.verdict = None
-        self.verdict = SentenceEnd(words, probability)
+        except BaseException:
+            self.plan.judge_failed()
+            raise
         took_ms = round(self._clock.now_ms() - asked_ms, 1)
-        self.verdicts.append((probability, took_ms, stranded(words, self.partial.last_word_rivals)))
-        log.debug(
-            "session %s: the pause's words are a sentence with p %s",
-            self._session.session_id[:8],
-            probability,
-        )
+        return self.plan.verdict_came(words, probability, took_ms, self._look())
 
     async def _warm(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Push the words said so far into the LLM's prefix cache, again while they changed
         during the last warm-up (one warm-up at a time)."""
         warmed = Said()
-        while warmed != self._said:
-            warmed = self._said
+        while warmed != self.plan.said:
+            warmed = self.plan.said
             try:
                 cached = await pipeline.prefill(self._request(epoch), paused=warmed.paused)
             except ShedWork:  # a reply is being written: the warm-up would slow it
