@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from playwright.sync_api import Browser, Page, Playwright, ViewportSize, sync_playwright
 
-from tests.support.pace import within
+from tests.support.pace import Patience
 
 CHROMIUM = Path("/usr/bin/chromium")
 PHONE: ViewportSize = {"width": 390, "height": 844}
@@ -158,15 +158,15 @@ def wait_for(
     """Poll ``check`` every 0.1 s until it returns something truthy; fail naming ``what`` (and
     the events ``page`` received). ``timeout`` is in seconds on the reference machine,
     stretched by the measured pace (tests/support/pace.py)."""
-    timeout = within(timeout)
-    deadline = time.monotonic() + timeout
+    patience = Patience(timeout)
     while True:
         value = check()
         if value:
             return value
-        if time.monotonic() > deadline:
+        if not patience.left():
             seen = "" if page is None else f"; page events: {event_summary(page)}"
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{seen}")
+            waited = patience.describe()
+            raise AssertionError(f"timed out after {waited} waiting for {what}{seen}")
         time.sleep(0.1)
 
 

@@ -10,6 +10,10 @@ work the machine does is multiplied by ``factor()`` (at least 1):
   ``wait_for``, ``Peer.connect``/``wait_event`` (tests/support/peers.py);
 - other waits call ``within(seconds)`` themselves.
 
+The shared helpers also follow the load while they wait (``Patience``): of each moment
+waited, only the share in which the machine had a CPU free counts (Linux's CPU pressure,
+``/proc/pressure/cpu``), so other jobs that start mid-test stretch the wait, up to 4x.
+
 What a test asserts never changes with the factor; only how long it waits for it to happen.
 ``TEST_PACE=<factor>`` skips the measurement (the suite sets it for the processes it starts, so
 they all use the same factor).
@@ -21,6 +25,7 @@ import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 REFERENCE_WHISPER_S = 0.5  # median Whisper call on the clip below, where the bounds were written
 CLIP = "What is the capital of France, and how many people live there?"  # ~3.6 s of speech
@@ -81,3 +86,53 @@ def whisper_call_s() -> float:
 def within(seconds: float) -> float:
     """A bound of ``seconds`` on the reference machine, stretched to this one."""
     return seconds * factor()
+
+
+PSI_CPU = "/proc/pressure/cpu"
+MAX_PRESSURE = 0.75  # a wait counts at least a quarter of its time: at most 4x as long
+
+
+def cpu_pressure(path: str = PSI_CPU) -> float:
+    """The share (0-1) of the last 10 s in which runnable tasks waited for a CPU (Linux PSI,
+    ``some avg10``), at most MAX_PRESSURE; where the kernel has no PSI, the load average over
+    the cores (the share of runnable tasks beyond them)."""
+    try:
+        with open(path) as f:
+            some = f.readline().split()
+        share = float(some[1].split("=")[1]) / 100
+    except (OSError, IndexError, ValueError):
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        share = max(0.0, 1.0 - cores / load) if load > 0 else 0.0
+    return min(MAX_PRESSURE, max(0.0, share))
+
+
+class Patience:
+    """A wait of ``seconds`` on the reference machine that follows the load while it waits:
+    the pace measured at start stretches it (``within``), and of each moment waited only the
+    share the machine had a CPU free counts (``cpu_pressure``, measured as it goes), so a wait
+    that other jobs slow down waits longer, up to 1 / (1 - MAX_PRESSURE) times as long."""
+
+    def __init__(
+        self,
+        seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        pressure: Callable[[], float] = cpu_pressure,
+    ) -> None:
+        self.budget_s = within(seconds)
+        self._clock = clock
+        self._pressure = pressure
+        self._last = clock()
+        self.counted_s = 0.0  # waited, less the time the machine had no CPU free
+        self.waited_s = 0.0  # waited on the clock
+
+    def left(self) -> float:
+        """Seconds still to wait, as the load so far counts them (0: the wait is over)."""
+        now = self._clock()
+        step, self._last = now - self._last, now
+        self.waited_s += step
+        self.counted_s += step * (1.0 - self._pressure())
+        return max(0.0, self.budget_s - self.counted_s)
+
+    def describe(self) -> str:
+        """How long it waited, for a failure message."""
+        return f"{self.waited_s:.1f} s ({self.budget_s:.1f} s counted after the load)"

@@ -12,12 +12,15 @@ from aiortc import RTCPeerConnection
 from client.cli import ClientPeer
 from server.http.signaling import REGISTRY_KEY
 from server.rtc.peer import PeerSession
-from tests.support.pace import within
+from tests.support.pace import Patience, within
+
+PATIENCE_STEP_S = 0.5  # how often a wait for an event looks at the load again
 
 
 class Peer(ClientPeer):
     """``ClientPeer`` whose waits are bounds on the reference machine, stretched by the pace
-    the suite measured (tests/support/pace.py): what is awaited is unchanged."""
+    the suite measured and by the load while they wait (tests/support/pace.py): what is
+    awaited is unchanged."""
 
     async def connect(self, timeout: float = 15.0, resume_token: str | None = None) -> None:
         await super().connect(within(timeout), resume_token)
@@ -29,7 +32,17 @@ class Peer(ClientPeer):
         where: Callable[[dict[str, Any]], bool] | None = None,
         after: int = 0,
     ) -> dict[str, Any]:
-        return await super().wait_event(kind, within(timeout), where, after)
+        patience = Patience(timeout)
+        while True:
+            step = min(PATIENCE_STEP_S, patience.left())
+            try:
+                return await super().wait_event(kind, step, where, after)
+            except TimeoutError:
+                if patience.left() > 0:
+                    continue
+                seen = [e.get("type") for _, e in self.events[after:]]
+                waited = patience.describe()
+                raise TimeoutError(f"no {kind!r} event within {waited}; saw {seen}") from None
 
 
 async def connected(url: str, peers: list[Peer], audio: bool = False) -> Peer:

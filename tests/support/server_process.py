@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import pytest
 
-from tests.support.pace import within
+from tests.support.pace import Patience
 
 ROOT = Path(__file__).resolve().parents[2]
 TONE_PIPELINE = "tests.support.tone_pipeline:create"
@@ -92,9 +92,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, text=True
         )
-        timeout = within(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        patience = Patience(timeout)
+        while patience.left():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
@@ -102,7 +101,7 @@ class ServerProcess:
                 return self
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError(f"server not ready within {timeout} s:\n{self.log()}")
+        raise RuntimeError(f"server not ready within {patience.describe()}:\n{self.log()}")
 
     def health(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as resp:
@@ -116,8 +115,7 @@ class ServerProcess:
         yet; TimeoutError naming ``what`` after ``timeout`` s (on the reference machine,
         stretched by the measured pace). Each poll runs off the event loop, so the test's own
         peers keep sending while a busy server is slow to answer."""
-        timeout = within(timeout)
-        deadline = time.monotonic() + timeout
+        patience = Patience(timeout)
         while True:
             try:
                 health: dict[str, Any] | OSError = await asyncio.to_thread(self.health)
@@ -125,8 +123,9 @@ class ServerProcess:
                 health = exc
             if isinstance(health, dict) and ok(health):
                 return health
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not reached within {timeout} s: {health!r}")
+            if not patience.left():
+                waited = patience.describe()
+                raise TimeoutError(f"{what}: not reached within {waited}: {health!r}")
             await asyncio.sleep(interval)
 
     async def wait_sessions(self, count: int, timeout: float) -> dict[str, Any]:
