@@ -1,12 +1,17 @@
 """The reply of one turn: the final transcript, the LLM's sentences, their speech queued for
-playback within the lookahead budget, and the stage timings of what was heard."""
+playback within the lookahead budget, and the stage timings of what was heard.
+
+``Replies`` makes the engine calls (the final transcript, the LLM's stream, the speech, the
+early reply's preparation, each within a stage's time) and carries out what the reply's plan
+(server/conversation/reply_plan.py) decides from their outcomes, in one loop.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,19 +23,44 @@ from server.clock import Clock
 from server.config import Config
 from server.conversation.early import EarlyReply
 from server.conversation.partials import Partials, warm_context
+from server.conversation.reply_plan import (
+    Actions,
+    AdoptEarly,
+    AwaitEarly,
+    CloseEarly,
+    CommitTurn,
+    Compose,
+    DeliverText,
+    EmitDelta,
+    EmitTranscript,
+    Finish,
+    Flush,
+    NextSentence,
+    OpenChunk,
+    OpenStream,
+    ReplyAction,
+    ReplyPlan,
+    ServerError,
+    Speak,
+    StartResponse,
+    Transcribe,
+    TryAdopt,
+    WaitForRoom,
+    WarmWhenPlayed,
+    reported,
+)
 from server.conversation.voicing import Voicing
 from server.metrics import Metrics
 from server.pipeline.seams import (
     ReplyRequest,
     ReplyStanding,
-    SpeechAudio,
     TurnPipeline,
     TurnTrace,
     engines_busy,
     one_piece,
     speech_pieces,
 )
-from server.runtime.events import ResponseDone, ResponseStatus
+from server.runtime.events import ResponseDone
 from server.runtime.history import CacheClass
 from server.runtime.session import REPLYING, Session
 from server.runtime.session_view import SessionView
@@ -46,15 +76,21 @@ log = logging.getLogger(__name__)
 TIMED_STAGES = ("asr_final", "llm_first_token", "first_chunk_text", "first_tts")
 
 
-@dataclass(frozen=True)
-class _Reply:
-    """One reply: its epoch and trace, the instructions for it (None: the persona), whether it
-    is text only."""
+@dataclass(eq=False)
+class _Run:
+    """One reply as it runs: its epoch and trace (the early reply's once adopted), the
+    instructions for it (None: the persona), whether it is text only, and what it has opened:
+    its request, the early reply begun at its turn's pause, its sentence stream."""
 
     epoch: int
     trace: TurnTrace
     instructions: str | None
     text_only: bool
+    utterance: npt.NDArray[np.int16] | None = None
+    speech_end: int = 0  # 16 kHz samples into the utterance: where its end-of-turn silence begins
+    request: ReplyRequest | None = None
+    early: EarlyReply | None = None
+    sentences: AsyncIterator[str] | None = None
 
 
 def with_instructions(request: ReplyRequest, instructions: str | None) -> ReplyRequest:
@@ -140,22 +176,17 @@ class Replies:
         its end-of-turn silence begins), or (None) to the conversation as history holds it
         (typed text, ``response.create``); ``instructions`` replace the persona for it;
         ``text_only``: a text reply, no speech (None: as the session says)."""
+        spoken = utterance is not None
         if self._pipeline is None:
-            if utterance is not None:
-                self._session.commit_user_turn("")  # no ASR configured: listen only
-            else:
-                self._session.finish_response(epoch, ResponseStatus.FAILED)
-                self.server_error("no_pipeline", "this server has no reply pipeline")
-            self._flush()
+            plan = ReplyPlan(self._session, epoch, text_only=False)
+            self._carry_out_now(plan, plan.without_pipeline(spoken))
             return
         trace.prefill_cached_tokens = self._partials.take_prefill_cached()
         self.trace = trace
         if text_only is None:
             text_only = self._settings().text_only
-        reply = _Reply(epoch, trace, instructions, text_only)
-        self.task = self._spawn(
-            self._respond(self._pipeline, reply, utterance, speech_end), "reply"
-        )
+        run = _Run(epoch, trace, instructions, text_only, utterance, speech_end)
+        self.task = self._spawn(self._respond(self._pipeline, run), "reply")
 
     async def cancel(self) -> None:
         """Stop the reply task (its LLM stream is closed: the engine aborts the request), and
@@ -220,92 +251,189 @@ class Replies:
             early.failed = True
             log.info("session %s: early reply failed: %r", self._session.session_id[:8], exc)
 
-    async def _adopt(self, early: EarlyReply | None, request: ReplyRequest, reply: _Reply) -> bool:
-        """Whether the turn's reply goes on from ``early`` (prepared by now); its trace then
-        becomes the reply's, with the endpoint and the final transcript's time."""
-        if early is None:
-            return False
-        if reply.instructions is not None or reply.text_only or not early.answers(request):
-            return False
-        early.standing.adopt()  # someone waits for it now: no longer shed, its speech first
-        if early.task is not None:
-            async with asyncio.timeout(self._config.pipeline.stage_timeout_s):
-                await early.task
-        if early.failed or early.standing.shed:
-            return False
-        trace = early.trace
-        trace.endpoint_ms, trace.asr_final_ms = reply.trace.endpoint_ms, reply.trace.asr_final_ms
-        trace.prefill_cached_tokens = reply.trace.prefill_cached_tokens
-        if self.trace is reply.trace:
-            self.trace = trace
-        self._metrics.early_replies.labels("adopted").inc()
-        log.debug("session %s: early reply adopted", self._session.session_id[:8])
-        return True
-
     async def _wait_for_room(self) -> None:
         """Stop pulling reply text while the lookahead budget is full; go on as it drains."""
         while self._session.playback.space == 0:
             self._room.clear()
             await self._room.wait()
 
-    async def _respond(
-        self,
-        pipeline: TurnPipeline,
-        reply: _Reply,
-        utterance: npt.NDArray[np.int16] | None,
-        speech_end: int,
-    ) -> None:
+    async def _respond(self, pipeline: TurnPipeline, run: _Run) -> None:
+        """The reply's course as its plan (``ReplyPlan``) decides, carried out."""
         session = self._session
-        epoch, trace = reply.epoch, reply.trace
         limit_s = self._config.pipeline.stage_timeout_s  # each engine call: ASR, text, TTS
-        early, self.early = self.early, None  # this turn's, begun at its pause
+        run.early, self.early = self.early, None  # this turn's, begun at its pause
+        plan = ReplyPlan(
+            session,
+            run.epoch,
+            run.text_only,
+            instructions=run.instructions is not None,
+            early=run.early is not None,
+            incremental=self._config.pipeline.incremental,
+            limit_s=limit_s,
+        )
         try:
-            if utterance is not None:
-                incremental = self._config.pipeline.incremental
-                async with asyncio.timeout(limit_s):
-                    transcript = await self._partials.final(
-                        pipeline, utterance, speech_end, self._tag(), incremental
-                    )
-                trace.asr_final_ms = self._clock.now_ms()
-                if epoch != session.epoch:
-                    return
-                item_id = session.user_item_id or ""
-                self._emit(TranscriptionCompleted(epoch, transcript, item_id).to_dict())
-                answer = self._settings().create_response
-                if session.commit_user_turn(transcript, answer) is None or not answer:
-                    self._flush()
-                    return
-            else:
-                trace.asr_final_ms = trace.endpoint_ms
-            if not session.start_response(epoch, "text" if reply.text_only else "audio"):
-                return
-            self._flush()
-            await self._speak(pipeline, reply, limit_s, early)
-            session.finish_response(epoch)
-            if self._config.pipeline.incremental:
-                self._spawn(self._warm_when_played(pipeline, epoch), "window-warm-up")
+            if run.utterance is None:
+                run.trace.asr_final_ms = run.trace.endpoint_ms
+            await self._carry_out(pipeline, plan, run, plan.begin(run.utterance is not None))
         except asyncio.CancelledError:
             raise
-        except StaleWork:
-            return  # a barge-in ended this reply's epoch while its job waited
-        except TimeoutError:
-            log.error("session %s: an engine call took over %g s", session.session_id[:8], limit_s)
-            self.server_error("engine_timeout", f"an engine took over {limit_s:g} s; reply stopped")
-            session.finish_response(epoch, ResponseStatus.FAILED)
-        except Exception as exc:
-            log.exception("session %s: reply failed", session.session_id[:8])
-            # the engine's own words stay in the log: they may name internal hosts, ports or
-            # limits (llama.cpp's "exceeds 2048"), which are no business of the client's
-            self.server_error(
-                "engine_error", f"the reply failed ({type(exc).__name__}); the server logged why"
-            )
-            session.finish_response(epoch, ResponseStatus.FAILED)
+        except Exception as exc:  # StaleWork, a timeout, an engine's error
+            if isinstance(exc, StaleWork):
+                pass  # a barge-in ended this reply's epoch while its job waited
+            elif isinstance(exc, TimeoutError):
+                log.error(
+                    "session %s: an engine call took over %g s", session.session_id[:8], limit_s
+                )
+            else:
+                log.exception("session %s: reply failed", session.session_id[:8])
+            self._carry_out_now(plan, plan.failed(exc))
         finally:
             self._flush()
+            early = run.early
             if early is not None and early.adopted:
                 await early.close()  # its stream ended (or the reply was cancelled)
             elif early is not None:
                 await self._drop(early, "its turn's reply asked otherwise")
+
+    async def _carry_out(
+        self, pipeline: TurnPipeline, plan: ReplyPlan, run: _Run, actions: Actions
+    ) -> None:
+        """Carry out the plan's ``actions`` in order; an ask's outcome is told back to the plan,
+        and what it returns is carried out next."""
+        pending = deque(actions)
+        while pending:
+            action = pending.popleft()
+            told = self._do_now(plan, action)
+            if told is None:
+                told = await self._do(pipeline, plan, run, action)
+            pending.extend(told)
+
+    def _carry_out_now(self, plan: ReplyPlan, actions: Actions) -> None:
+        """Carry out ``actions`` that await nothing (no pipeline, a failure)."""
+        pending = deque(actions)
+        while pending:
+            told = self._do_now(plan, pending.popleft())
+            assert told is not None, "an action that awaits, outside the reply task"
+            pending.extend(told)
+
+    def _do_now(self, plan: ReplyPlan, action: ReplyAction) -> Actions | None:
+        """Carry out ``action`` if it awaits nothing: what the plan says next (an ask's
+        outcome told); None for one that awaits."""
+        session = self._session
+        if isinstance(action, Flush):
+            self._flush()
+        elif isinstance(action, EmitTranscript):
+            completed = TranscriptionCompleted(action.epoch, action.transcript, action.item_id)
+            self._emit(completed.to_dict())
+        elif isinstance(action, CommitTurn):
+            return plan.committed(session.commit_user_turn(action.text, action.answer) is not None)
+        elif isinstance(action, StartResponse):
+            return plan.started(session.start_response(action.epoch, action.output))
+        elif isinstance(action, OpenChunk):
+            return plan.opened(session.open_chunk(action.epoch, action.sentence))
+        elif isinstance(action, EmitDelta):
+            chunk = action.chunk
+            delta = TranscriptDelta(
+                action.epoch, chunk.chunk_id, chunk.text, action.response_id, action.item_id
+            )
+            self._emit(delta.to_dict())
+        elif isinstance(action, DeliverText):
+            session.deliver_text(action.chunk)
+        elif isinstance(action, Finish):
+            session.finish_response(action.epoch, action.status)
+        elif isinstance(action, ServerError):
+            self.server_error(action.code, action.message)
+        else:
+            return None
+        return []
+
+    async def _do(
+        self, pipeline: TurnPipeline, plan: ReplyPlan, run: _Run, action: ReplyAction
+    ) -> Actions:
+        """Carry out ``action``, which awaits an engine, the early reply or room (or starts a
+        task): what the plan says next."""
+        limit_s = self._config.pipeline.stage_timeout_s
+        if isinstance(action, Transcribe):
+            assert run.utterance is not None
+            incremental = self._config.pipeline.incremental
+            async with asyncio.timeout(limit_s):
+                transcript = await self._partials.final(
+                    pipeline, run.utterance, run.speech_end, self._tag(), incremental
+                )
+            run.trace.asr_final_ms = self._clock.now_ms()
+            return plan.transcribed(transcript, self._settings().create_response)
+        if isinstance(action, Compose):
+            request = with_instructions(self._request(run.epoch), run.instructions)
+            if run.text_only:
+                request = replace(request, view=None)  # no playback to run dry: whole sentences
+            run.request = request
+        elif isinstance(action, TryAdopt):
+            assert run.early is not None and run.request is not None
+            return plan.answers(run.early.answers(run.request))
+        elif isinstance(action, AwaitEarly):
+            return await self._await_early(plan, run)
+        elif isinstance(action, AdoptEarly):
+            self._adopt(run)
+        elif isinstance(action, CloseEarly):
+            assert run.early is not None
+            await run.early.close()  # before this reply's request: the slot is the session's
+        elif isinstance(action, OpenStream):
+            assert run.request is not None
+            run.sentences = aiter(pipeline.reply(run.request, run.trace))
+        elif isinstance(action, NextSentence):
+            assert run.sentences is not None
+            async with asyncio.timeout(limit_s):
+                sentence = await anext(run.sentences, None)
+            return plan.sentence(sentence)
+        elif isinstance(action, Speak):
+            return plan.spoken(await self._speak(pipeline, run, action, limit_s))
+        elif isinstance(action, WaitForRoom):
+            await self._wait_for_room()
+        elif isinstance(action, WarmWhenPlayed):
+            self._spawn(self._warm_when_played(pipeline, action.epoch), "window-warm-up")
+        else:
+            raise AssertionError(f"not a reply action: {action!r}")
+        return []
+
+    async def _await_early(self, plan: ReplyPlan, run: _Run) -> Actions:
+        """Someone waits for the early reply now: no longer shed, its speech first; it is
+        waited for (prepared by then, or a stage's time at most)."""
+        early, request = run.early, run.request
+        assert early is not None and request is not None
+        early.standing.adopt()
+        if early.task is not None:
+            async with asyncio.timeout(self._config.pipeline.stage_timeout_s):
+                await early.task
+        usable = not (early.failed or early.standing.shed)
+        return plan.prepared(usable, early.audio is not None, request.conditions)
+
+    def _adopt(self, run: _Run) -> None:
+        """The reply goes on from its early one: its trace becomes the reply's, with the
+        endpoint and the final transcript's time; its sentences, its first one's speech."""
+        early = run.early
+        assert early is not None
+        trace = early.trace
+        trace.endpoint_ms, trace.asr_final_ms = run.trace.endpoint_ms, run.trace.asr_final_ms
+        trace.prefill_cached_tokens = run.trace.prefill_cached_tokens
+        if self.trace is run.trace:
+            self.trace = trace
+        self._metrics.early_replies.labels("adopted").inc()
+        log.debug("session %s: early reply adopted", self._session.session_id[:8])
+        early.adopted = True
+        run.trace, run.sentences = trace, aiter(early.rest())
+
+    async def _speak(
+        self, pipeline: TurnPipeline, run: _Run, action: Speak, limit_s: float
+    ) -> bool:
+        """The chunk's speech queued for playback as the lookahead budget allows: the early
+        reply's first sentence's, made already, or synthesised now. False: it went stale."""
+        chunk = action.chunk
+        if action.from_early:
+            assert run.early is not None and run.early.audio is not None
+            pieces = one_piece(run.early.audio)  # the early reply's first sentence (same voice)
+        else:
+            pieces = speech_pieces(pipeline, chunk.text, self._session.conditions, self._tag())
+        return await self._voicing.deliver(chunk, pieces, limit_s, run.trace)
 
     async def _warm_when_played(self, pipeline: TurnPipeline, epoch: int) -> None:
         """Once the reply has played out, the recent window moves on if it is nearly full
@@ -323,60 +451,15 @@ class Replies:
         if session.history.make_room(self._config.runtime.recent_window_tokens):
             await warm_context(pipeline, self._request(epoch), self._metrics)
 
-    async def _speak(
-        self, pipeline: TurnPipeline, reply: _Reply, limit_s: float, early: EarlyReply | None
-    ) -> None:
-        """Each sentence of the reply: opened as a chunk, synthesised, queued for playback as
-        the lookahead budget allows (a text reply's chunks are committed as they are sent).
-        An ``early`` reply that asks the same is adopted: its sentences, its first one's
-        speech."""
-        session = self._session
-        epoch, trace = reply.epoch, reply.trace
-        request = with_instructions(self._request(epoch), reply.instructions)
-        if reply.text_only:
-            request = replace(request, view=None)  # no playback to run dry: whole sentences
-        ready: SpeechAudio | None = None  # the early reply's first sentence, spoken ...
-        voice = request.conditions  # ... with these conditions
-        if early is not None and await self._adopt(early, request, reply):
-            early.adopted = True
-            trace, ready, sentences = early.trace, early.audio, aiter(early.rest())
-        else:
-            if early is not None:
-                await early.close()  # before this reply's request: the slot is the session's
-            sentences = aiter(pipeline.reply(request, trace))
-        while True:
-            async with asyncio.timeout(limit_s):
-                sentence = await anext(sentences, None)
-            if sentence is None:
-                return
-            chunk = session.open_chunk(epoch, sentence)
-            if chunk is None:
-                return
-            self._flush()
-            items = session.items
-            ids = (items.reply_response_id or "", items.reply_item_id or "")
-            delta = TranscriptDelta(epoch, chunk.chunk_id, chunk.text, *ids)
-            self._emit(delta.to_dict())
-            if reply.text_only:
-                session.deliver_text(chunk)
-                continue
-            if ready is not None and session.conditions == voice:
-                pieces = one_piece(ready)  # the early reply's first sentence (the same voice)
-            else:
-                pieces = speech_pieces(pipeline, chunk.text, session.conditions, self._tag())
-            ready = None
-            if not await self._voicing.deliver(chunk, pieces, limit_s, trace):
-                return
-            await self._wait_for_room()
-
     def report(self, done: ResponseDone) -> None:
         """When a reply that was heard ends (completed, or cancelled after it started to
         play): its stage timings, as an event and for /debug."""
         trace, self.trace = self.trace, None
-        if trace is None or trace.first_audio_ms is None:
+        report = reported(done, trace)
+        if report is None:
             return
-        event = ResponseTimings(done.epoch, str(done.status), trace.as_dict())
-        self.traces.append({"epoch": done.epoch, "status": str(done.status), **trace.as_dict()})
+        event = ResponseTimings(report.epoch, report.status, report.timings)
+        self.traces.append({"epoch": report.epoch, "status": report.status, **report.timings})
         self._observe(event.timings)
         self._emit(event.to_dict())
 
