@@ -352,6 +352,8 @@ class Conversation:
         """Carry out the floor's ``actions`` in order (server/conversation/turn_actions.py),
         then tell the client what the session emitted. One that no longer applies (the session
         moved on while an earlier one was awaited) is skipped."""
+        if not actions:
+            return  # most frames: nothing decided, nothing to tell
         for action in actions:
             if isinstance(action, PauseReply):
                 if self.session.pause_reply():
