@@ -160,7 +160,7 @@ class Probe:
         """A reply to ``turns`` after ``persona``, as ``response.timings`` reports it."""
         request = self._request(session, owner, persona, turns)
         trace = TurnTrace(endpoint_ms=self.clock.now_ms())
-        text = " ".join([chunk async for chunk in self.pipeline.reply(request, trace)])
+        text = " ".join([str(chunk) async for chunk in self.pipeline.reply(request, trace)])
         timings = trace.as_dict()
         first = timings["llm_first_token_ms"]
         if first is None:

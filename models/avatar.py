@@ -3,8 +3,8 @@
 :class:`ProceduralAvatar` implements the server's ``AvatarRenderer`` seam structurally (this
 package does not import ``server``): ``render(state)`` reads ``state.viseme`` (the Oculus
 viseme id, 0..14, as in ``server.avatar.seam.Viseme``), ``state.expression`` (an enum whose
-``.value`` is ``idle``/``listening``/``thinking``/``speaking``, or that string), and the
-floats of ``server.avatar.seam.FaceState``.
+``.value`` is ``idle``/``listening``/``thinking``/``speaking``/``smile``/``surprise``, or that
+string), and the floats of ``server.avatar.seam.FaceState``.
 
 How it stays cheap (about 1 ms a frame at 512x512): the backdrop, bust and head are drawn
 once per look, 3-4x supersampled; eyes, brows and mouth are sprites drawn per quantised pose
@@ -39,7 +39,6 @@ from models.avatar_face import (
     VISEME_NAMES,
     VISEME_SHAPES,
     EyeParts,
-    MouthShape,
     brows,
     eye,
     iris,
@@ -68,6 +67,7 @@ MAX_TILT = 8.0  # roll, degrees
 GAZE_STEP = 0.1
 YAW_UNITS = 1.5  # features move this far (design units) per degree of yaw
 PITCH_UNITS = 1.3  # ... and per degree of pitch
+WARMED = ("idle", "listening", "thinking", "speaking")  # the turn's expressions: warmed
 GAZE_UNITS = (7.5, 4.5)  # iris travel at gaze 1, design units
 PIVOT = (CX, 330.0)  # the head tilts (roll) about this point, design units
 # Parallax: how far each layer moves per unit of yaw/pitch motion (x, y). The face's front
@@ -260,7 +260,8 @@ class ProceduralAvatar:
         stop: threading.Event | None = None,
         pace: Callable[[], None] | None = None,
     ) -> None:
-        """Draw every mouth and lid sprite of a look now, so that no frame has to.
+        """Draw every mouth and lid sprite of a look's turn expressions now, so that no frame
+        has to (a momentary cue's, smile or surprise, is drawn when first shown).
 
         Returns early once ``stop`` is set (a server shutting down while it warms up).
         ``pace`` is called after each sprite and may block (the server holds the warm-up
@@ -279,7 +280,7 @@ class ProceduralAvatar:
             self._head_base(assets, look, dx)
             if stopping():
                 return
-        for expression in EXPRESSIONS:
+        for expression in WARMED:
             for blink in range(WEIGHT_STEPS + 1):
                 for side in (-1, 1):
                     self._eye_parts(assets, side, blink, expression)
@@ -327,10 +328,10 @@ class ProceduralAvatar:
 
     def _mouth(self, a: _Assets, viseme: int, weight: int, expression: str) -> Sprite:
         def make() -> Sprite:
-            smile = MOODS[expression].smile
+            mood = MOODS[expression]
             target = VISEME_SHAPES[viseme]
-            full = replace(target, smile=smile * (1 - target.round) * 0.5)
-            shape = MouthShape(smile=smile).toward(full, weight / WEIGHT_STEPS)
+            full = replace(target, smile=mood.smile * (1 - target.round) * 0.5)
+            shape = mood.rest.toward(full, weight / WEIGHT_STEPS)
             return mouth(a.look, self._s, shape)
 
         return self._sprites.get_or_make(("mouth", a.look.name, viseme, weight, expression), make)
@@ -460,10 +461,12 @@ SAMPLES: dict[str, Pose] = {
     ),
     "ada_listening": Pose("ada", expression="listening", head_roll=2.5, head_pitch=1, gaze_y=0.1),
     "ada_thinking": Pose("ada", expression="thinking", gaze_x=0.55, gaze_y=-0.45, head_roll=-1.5),
+    "ada_smile": Pose("ada", expression="smile", head_roll=1.5, head_yaw=0.5),
     "milo_idle": Pose("milo", head_yaw=-1.5, gaze_x=0.1),
     "milo_speaking_o": Pose(
         "milo", viseme=13, viseme_weight=1.0, expression="speaking", head_yaw=3
     ),
+    "milo_surprise": Pose("milo", expression="surprise", head_pitch=-1.5),
     "milo_thinking": Pose(
         "milo", expression="thinking", gaze_x=0.55, gaze_y=-0.45, head_roll=-1.5, head_pitch=-1.5
     ),

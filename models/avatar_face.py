@@ -291,12 +291,21 @@ VISEME_SHAPES: tuple[MouthShape, ...] = (
 
 @dataclass(frozen=True)
 class Mood:
-    """How an expression sets lids, brows (viewer's left, right) and the resting smile."""
+    """How an expression sets lids, brows (viewer's left, right) and the resting smile.
+
+    ``mouth``: the mouth at rest when it is more than closed lips with the smile (a grin, an
+    open "oh"); visemes blend from it."""
 
     eyes: EyePose
     left: BrowPose
     right: BrowPose
     smile: float
+    mouth: MouthShape | None = None
+
+    @property
+    def rest(self) -> MouthShape:
+        """The mouth while no viseme moves it."""
+        return self.mouth if self.mouth is not None else MouthShape(smile=self.smile)
 
 
 MOODS: dict[str, Mood] = {
@@ -309,5 +318,21 @@ MOODS: dict[str, Mood] = {
         -0.1,
     ),
     "speaking": Mood(EyePose(1.03, 0.86), BrowPose(-2.5, -1.5, 1), BrowPose(-2.5, -1.5, 1), 0.45),
+    # a grin: cheeks up (the lower lids rise, the eyes narrow), brows relaxed, a little raised
+    "smile": Mood(
+        EyePose(0.9, 0.68),
+        BrowPose(-2, -2.5, 1),
+        BrowPose(-2, -2.5, 1),
+        1.0,
+        MouthShape(opening=0.16, width=1.15, upper_teeth=1.0, lower_teeth=0.2, smile=1.0),
+    ),
+    # eyes wide, brows high, the mouth a small open "oh"
+    "surprise": Mood(
+        EyePose(1.3, 1.12),
+        BrowPose(-8, -6, 2.0),
+        BrowPose(-8, -6, 2.0),
+        0.1,
+        MouthShape(opening=0.22, width=0.8, round=0.5, upper_teeth=0.3, smile=0.1),
+    ),
 }
 EXPRESSIONS = tuple(MOODS)

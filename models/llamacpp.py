@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,15 @@ from models.llm import (
     words_open_text,
 )
 from models.prompt_text import ChatText
+from models.tool_calls import (
+    CALL_FORMS,
+    CallScanner,
+    Tool,
+    ToolCall,
+    call_schema,
+    check_call,
+    tool_parameters,
+)
 
 if TYPE_CHECKING:
     import xllamacpp
@@ -65,6 +74,9 @@ SENTENCE_END = ".?!"  # a token beginning with one of these ends a sentence
 SHARED_PREFIX_FILE = "shared-prefix.bin"  # in the engine's private folder
 SHARED_SCOPE = "\x00shared-prefix"  # the slot scope that computes it (no cache_salt is this)
 SLOT_ACTION_TIMEOUT_S = 30.0  # a save or restore waits for the batch running before it
+
+MAX_CALLS = 4  # tool calls in one reply
+CALL_MAX_TOKENS = 256  # a call's JSON may take this many tokens, past the reply's max_tokens
 
 _END = object()  # the sentinel that ends a request's chunk queue
 
@@ -159,6 +171,133 @@ class _Request:
     held: bool = False  # stopped by its hold, not at its end
 
 
+# the text of a reply that may call no tool: none of the characters a call starts with (a
+# marker, an object, a fenced block, a list); spoken words need none of them
+# (and at least one: a model barred from the call it wanted would rather end at once)
+NO_CALLS_LARK = "%llguidance {}\nstart: /[^{<`\\[\\]\\s][^{<`\\[\\]]*/\n"
+NO_CALLS_GBNF = "root ::= [^{<`\\[\\] \\t\\n] [^{<`\\[\\]]*\n"
+# the same words, then perhaps a call's start (where the engine stops the text): a reply's
+# words never hold JSON (a small model echoes a function's output as an object otherwise)
+WORDS_THEN_CALL_LARK = (
+    "%llguidance {}\nstart: TEXT CALL?\nTEXT: /[^{<`\\[\\]]*/\n"
+    'CALL: /(<tool_call>|\\{"name")[\\s\\S]*/\n'
+)
+WORDS_THEN_CALL_GBNF = (
+    "root ::= text call?\ntext ::= [^{<`\\[\\]]*\n"
+    'call ::= ("<tool_call>" | "{\\"name\\"") [^\\x00]*\n'
+)
+
+
+@dataclass(frozen=True)
+class _CallPlan:
+    """What a tool-calling request decodes: the prompt (tools listed, the assistant's turn
+    opened), the tools, one call's JSON schema, the choice."""
+
+    prompt: str
+    tools: Sequence[Tool]
+    constraint: dict[str, Any]  # the completion's grammar or json_schema (_call_constraint)
+    choice: str
+    messages: Sequence[Message] = ()
+
+
+def _same_call(name: str, arguments: Any) -> tuple[str, str]:
+    """A call as compared with another: its name and its arguments' canonical JSON."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return name, arguments
+    return name, json.dumps(arguments, sort_keys=True, separators=(",", ":"))
+
+
+def _calls_made(messages: Sequence[Message]) -> set[tuple[str, str]]:
+    """The calls the assistant made since the user last spoke (``tool_calls``)."""
+    made: set[tuple[str, str]] = set()
+    for message in messages:
+        if message.get("role") == "user":
+            made.clear()
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", call)
+            made.add(_same_call(str(function.get("name")), function.get("arguments", {})))
+    return made
+
+
+def _call_constraint(schema: dict[str, Any]) -> dict[str, Any]:
+    """The completion fields that constrain a call to ``schema``: with llguidance (this
+    wheel's grammar engine) a grammar of the object and an optional newline, so that the
+    model says whether it goes on (a bare object then another, as Qwen2.5-Coder-0.5B writes
+    several) or ends its turn; else llama.cpp's ``json_schema`` (the object alone)."""
+    import xllamacpp
+
+    if str(xllamacpp.json_schema_to_grammar(json.dumps(schema))).startswith("%llguidance"):
+        lark = f'%llguidance {{}}\nstart: call "\\n"?\ncall: %json {json.dumps(schema)}\n'
+        return {"grammar": lark}
+    return {"json_schema": schema}
+
+
+def _text_constraint(calls: bool) -> dict[str, Any]:
+    """The completion fields of a reply's words: none of the characters a call or an object
+    starts with, then (``calls``) perhaps the start of a call, else nothing more (a bias
+    against the tokens that start a call is not enough: the model finds another, ``{\n``)."""
+    import xllamacpp
+
+    if str(xllamacpp.json_schema_to_grammar("{}")).startswith("%llguidance"):
+        return {"grammar": WORDS_THEN_CALL_LARK if calls else NO_CALLS_LARK}
+    return {"grammar": WORDS_THEN_CALL_GBNF if calls else NO_CALLS_GBNF}
+
+
+def _call_watch(scanner: CallScanner, peek: bool) -> Callable[[str], bool]:
+    """Whether to stop at a delta (in an engine thread): once a call starts, or, to ``peek``
+    (after a required call), at any text that starts none."""
+
+    def watch(delta: str) -> bool:
+        passed = scanner.feed(delta)
+        return scanner.found or (peek and bool(passed.strip()))
+
+    return watch
+
+
+@dataclass
+class _Run:
+    """One request as abort() sees it: its slot, the completion running now, and the stop
+    flag that all of its completions share (a tool call's request runs several)."""
+
+    request_id: str
+    scope: str  # the cache_salt, "" for none
+    stop: threading.Event
+    started: float = field(default_factory=time.perf_counter)
+    lease: SlotLease | None = None
+    reuse: bool = False  # the next completion may reuse what the slot holds
+    leased: float = 0.0
+    request: _Request | None = None
+    tallies: list[StreamTally] = field(default_factory=list)
+    ttft_ms: float | None = None  # the first text or call
+
+    def first(self) -> None:
+        """Something (text or a call) is handed on now: the first time, that is the run's
+        first token."""
+        if self.ttft_ms is None:
+            self.ttft_ms = elapsed_ms(self.started)
+
+    def aborted(self) -> None:
+        """The consumer went away (closed or cancelled)."""
+        if self.tallies and self.tallies[-1].finish is None:
+            self.tallies[-1].finish = "abort"
+
+    def stats(self) -> GenerationStats:
+        """The prompt of the first completion that reported one (one held at a call's start
+        reports none: then the call's, a few tokens longer), every completion's output
+        tokens, the last one's finish."""
+        if not self.tallies:
+            return GenerationStats(0, 0, 0, self.ttft_ms, None)
+        told = [t for t in self.tallies if t.prompt_tokens] or self.tallies
+        first, last = told[0], self.tallies[-1]
+        out = sum(t.stats().output_tokens for t in self.tallies)
+        return GenerationStats(
+            first.prompt_tokens, first.cached_tokens, out, self.ttft_ms, last.finish
+        )
+
+
 class LlamaCppEngine:
     """llama.cpp in this process, serving one GGUF model to every session.
 
@@ -187,7 +326,7 @@ class LlamaCppEngine:
         )
         self._book = SlotBook(self.options.slots)
         self._freed = asyncio.Condition()  # binds to a loop at its first use
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _Run] = {}
         self._stopping: set[asyncio.Future[None]] = set()  # stopped requests' last token
         self._stats = StatsBook()
         self._closed = False
@@ -238,6 +377,150 @@ class LlamaCppEngine:
         else:
             prompt = self.chat.render(messages)
         return self._generate(prompt, request_id, max_tokens, cache_salt, hold)
+
+    def stream_tools(
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        tools: Sequence[Tool],
+        choice: str = "auto",
+        cache_salt: str | None = None,
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        """Reply text deltas and :class:`ToolCall` s, the tools (OpenAI Chat-style) in the
+        prompt.
+
+        ``choice``: "auto" decodes freely and, where the model starts a call (``<tool_call>``,
+        or a bare ``{"name"`` opening the reply), stops and decodes the call constrained to
+        the tools' schemas (llama.cpp's ``json_schema`` grammar), validates it
+        (:func:`models.tool_calls.check_call`), yields it and goes on after it: more calls
+        (up to :data:`MAX_CALLS`) or text; a reply to a call's output (the chat's last message
+        is a ``tool`` one) talks, no call allowed to start. A call the assistant made already
+        since the user last spoke (the same name and arguments: a small model repeats the call
+        it has just been answered) is not made again: the reply talks instead, no call allowed
+        to start
+        (:data:`NO_CALLS_LARK`). "required" starts with a call, a tool's name with a call of
+        that tool; the stream ends after the call(s). "none": the tools stay in the prompt (as in
+        every request of the conversation, so its prefix stays cached) and the reply talks,
+        no call allowed to start. No tools: :meth:`stream`. A call that fails validation is
+        logged and ends the reply; none is ever yielded. ``max_tokens`` bounds the text; a
+        call may take up to :data:`CALL_MAX_TOKENS` beyond it. One slot and one
+        ``request_id`` (abort(), last_stats()) for all of it; closing the stream stops
+        whichever part runs. ValueError-like mistakes (an unknown choice, a tool that is no
+        function) raise LlmError here, before the stream starts."""
+        if not tools:
+            return self.stream(messages, request_id, max_tokens, cache_salt=cache_salt)
+        try:
+            names = tool_parameters(tools)
+        except ValueError as e:
+            raise LlmError(f"bad tools: {e}") from e
+        if choice not in ("auto", "required", "none") and choice not in names:
+            raise LlmError(f"tool choice {choice!r}: not auto, none, required or a tool's name")
+        if not self.chat.calls_tools:
+            raise LlmError(f"the chat template of {self.model_path.name} makes no tool calls")
+        only = None if choice in ("auto", "required", "none") else choice
+        constraint = _call_constraint(call_schema(tools, only))
+        prompt = self.chat.render(messages, tools)
+        plan = _CallPlan(prompt, tools, constraint, choice, tuple(messages))
+        return self._generate_tools(plan, request_id, max_tokens, cache_salt)
+
+    async def _generate_tools(
+        self, plan: _CallPlan, request_id: str, max_tokens: int, cache_salt: str | None
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        run = self._begin(request_id, cache_salt)
+        reply = ""  # the assistant's turn so far, as the prompt continues it
+        left = max(1, max_tokens)  # text tokens left
+        calls = 0
+        try:
+            await self._seat(run)
+            free = plan.choice in ("auto", "none")
+            form = "marker"  # how the model writes its calls (the canonical form to start)
+            made = _calls_made(plan.messages)  # since the user last spoke: not made again
+            # no call may start: "none", or (auto) a reply to a call's output, which a small
+            # model answers with the same call again; it speaks from the output
+            answers = bool(plan.messages) and plan.messages[-1].get("role") == "tool"
+            talk = plan.choice == "none" or (plan.choice == "auto" and answers)
+            while not run.stop.is_set():
+                if free:  # text, until the model starts a call
+                    scanner = CallScanner()
+                    watcher = CallScanner()
+                    # after a required call: another, or the end
+                    peek = plan.choice not in ("auto", "none")
+                    watch = _call_watch(watcher, peek)
+                    barred = _text_constraint(calls=not talk)
+                    async for delta in self._complete(
+                        run, plan.prompt + reply, left, watch, barred
+                    ):
+                        text = scanner.feed(delta)
+                        if text and not peek:
+                            run.first()
+                            yield text
+                    left -= run.tallies[-1].stats().output_tokens
+                    if not scanner.found:
+                        rest = scanner.flush()
+                        if rest and not peek and (not calls or rest.strip()):
+                            run.first()
+                            yield rest
+                        break
+                    reply += scanner.before
+                    form = scanner.form
+                    if talk:  # a start the bias did not bar: the reply ends before it
+                        log.info("request %s: a call began where none may", request_id)
+                        break
+                if calls >= MAX_CALLS or run.stop.is_set():
+                    break
+                opening, closing = CALL_FORMS[form]
+                if form == "marker":  # as the template writes it
+                    reply = reply.rstrip()
+                    reply += "\n" if reply else ""
+                reply += opening
+                started = time.perf_counter()
+                pieces = [
+                    piece
+                    async for piece in self._complete(
+                        run,
+                        plan.prompt + reply,
+                        max(left, CALL_MAX_TOKENS),
+                        extra=plan.constraint,
+                    )
+                ]
+                if run.stop.is_set():
+                    break
+                text = "".join(pieces)
+                body = text.removesuffix("\n")  # the grammar's optional end: go on
+                call = check_call(body, plan.tools)
+                log.debug(
+                    "request %s: call %d decoded in %.0f ms: %s",
+                    request_id,
+                    calls + 1,
+                    elapsed_ms(started),
+                    call,
+                )
+                if call is None:
+                    break  # logged by check_call
+                same = _same_call(call.name, call.arguments)
+                if same in made and plan.choice == "auto":
+                    # a small model calls again what it has just been answered: it talks now
+                    log.info("request %s: %s made again; the reply talks", request_id, call.name)
+                    talk, free = True, True
+                    reply = reply.removesuffix(opening)
+                    continue
+                made.add(same)
+                calls += 1
+                run.first()
+                yield call
+                if plan.choice not in ("auto", "required") or left <= 0:
+                    break
+                if form == "bare" and body == text:
+                    break  # the model ended its turn right after the object
+                reply += body + closing  # in the model's own form: it goes on as it began
+                free = True
+        except (GeneratorExit, asyncio.CancelledError):
+            run.aborted()
+            raise
+        finally:
+            await self._end(run)
 
     async def prefill(
         self, messages: Sequence[Message], request_id: str, *, cache_salt: str | None = None
@@ -395,60 +678,100 @@ class LlamaCppEngine:
         cache_salt: str | None,
         hold: Callable[[], bool] | None = None,
     ) -> AsyncGenerator[str, None]:
+        run = self._begin(request_id, cache_salt)
+        try:
+            await self._seat(run)
+            watch = None if hold is None else (lambda _text: hold())
+            async for text in self._complete(run, prompt, max_tokens, watch):
+                if run.ttft_ms is None:
+                    run.ttft_ms = elapsed_ms(run.started)
+                yield text
+        except (GeneratorExit, asyncio.CancelledError):
+            run.aborted()
+            raise
+        finally:
+            await self._end(run)
+
+    def _begin(self, request_id: str, cache_salt: str | None) -> _Run:
+        """Check and register a request (abort() finds it by ``request_id``)."""
         if self._closed:
             raise LlmError("the engine is closed")
         if request_id in self._requests:
             raise LlmError(f"request {request_id} is already running")
         check_salt(cache_salt)
-        started = time.perf_counter()
-        request = _Request(asyncio.Queue(), threading.Event())
-        self._requests[request_id] = request
+        run = _Run(request_id, cache_salt if cache_salt is not None else "", threading.Event())
+        self._requests[request_id] = run
+        return run
+
+    async def _seat(self, run: _Run) -> None:
+        """Lease the run's slot (waiting while its scope's, or every, slot is busy)."""
+        run.lease = await self._lease(run.scope)
+        run.reuse = await self._starts_from(run.lease)
+        run.leased = time.perf_counter()
+
+    async def _complete(
+        self,
+        run: _Run,
+        prompt: str,
+        max_tokens: int,
+        watch: Callable[[str], bool] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """One completion in the run's slot: its text deltas, until it ends, the run is
+        stopped, or ``watch`` (called with each delta in an engine thread) turns true: then
+        llama.cpp stops at that token and the completion's finish is "held". ``extra``: more
+        fields of the completion's body (a ``json_schema``). Its tally joins the run's."""
+        assert run.lease is not None
+        if run.stop.is_set():
+            return
+        request = _Request(asyncio.Queue(), run.stop)
         tally = StreamTally()
-        lease: SlotLease | None = None
-        leased = started
-        try:
-            lease = await self._lease(cache_salt if cache_salt is not None else "")
-            reuse = await self._starts_from(lease)
-            leased = time.perf_counter()
-            body = self._body(prompt, max_tokens, lease.slot, reuse)
-            request.done = self._submit(body, request, hold)
-            async for text in self._chunks(request, tally, request_id):
-                if tally.ttft_ms is None:
-                    tally.ttft_ms = elapsed_ms(started)
-                yield text
-        except (GeneratorExit, asyncio.CancelledError):
-            tally.finish = tally.finish or "abort"
-            raise
-        finally:
-            request.stop.set()  # llama.cpp stops at its next token and frees its slot
-            if request.done is not None and not request.done.done():
-                # the stream ends now; the engine owns the thread until that token
-                stopping = asyncio.wrap_future(request.done)
-                self._stopping.add(stopping)
-                stopping.add_done_callback(self._stopping.discard)
-            if lease is not None:
-                await self._release(lease.slot)
-            self._requests.pop(request_id, None)
-            if request.held and tally.finish is None:
-                tally.finish = "held"
-            if request.stop.is_set() and tally.finish is None:
-                tally.finish = "abort"
-            stats = tally.stats()
-            self._stats.put(request_id, stats)
-            if lease is not None and log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "request %s: slot %d after %.0f ms; %d prompt tokens (%d cached), first"
-                    " token at %s ms, %d out, %.0f ms in all (%s)",
-                    request_id,
-                    lease.slot,
-                    (leased - started) * 1000.0,
-                    stats.prompt_tokens,
-                    stats.cached_tokens,
-                    "-" if stats.ttft_ms is None else f"{stats.ttft_ms:.0f}",
-                    stats.output_tokens,
-                    (time.perf_counter() - started) * 1000.0,
-                    stats.finish_reason,
-                )
+        run.request = request
+        run.tallies.append(tally)
+        body = {**self._body(prompt, max_tokens, run.lease.slot, run.reuse), **(extra or {})}
+        run.reuse = True  # the slot holds this run's tokens now
+        request.done = self._submit(body, request, watch)
+        async for text in self._chunks(request, tally, run.request_id):
+            yield text
+        if request.held and tally.finish is None:
+            tally.finish = "held"
+        if not run.stop.is_set():  # (a stopped one ends by itself: _end waits for it)
+            await asyncio.wrap_future(request.done)  # llama.cpp is done with the slot
+
+    async def _end(self, run: _Run) -> None:
+        """Stop what still runs, give the slot back, record the run's stats."""
+        request = run.request
+        run.stop.set()  # llama.cpp stops at its next token and frees its slot
+        if request is not None and request.done is not None and not request.done.done():
+            # the stream ends now; the engine owns the thread until that token
+            stopping = asyncio.wrap_future(request.done)
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
+        if run.lease is not None:
+            await self._release(run.lease.slot)
+        self._requests.pop(run.request_id, None)
+        last = run.tallies[-1] if run.tallies else None
+        if last is not None and request is not None and request.held and last.finish is None:
+            last.finish = "held"
+        if last is not None and last.finish is None:
+            last.finish = "abort"  # stopped (abort, close, or the consumer gone)
+        stats = run.stats()
+        self._stats.put(run.request_id, stats)
+        if run.lease is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %s: slot %d after %.0f ms; %d prompt tokens (%d cached), first"
+                " token at %s ms, %d out in %d completions, %.0f ms in all (%s)",
+                run.request_id,
+                run.lease.slot,
+                (run.leased - run.started) * 1000.0,
+                stats.prompt_tokens,
+                stats.cached_tokens,
+                "-" if stats.ttft_ms is None else f"{stats.ttft_ms:.0f}",
+                stats.output_tokens,
+                len(run.tallies),
+                (time.perf_counter() - run.started) * 1000.0,
+                stats.finish_reason,
+            )
 
     def _body(self, prompt: str, max_tokens: int, slot: int, reuse: bool) -> dict[str, Any]:
         """A completion in ``slot``; ``reuse``: the common prefix of what the slot holds may
@@ -466,14 +789,14 @@ class LlamaCppEngine:
         }
 
     def _submit(
-        self, body: dict[str, Any], request: _Request, hold: Callable[[], bool] | None = None
+        self, body: dict[str, Any], request: _Request, watch: Callable[[str], bool] | None = None
     ) -> concurrent.futures.Future[None]:
         loop = asyncio.get_running_loop()
         put = request.queue.put_nowait
 
         def on_chunk(chunk: Any) -> bool:
             loop.call_soon_threadsafe(put, chunk)
-            if hold is not None and not request.stop.is_set() and hold():
+            if watch is not None and not request.stop.is_set() and watch(_chunk_text(chunk)):
                 request.held = True  # read once the stream has ended
             return request.stop.is_set() or request.held
 
@@ -499,10 +822,11 @@ class LlamaCppEngine:
 
     async def abort(self, request_id: str) -> None:
         """Stop a running request at its next token; its stream ends with finish "abort"."""
-        request = self._requests.get(request_id)
-        if request is not None:
-            request.stop.set()
-            request.queue.put_nowait(_END)
+        run = self._requests.get(request_id)
+        if run is not None:
+            run.stop.set()
+            if run.request is not None:
+                run.request.queue.put_nowait(_END)
 
     def last_stats(self, request_id: str) -> GenerationStats | None:
         return self._stats.get(request_id)
@@ -541,6 +865,14 @@ class _UnixHttp(http.client.HTTPConnection):
         sock.settimeout(self.timeout)
         sock.connect(str(self._path))
         self.sock = sock
+
+
+def _chunk_text(chunk: Any) -> str:
+    """A streamed completion chunk's text ("" for none)."""
+    try:
+        return str(chunk["choices"][0].get("text") or "")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
 
 
 def _top_tokens(responses: list[Any]) -> list[dict[str, Any]]:

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+# {"role": "system" | "user" | "assistant" | "tool", "content": str}, and an assistant's
+# "tool_calls" (OpenAI Chat-style) where it called tools
+Message = dict[str, Any]
 
 STATS_KEPT = 256  # finished requests whose stats last_stats() still answers
 SALT_MAX_CHARS = 128  # vLLM's limit on a cache_salt

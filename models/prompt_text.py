@@ -7,7 +7,9 @@ the engine reuses whatever prefix its cache holds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,11 @@ class ChatText:
         open: the next token says whether the message ends there."""
         return words_open_text(self.render, messages)
 
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the template writes function calls in the Hermes format (``<tool_call>``)."""
+        return "<tool_call>" in self.template
+
     def _compiled(self) -> Any:
         cached = _COMPILED.get(self.template)
         if cached is None:
@@ -63,19 +70,30 @@ class ChatText:
                 trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
             )
             env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson
             cached = env.from_string(self.template)
             _COMPILED[self.template] = cached
         return cached
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """Prompt text: the chat template with the assistant turn opened."""
+    def render(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> str:
+        """Prompt text: the chat template with the assistant turn opened; ``tools`` (OpenAI
+        Chat-style function tools) listed where the template lists them (None: the first
+        message's ``tools``, if it has any; none: the same text as without). An assistant
+        message's ``tool_calls`` may give their arguments as JSON text (OpenAI's form) or as
+        an object."""
+        if tools is None and messages:  # a chat may carry them on its system message
+            tools = messages[0].get("tools")
+        extra: dict[str, Any] = {"tools": [dict(t) for t in tools]} if tools else {}
         try:
             return str(
                 self._compiled().render(
-                    messages=[dict(m) for m in messages],
+                    messages=[_with_call_objects(m) for m in messages],
                     add_generation_prompt=True,
                     bos_token=self.bos_token,
                     eos_token=self.eos_token,
+                    **extra,
                 )
             )
         except LlmError:
@@ -90,3 +108,40 @@ class ChatText:
 
 
 _COMPILED: dict[str, Any] = {}  # template source -> compiled template
+
+
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Hugging Face's ``tojson`` (keys in their order, no HTML escapes), not Jinja's: the
+    text the model was trained on."""
+    return json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _with_call_objects(message: Message) -> dict[str, Any]:
+    """A copy of ``message`` whose tool calls' arguments are objects (a template writes them
+    with ``tojson``; text would come out quoted)."""
+    copy = dict(message)
+    calls = copy.get("tool_calls")
+    if not isinstance(calls, list):
+        return copy
+    fixed: list[Any] = []
+    for call in calls:
+        if isinstance(call, Mapping):
+            call = dict(call)
+            inner = call.get("function")
+            target = dict(inner) if isinstance(inner, Mapping) else call
+            arguments = target.get("arguments")
+            if isinstance(arguments, str):
+                with contextlib.suppress(ValueError):  # else written as it is
+                    target["arguments"] = json.loads(arguments) if arguments.strip() else {}
+            if isinstance(inner, Mapping):
+                call["function"] = target
+        fixed.append(call)
+    copy["tool_calls"] = fixed
+    return copy

@@ -60,6 +60,7 @@ SECTIONS = {
     "vad": "When the user's turn ends, and what voice over a reply does.",
     "pipeline": "The models and engines that answer, and how they share the CPU.",
     "vision": "The client's camera.",
+    "avatar": "The avatar's face beyond lip-sync: its own actions as tools.",
     "session": "Conversations that outlive their connection, and the client's event budget.",
 }
 

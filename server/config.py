@@ -184,6 +184,13 @@ class RuntimeConfig:
         min=100,
         max=600_000,
     )
+    tool_output_timeout_ms: int = _setting(
+        20_000,
+        "Longest wait (ms) for the output of a function call the agent made (the client runs "
+        "the tool); then the agent says it got no answer. An interruption cancels the wait.",
+        min=100,
+        max=600_000,
+    )
     paused_timeout_ms: int = _setting(
         2_000,
         "Longest pause of a reply while voice over it is judged (ms): then it is an "
@@ -619,6 +626,17 @@ class VisionConfig:
 
 
 @dataclass(frozen=True)
+class AvatarConfig:
+    """The avatar's face beyond lip-sync."""
+
+    builtin_tools: bool = _setting(
+        False,
+        "The avatar's own actions (expression, appearance, look at the user) as tools its "
+        "replies may call; the server runs them itself, beside the client's tools.",
+    )
+
+
+@dataclass(frozen=True)
 class SessionConfig:
     """A conversation beyond one connection."""
 
@@ -687,6 +705,7 @@ class Config:
     vad: VadConfig = field(default_factory=VadConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
+    avatar: AvatarConfig = field(default_factory=AvatarConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     # the dotted names the operator set (file, environment, --set); the calibration chooses
     # the others that follow the machine (server/pipeline/calibration.py)

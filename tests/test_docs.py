@@ -115,8 +115,15 @@ NOT_SETTINGS = frozenset(
         "session.resume_token",
         "session.instructions",
         "session.audio",
+        "session.tools",  # GA session fields (function calling)
+        "session.tool_choice",
+        "response.tools",
+        "response.tool_choice",
+        "avatar.tool",  # the native event of the avatar's own tools
         "session.applied",
         "vision.presence",
+        "avatar.viseme",
+        "avatar.example",  # a host name (server.allowed_hosts)
     }
 )
 FILE_SUFFIXES = frozenset({"py", "md", "json", "yaml", "yml", "toml", "cfg", "sh", "js", "png"})

@@ -7,6 +7,7 @@ import { LevelMeter, VoiceActivity } from './level.js';
 import { EventLog, LatencyPanel } from './panels.js';
 import { readStats } from './stats.js';
 import { SpeechFollower } from './spoken.js';
+import { ToolsPanel } from './tools.js';
 import { Conversation } from './transcript.js';
 
 const LEVEL_TICK_MS = 20;
@@ -75,6 +76,19 @@ const TURN_TEXT = {
 const conversation = new Conversation($('conversation'));
 const latency = new LatencyPanel(ui.lat);
 const log = new EventLog(ui.events);
+// the Tools panel (web/tools.js): off unless its box is ticked
+const tools = new ToolsPanel(
+  {
+    enabled: $('tools-on'),
+    lamp: $('lamp'),
+    lampText: $('lamp-text'),
+    timer: $('timer'),
+    timerLabel: $('timer-label'),
+    calls: $('tool-calls'),
+    conversation: $('conversation'),
+  },
+  (event) => send(event),
+);
 
 // Everything a running call owns; `null` between calls.
 let call = null;
@@ -103,6 +117,7 @@ const demo = {
   },
   stats: null,
   level: { mic: 0, agent: 0 },
+  tools,
 };
 window.avatarDemo = demo;
 
@@ -311,6 +326,7 @@ function teardown() {
   ui.presence.hidden = true;
   ui.micLevel.style.width = '0';
   ui.agentLevel.style.width = '0';
+  tools.reset();
   if (current.response) conversation.responseDone(current.response.id, 'cancelled', []);
   conversation.dropped(follower.drop());
   follower = follower.next();
@@ -456,7 +472,8 @@ function onServerEvent(event) {
       break;
     }
     case 'response.output_item.added':
-      if (current(event.response_id) && event.item) response.itemId = event.item.id;
+      // the reply's spoken item (a function call item is no speech)
+      if (current(event.response_id) && event.item && event.item.type !== 'function_call') response.itemId = event.item.id;
       break;
     case 'response.output_audio_transcript.delta': {
       // one delta is one chunk's text, sent before its audio; other replies' are stale
@@ -554,6 +571,7 @@ function onServerEvent(event) {
     default:
       break; // logged only
   }
+  tools.onEvent(event);
 }
 
 /** What of the reply was heard: the transcript of its assistant item (null: not said). */

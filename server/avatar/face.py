@@ -21,6 +21,9 @@ PHRASE_MIN_MS = 900.0  # the user spoke at least this long ...
 PAUSE_MS = 220.0  # ... then paused this long: a listener nods
 VOICE_LEVEL = 0.02  # user audio RMS (0..1) above which the user is voicing
 GAZE_TAU_MS = 250.0  # gaze follows its target with this time constant
+FACING_TAU_MS = 200.0  # the head turns to face a gazed point with this time constant
+FACING_KEEP = 0.1  # the share of its idle sway a head facing a point keeps
+FACING_DEGREES = (4.0, 3.0)  # head yaw, pitch toward a point at gaze 1
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class FaceAnimator:
         self._voiced_since: float | None = None
         self._last_voiced = -1e9
         self._gaze = (0.0, 0.0)
+        self._facing = 0.0  # 0 = free idle motion .. 1 = facing the gazed point
         self._last_ms: float | None = None
         self.nods = 0
 
@@ -73,23 +77,43 @@ class FaceAnimator:
         viseme: Viseme = Viseme.SIL,
         weight: float = 0.0,
         attention: Attention | None = None,
+        shown: Expression | None = None,
+        look: tuple[float, float] | None = None,
     ) -> FaceState:
-        """The face for ``media_ms`` (call with non-decreasing times)."""
+        """The face for ``media_ms`` (call with non-decreasing times).
+
+        ``expression`` is the turn's (a speaking face moves its mouth); a gesture's cue
+        overrides what the face conveys: ``shown`` sets the brows, eyes and resting mouth (the
+        visemes still move the mouth while speaking), ``look`` the gaze (x, y), with the head
+        turned to face that point (0, 0: the camera, the user)."""
         first, last = self._last_ms is None, self._last_ms or 0.0
         self._last_ms = media_ms
+        speaking = expression is Expression.SPEAKING
+        mood = shown or expression
         blink = self._blink(media_ms)
-        yaw, pitch, roll = self._idle_motion(media_ms, expression)
+        yaw, pitch, roll = self._idle_motion(media_ms, mood, speaking)
+        dt = max(0.0, media_ms - last)
+        facing = 0.0 if look is None else 1.0
+        keep = 0.0 if first else math.exp(-dt / FACING_TAU_MS)
+        self._facing = facing + (self._facing - facing) * keep
+        if self._facing < 1e-3:
+            self._facing = 0.0  # turned back: free again
+        if self._facing > 0.0:
+            to_yaw, to_pitch = look or (0.0, 0.0)
+            free = 1.0 - self._facing * (1.0 - FACING_KEEP)
+            yaw = free * yaw + self._facing * to_yaw * FACING_DEGREES[0]
+            pitch = free * pitch + self._facing * to_pitch * FACING_DEGREES[1]
         pitch += self._nod(media_ms)
-        gx, gy = self._gaze_target(media_ms, expression, attention)
-        keep = 0.0 if first else math.exp(-max(0.0, media_ms - last) / GAZE_TAU_MS)
+        gx, gy = look if look is not None else self._gaze_target(media_ms, mood, attention)
+        keep = 0.0 if first else math.exp(-dt / GAZE_TAU_MS)
         self._gaze = (gx + (self._gaze[0] - gx) * keep, gy + (self._gaze[1] - gy) * keep)
-        if expression is not Expression.SPEAKING:
+        if not speaking:
             viseme, weight = Viseme.SIL, 0.0
         return FaceState(
             appearance=appearance,
             viseme=viseme,
             viseme_weight=round(weight, 3),
-            expression=expression,
+            expression=mood,
             blink=round(blink, 3),
             head_yaw=round(yaw, 2),
             head_pitch=round(pitch, 2),
@@ -107,11 +131,13 @@ class FaceAnimator:
             return 0.0
         return math.sin(math.pi * into / BLINK_MS)  # close, then open
 
-    def _idle_motion(self, t: float, expression: Expression) -> tuple[float, float, float]:
+    def _idle_motion(
+        self, t: float, expression: Expression, speaking: bool
+    ) -> tuple[float, float, float]:
         """Slow sums of sines: never still, never repeating quickly (degrees)."""
         s = t / 1000.0
         p = self._phase
-        lively = 1.6 if expression is Expression.SPEAKING else 1.0
+        lively = 1.6 if speaking else 1.0
         yaw = lively * (1.6 * math.sin(0.31 * s + p[0]) + 0.7 * math.sin(0.83 * s + p[1]))
         pitch = lively * (0.9 * math.sin(0.47 * s + p[2]) + 0.4 * math.sin(1.37 * s + p[3]))
         roll = 0.8 * math.sin(0.23 * s + p[4]) + 0.3 * math.sin(0.71 * s + p[5])
@@ -120,6 +146,10 @@ class FaceAnimator:
         elif expression is Expression.THINKING:
             roll -= 1.5
             pitch -= 1.5
+        elif expression is Expression.SMILING:
+            roll += 1.5  # a friendly tilt
+        elif expression is Expression.SURPRISED:
+            pitch -= 1.5  # the head draws back
         return yaw, pitch, roll
 
     def _nod(self, t: float) -> float:

@@ -48,6 +48,8 @@ class Expression(Enum):
     LISTENING = "listening"  # the user speaks: attentive, raised brows, nods
     THINKING = "thinking"  # the reply is being prepared: eyes aside, brows knit
     SPEAKING = "speaking"  # the avatar talks
+    SMILING = "smile"  # a momentary cue (a gesture): a grin, narrowed eyes
+    SURPRISED = "surprise"  # a momentary cue: wide eyes, brows high, an open "oh"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from av.video.reformatter import VideoReformatter
 
 from server.avatar.face import Attention, FaceAnimator
+from server.avatar.gestures import NO_CUE, Gestures
 from server.avatar.lipsync import LipSync
 from server.avatar.seam import AvatarRenderer, Expression, FaceState, Viseme
 from server.runtime.media import VIDEO_TIME_BASE, ms_to_samples
@@ -52,10 +53,12 @@ class AvatarVideo:
         attention: Callable[[], Attention | None] = lambda: None,
         shed: Callable[[], bool] = lambda: False,
         on_shed: Callable[[], None] = lambda: None,
+        gestures: Gestures | None = None,
     ) -> None:
         """``shed``: whether optional work must give way now; then, while the face is idle
         (no speech playing), every other frame repeats the last one instead of drawing a new
-        one (``on_shed`` counts each)."""
+        one (``on_shed`` counts each). ``gestures``: the face cues shown on purpose (a smile,
+        a look at the user), over the turn's expression and gaze while they last."""
         self._session = session
         self._shed = shed
         self._on_shed = on_shed
@@ -66,6 +69,7 @@ class AvatarVideo:
         self._animator = animator
         self._renderer = renderer
         self._attention = attention
+        self._gestures = gestures
         self.last_state: FaceState | None = None
         self.frames = 0
 
@@ -82,8 +86,16 @@ class AvatarVideo:
             expression = Expression.SPEAKING
             viseme, weight = self._lipsync.at(chunk_id, offset)
             appearance = self._lipsync.appearance(chunk_id) or appearance
+        cue = self._gestures.now() if self._gestures is not None else NO_CUE
         state = self._animator.face(
-            media_ms, appearance, expression, viseme, weight, self._attention()
+            media_ms,
+            appearance,
+            expression,
+            viseme,
+            weight,
+            self._attention(),
+            shown=cue.expression,
+            look=cue.gaze,
         )
         self.last_state = state
         return state

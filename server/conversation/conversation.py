@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import av
 import numpy as np
 import numpy.typing as npt
 
+from server.avatar.builtin_tools import builtin_tools, run_builtin
 from server.avatar.seam import AvatarRenderer
 from server.clock import Clock, MonotonicClock
 from server.config import Config
@@ -29,7 +30,7 @@ from server.conversation.interjection import INTERJECTION_CONTEXT, PREROLL_MS, A
 from server.conversation.looks import looks_for
 from server.conversation.partials import Partials, warm_context
 from server.conversation.playout import Playout
-from server.conversation.reply import Replies
+from server.conversation.reply import OwnTools, Replies
 from server.conversation.resume import Resumed, ResumeTicket
 from server.conversation.turn_actions import (
     DropEarly,
@@ -56,8 +57,10 @@ from server.pipeline.seams import (
 from server.pipeline.turn_detector import TurnDetector, VadEvent
 from server.runtime.budget import Rate
 from server.runtime.events import ResponseDone
+from server.runtime.history import Role
 from server.runtime.media import MEDIA_RATE_HZ, pcm_level, samples_to_ms
 from server.runtime.session import BargeIn, Session
+from server.runtime.tools import NO_TOOLS, FunctionCall, FunctionTool, ToolSettings
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, StaleWork
 from server.tasks import TaskOwner, cancel
@@ -67,8 +70,7 @@ from server.wire.inbox import Inbox
 from server.wire.link import Link
 from server.wire.outbound import SessionCreated
 from server.wire.outlet import Outlet
-from server.wire.protocol import parse_client_event
-from server.wire.realtime_client import RealtimeEvent, parse_realtime_event
+from server.wire.realtime_client import RealtimeEvent, parse_native_event, parse_realtime_event
 from server.wire.realtime_session import SessionPatch, TurnSettings, session_object
 from server.wire.realtime_wire import RealtimeWire
 
@@ -80,6 +82,20 @@ TURN_WATCH_S = 0.1  # how often the turn's deadline is checked
 # avatar; 2026-12-07), rounded up for what a real one's avatar and lip-sync add
 BASE_HELD_BYTES = 1 << 20
 EVENT_HELD_BYTES = 1024  # an event kept for the client, as a dict (its transcripts short)
+# what a call whose output never came says in history, and what the agent says then
+CALL_TIMED_OUT = '{"error": "the function gave no result in time"}'
+CALL_APOLOGY = "Sorry, I could not get an answer to that in time."
+
+
+@dataclass(frozen=True)
+class _FollowUp:
+    """A reply asked for (``response.create`` after a call's output) while the reply of
+    ``epoch`` still plays: it starts when that one has played out."""
+
+    epoch: int
+    instructions: str | None
+    text_only: bool | None
+    tools: ToolSettings | None
 
 
 class Conversation:
@@ -114,6 +130,9 @@ class Conversation:
         self.outlet = Outlet()
         self.wire = RealtimeWire(self.session_view, lambda: self.session.conditions.voice)
         self.turn_settings = self._turn(TurnSettings.from_config(config))
+        self.tools = NO_TOOLS  # the functions the session's replies may call
+        self._follow_up: _FollowUp | None = None
+        self._own_followed = ""  # the user item after which a reply followed the own tools
         self.detached_since_ms: float | None = None  # when the last link was lost
         self.inbox = Inbox(
             session_id,
@@ -150,6 +169,7 @@ class Conversation:
         )
         self.lipsync, self.animator = looks.lipsync, looks.animator
         self.camera, self.avatar = looks.camera, looks.avatar
+        self.gestures = looks.gestures  # face cues: the avatar's built-in tools
         self.replies = Replies(
             self.session,
             pipeline,
@@ -164,6 +184,7 @@ class Conversation:
             self.request,
             self.tag,
             lambda: self.turn_settings,
+            OwnTools(self._own_tool_names, self._run_own_tool, self._follow_own_tools),
         )
         self.playout = Playout(self.session, self.avatar, metrics, self.clock)
         incremental = pipeline is not None and config.pipeline.incremental
@@ -186,9 +207,15 @@ class Conversation:
         """Start the turn watch and the client-event handler (once, in the running loop)."""
         self._tasks.spawn(self._watch_turn(), "turn-watch")
         self._tasks.spawn(self.inbox.serve(self.handle), "client-events")
-        if self.pipeline is not None and self.config.pipeline.incremental:
+        if self._warms:
+            assert self.pipeline is not None
             warm = warm_context(self.pipeline, self.request(self.session.epoch), self.metrics)
             self._tasks.spawn(warm, "persona-warm-up")
+
+    @property
+    def _warms(self) -> bool:
+        """Whether the conversation warms the LLM's prefix cache while nobody waits."""
+        return self.pipeline is not None and self.config.pipeline.incremental
 
     async def close(self) -> None:
         """Stop everything this conversation runs; the engines forget it."""
@@ -217,7 +244,7 @@ class Conversation:
         """The session as the OpenAI Realtime GA dialect describes it."""
         conditions, turn = self.session.conditions, self.turn_settings
         return session_object(
-            self.session_id, self.config, conditions.persona, conditions.voice, turn
+            self.session_id, self.config, conditions.persona, conditions.voice, turn, self.tools
         )
 
     def configure(self, patch: SessionPatch) -> None:
@@ -227,6 +254,13 @@ class Conversation:
             self.session.request_update(dict[str, object](patch.conditions))
         self.turn_settings = settings = self._turn(patch.apply_turn(self.turn_settings))
         self.utterance.preroll_ms = settings.prefix_ms
+        tools, self.tools = self.tools, patch.apply_tools(self.tools)
+        if self.tools != tools and self.tools.tools and self._warms:
+            # the prompt's head changed (the tools are listed in it): read it in now, while
+            # nobody waits, not when the user's first request does
+            assert self.pipeline is not None
+            warm = warm_context(self.pipeline, self.request(self.session.epoch), self.metrics)
+            self._tasks.spawn(warm, "tools-warm-up")
 
     def _turn(self, settings: TurnSettings) -> TurnSettings:
         """``settings`` as the turn detector can apply them (``semantic`` needs its model)."""
@@ -261,7 +295,7 @@ class Conversation:
         OpenAI Realtime GA): ``session.created`` (a new resume token), on a resume the events
         a lost link took after the client's last one, then those kept for it, in order."""
         realtime = dialect == REALTIME_DIALECT
-        self.inbox.parse = parse_realtime_event if realtime else parse_client_event
+        self.inbox.parse = parse_realtime_event if realtime else parse_native_event
         resume_s = self.config.session.resume_window_s
         token = self.ticket.issue() if resume_s > 0 else None
         created = SessionCreated.of(self.session, self.appearances, (audio, video), token, resume_s)
@@ -280,6 +314,7 @@ class Conversation:
             self.emit(event.to_dict())
             if isinstance(event, ResponseDone):
                 self.replies.report(event)
+                self._follow(event)
 
     # --- media out: what the link's tracks pull -------------------------------------------------
     def pull_audio(self, n: int) -> npt.NDArray[np.int16]:
@@ -475,6 +510,25 @@ class Conversation:
         while True:
             await asyncio.sleep(TURN_WATCH_S)
             await self.enforce_deadline()
+            self.enforce_call_deadlines()
+
+    def enforce_call_deadlines(self) -> None:
+        """A function call whose output has not come by its deadline: its output in history
+        says so, and when nothing else goes on the agent says it got no answer (a spoken
+        apology, not a hang). An output that comes later is kept, and answers nothing."""
+        if self.detached_since_ms is not None:
+            return
+        session = self.session
+        due = session.calls.due(self.clock.now_ms())
+        if not due:
+            return
+        for call_id in due:
+            session.items.add_call_output(call_id, CALL_TIMED_OUT, session.epoch)
+        if session.state is TurnState.LISTENING:
+            session.request_response()
+            trace = TurnTrace(endpoint_ms=self.clock.now_ms())
+            self.replies.start(session.epoch, trace, None, 0, script=CALL_APOLOGY)
+        self.flush_events()
 
     async def enforce_deadline(self) -> None:
         """End the turn state if it passed its deadline: a user turn ends as at a pause; a
@@ -520,11 +574,73 @@ class Conversation:
         await self._interrupted(barge)
         self.answer(None)
 
-    def answer(self, instructions: str | None, text_only: bool | None = None) -> None:
+    def answer(
+        self,
+        instructions: str | None,
+        text_only: bool | None = None,
+        tools: ToolSettings | None = None,
+    ) -> None:
         """Reply to the conversation as it stands (the turn is THINKING); ``instructions``
-        replace the persona and ``text_only`` the output for this reply only."""
+        replace the persona, ``text_only`` the output and ``tools`` the session's tools for
+        this reply only."""
         trace = TurnTrace(endpoint_ms=self.clock.now_ms())
-        self.replies.start(self.session.epoch, trace, None, 0, instructions, text_only)
+        self.replies.start(self.session.epoch, trace, None, 0, instructions, text_only, tools)
+
+    # --- the avatar's own tools (server/avatar/builtin_tools.py) ----------------------------------
+    def _own_tools(self) -> tuple[FunctionTool, ...]:
+        """The avatar's own tools its replies may call (``avatar.builtin_tools``); a client's
+        tool of the same name wins."""
+        if not self.config.avatar.builtin_tools:
+            return ()
+        theirs = {tool.name for tool in self.tools.tools}
+        return tuple(t for t in builtin_tools(self.appearances) if t.name not in theirs)
+
+    def _own_tool_names(self) -> frozenset[str]:
+        return frozenset(tool.name for tool in self._own_tools())
+
+    def _run_own_tool(self, call: FunctionCall) -> str:
+        output = run_builtin(call, self.gestures, self.session.request_update)
+        assert output is not None, f"{call.name} is none of the avatar's own tools"
+        return output
+
+    def _follow_own_tools(self, epoch: int) -> None:
+        """A reply ran the avatar's own tools and said nothing after them: the next reply
+        reads their outputs and talks, offered the same tools (the prompt's head stays the
+        one the LLM has cached; it makes no call it made already since the user spoke). Once
+        per user turn: a reply that again only runs them ends the turn."""
+        turns = self.session.history.turns
+        asked = next((t.item_id for t in reversed(turns) if t.role is Role.USER), "")
+        if asked == self._own_followed:
+            log.info(
+                "session %s: the avatar's own tools again; no reply follows", self.session_id[:8]
+            )
+            return
+        self._own_followed = asked
+        self.answer_when_played(None, None, None)
+
+    def offered_tools(self) -> ToolSettings:
+        """The tools a reply may call: the client's, and the avatar's own where they are on."""
+        own = self._own_tools()
+        if not own:
+            return self.tools
+        return ToolSettings(self.tools.tools + own, self.tools.choice)
+
+    def answer_when_played(
+        self, instructions: str | None, text_only: bool | None, tools: ToolSettings | None
+    ) -> None:
+        """Reply once the reply now playing has played out (a call's output came while the
+        words before the call still play); an interruption first drops it."""
+        self._follow_up = _FollowUp(self.session.epoch, instructions, text_only, tools)
+
+    def _follow(self, done: ResponseDone) -> None:
+        """A response ended: the reply waiting for it starts, if it played out."""
+        follow, self._follow_up = self._follow_up, None
+        if follow is None:
+            return
+        if done.epoch != follow.epoch or self.session.state is not TurnState.LISTENING:
+            return  # interrupted meanwhile: the conversation moved on
+        self.session.request_response()
+        self.answer(follow.instructions, follow.text_only, follow.tools)
 
     async def client_stopped_reply(self) -> None:
         """A client that plays the audio itself stopped the reply held paused for the voice
@@ -557,6 +673,7 @@ class Conversation:
             self.session.conditions,
             owner=self.owner,  # its prefix-cache scope (per session when NO_OWNER)
             view=self.session.view,  # its playback slack: cut a chunk short before it runs dry
+            tools=self.offered_tools(),
         )
 
     def _engines_busy(self) -> bool:

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from server.pipeline.seams import ReplyRequest, ReplyStanding, SpeechAudio, TurnTrace
+from server.pipeline.seams import ReplyPiece, ReplyRequest, ReplyStanding, SpeechAudio, TurnTrace
 from server.tasks import cancel
 
 
@@ -41,9 +41,9 @@ class EarlyReply:
 
     request: ReplyRequest
     trace: TurnTrace
-    sentences: AsyncIterator[str]
+    sentences: AsyncIterator[ReplyPiece]
     task: asyncio.Task[None] | None = None
-    first: str | None = None
+    first: ReplyPiece | None = None
     audio: SpeechAudio | None = None
     failed: bool = False
     adopted: bool = False
@@ -63,7 +63,7 @@ class EarlyReply:
             and prompt_of(mine) == prompt_of(request)
         )
 
-    async def rest(self) -> AsyncIterator[str]:
+    async def rest(self) -> AsyncIterator[ReplyPiece]:
         """The reply's sentences once adopted: the first (already taken), then the stream's."""
         if self.first is not None:
             yield self.first

@@ -1,5 +1,5 @@
-"""The avatar's side of a conversation: its face (lip-sync, animation, the rendered video
-source) and what it sees (the camera stage)."""
+"""The avatar's side of a conversation: its face (lip-sync, animation, gestures, the rendered
+video source) and what it sees (the camera stage)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.avatar.face import FaceAnimator
+from server.avatar.gestures import Gestures
 from server.avatar.lipsync import LipSync
 from server.avatar.seam import AvatarRenderer
 from server.avatar.video import AvatarVideo
@@ -21,12 +22,13 @@ from server.vision.sampling import PresenceTracker, VisionModel
 @dataclass(frozen=True)
 class Looks:
     """Lip-sync cues, the face animator, the camera stage, the video source (None without a
-    renderer)."""
+    renderer), the gestures (face cues shown on purpose: the built-in tools')."""
 
     lipsync: LipSync
     animator: FaceAnimator
     camera: CameraStage
     avatar: AvatarVideo | None
+    gestures: Gestures
 
 
 def looks_for(
@@ -44,10 +46,18 @@ def looks_for(
     lipsync = LipSync()
     animator = FaceAnimator(seed=int.from_bytes(sid.encode()[:8], "big"))
     camera = CameraStage(sid, config.vision, vision, clock, on_presence)
+    gestures = Gestures(clock)
     avatar = None
     if renderer is not None:
         on_shed = metrics.work_shed.labels("frame").inc
         avatar = AvatarVideo(
-            session, lipsync, animator, renderer, camera.attention, shed=shed, on_shed=on_shed
+            session,
+            lipsync,
+            animator,
+            renderer,
+            camera.attention,
+            shed=shed,
+            on_shed=on_shed,
+            gestures=gestures,
         )
-    return Looks(lipsync, animator, camera, avatar)
+    return Looks(lipsync, animator, camera, avatar, gestures)

@@ -35,6 +35,8 @@ from server.conversation.reply_plan import (
     EmitTranscript,
     Finish,
     Flush,
+    FollowUp,
+    MakeCall,
     NextSentence,
     OpenChunk,
     OpenStream,
@@ -52,6 +54,7 @@ from server.conversation.reply_plan import (
 from server.conversation.voicing import Voicing
 from server.metrics import Metrics
 from server.pipeline.seams import (
+    ReplyPiece,
     ReplyRequest,
     ReplyStanding,
     TurnPipeline,
@@ -60,10 +63,11 @@ from server.pipeline.seams import (
     one_piece,
     speech_pieces,
 )
-from server.runtime.events import ResponseDone
+from server.runtime.events import OwnToolRan, ResponseDone
 from server.runtime.history import CacheClass
 from server.runtime.session import REPLYING, Session
 from server.runtime.session_view import SessionView
+from server.runtime.tools import FunctionCall, ToolSettings
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import JobTag, StaleWork
 from server.tasks import cancel
@@ -90,7 +94,25 @@ class _Run:
     speech_end: int = 0  # 16 kHz samples into the utterance: where its end-of-turn silence begins
     request: ReplyRequest | None = None
     early: EarlyReply | None = None
-    sentences: AsyncIterator[str] | None = None
+    sentences: AsyncIterator[ReplyPiece] | None = None
+    tools: ToolSettings | None = None  # this reply's own (``response.create``); None: session's
+    script: str | None = None  # words to say instead of the LLM's (an apology)
+
+
+@dataclass(frozen=True)
+class OwnTools:
+    """The avatar's own tools (server/avatar/builtin_tools.py), as the conversation offers
+    them: ``names()`` those a reply may call now, ``run`` one (its output, JSON text),
+    ``follow_up(epoch)``: another reply once the reply of ``epoch`` has played."""
+
+    names: Callable[[], frozenset[str]]
+    run: Callable[[FunctionCall], str]
+    follow_up: Callable[[int], None]
+
+
+async def said(script: str) -> AsyncIterator[ReplyPiece]:
+    """A reply whose words are given: one chunk."""
+    yield script
 
 
 def with_instructions(request: ReplyRequest, instructions: str | None) -> ReplyRequest:
@@ -123,9 +145,11 @@ class Replies:
         request: Callable[[int], ReplyRequest],
         tag: Callable[[], JobTag],
         settings: Callable[[], TurnSettings] | None = None,
+        own_tools: OwnTools | None = None,
     ) -> None:
         """``settings``: the session's (OpenAI ``session.update``): whether a spoken turn is
-        answered by itself, and in speech or in text."""
+        answered by itself, and in speech or in text; ``own_tools``: the avatar's own, run
+        here when a reply calls one."""
         self._session = session
         self._pipeline = pipeline
         self._config = config
@@ -139,6 +163,7 @@ class Replies:
         self._request = request
         self._tag = tag
         self._settings = settings or (lambda: TurnSettings.from_config(config))
+        self._own = own_tools
         self.task: asyncio.Task[None] | None = None
         self.trace: TurnTrace | None = None
         self.early: EarlyReply | None = None  # begun at the user's pause (early.py)
@@ -171,11 +196,14 @@ class Replies:
         speech_end: int = 0,
         instructions: str | None = None,
         text_only: bool | None = None,
+        tools: ToolSettings | None = None,
+        script: str | None = None,
     ) -> None:
         """Reply to the turn of ``epoch``: to the ``utterance`` (16 kHz; ``speech_end``: where
         its end-of-turn silence begins), or (None) to the conversation as history holds it
         (typed text, ``response.create``); ``instructions`` replace the persona for it;
-        ``text_only``: a text reply, no speech (None: as the session says)."""
+        ``text_only``: a text reply, no speech (None: as the session says); ``tools``: the
+        ones it may call (None: the session's); ``script``: its words, given (no LLM)."""
         spoken = utterance is not None
         if self._pipeline is None:
             plan = ReplyPlan(self._session, epoch, text_only=False)
@@ -186,6 +214,7 @@ class Replies:
         if text_only is None:
             text_only = self._settings().text_only
         run = _Run(epoch, trace, instructions, text_only, utterance, speech_end)
+        run.tools, run.script = tools, script
         self.task = self._spawn(self._respond(self._pipeline, run), "reply")
 
     async def cancel(self) -> None:
@@ -205,6 +234,8 @@ class Replies:
         if pipeline is None:
             return False
         request = replace(self._request(epoch), standing=ReplyStanding(held=True))
+        if request.tools.callable:
+            return False  # a reply that may call a tool is not begun before the turn ends
         if self.early is not None and self.early.answers(request):
             return True
         await self.drop_early("the words changed")
@@ -236,6 +267,9 @@ class Replies:
             async with asyncio.timeout(limit_s):
                 early.first = await anext(early.sentences, None)
                 if early.first is None or early.standing.shed:
+                    return
+                if not isinstance(early.first, str):  # a call: for the turn's reply to make
+                    early.failed = True
                     return
                 conditions = early.request.conditions
 
@@ -331,6 +365,11 @@ class Replies:
             return plan.started(session.start_response(action.epoch, action.output))
         elif isinstance(action, OpenChunk):
             return plan.opened(session.open_chunk(action.epoch, action.sentence))
+        elif isinstance(action, MakeCall):
+            return self._make_call(plan, action)
+        elif isinstance(action, FollowUp):
+            assert self._own is not None
+            self._own.follow_up(action.epoch)
         elif isinstance(action, EmitDelta):
             chunk = action.chunk
             delta = TranscriptDelta(
@@ -346,6 +385,23 @@ class Replies:
         else:
             return None
         return []
+
+    def _make_call(self, plan: ReplyPlan, action: MakeCall) -> Actions:
+        """A call the reply made: recorded and told to the client, who runs it; or one of the
+        avatar's own tools, run here, its call and output in history and told as one
+        ``avatar.tool`` event (a client need not know tools it did not offer)."""
+        call, session = action.call, self._session
+        own = self._own is not None and call.name in self._own.names()
+        if not own:
+            return plan.called(session.record_call(action.epoch, call))
+        assert self._own is not None
+        if not session.record_call(action.epoch, call, told=False):
+            return plan.called(False)
+        output = self._own.run(call)
+        session.add_call_output(call.call_id, output, told=False)
+        tool = OwnToolRan(action.epoch, call.call_id, call.name, call.arguments, output)
+        self._emit(tool.to_dict())
+        return plan.called(True, own=True)
 
     async def _do(
         self, pipeline: TurnPipeline, plan: ReplyPlan, run: _Run, action: ReplyAction
@@ -364,6 +420,8 @@ class Replies:
             return plan.transcribed(transcript, self._settings().create_response)
         if isinstance(action, Compose):
             request = with_instructions(self._request(run.epoch), run.instructions)
+            if run.tools is not None:
+                request = replace(request, tools=run.tools)
             if run.text_only:
                 request = replace(request, view=None)  # no playback to run dry: whole sentences
             run.request = request
@@ -379,7 +437,10 @@ class Replies:
             await run.early.close()  # before this reply's request: the slot is the session's
         elif isinstance(action, OpenStream):
             assert run.request is not None
-            run.sentences = aiter(pipeline.reply(run.request, run.trace))
+            if run.script is not None:
+                run.sentences = said(run.script)
+            else:
+                run.sentences = aiter(pipeline.reply(run.request, run.trace))
         elif isinstance(action, NextSentence):
             assert run.sentences is not None
             async with asyncio.timeout(limit_s):

@@ -27,6 +27,7 @@ from server.runtime.chunk import Chunk
 from server.runtime.conditions import Conditions
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.session import Session
+from server.runtime.tools import FunctionCall
 from server.scheduling.engine_queue import StaleWork
 
 
@@ -112,6 +113,23 @@ class OpenChunk:
 
 
 @dataclass(frozen=True)
+class MakeCall:
+    """The reply of ``epoch`` calls a function: record ``call`` and tell the client; tell
+    ``called``."""
+
+    epoch: int
+    call: FunctionCall
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """The reply of ``epoch`` ran the avatar's own tools and said nothing after them: another
+    reply follows once it has played, reading their outputs."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
 class EmitDelta:
     """Send the client ``chunk``'s text (the reply of ``epoch``: response ``response_id``,
     item ``item_id``)."""
@@ -189,6 +207,8 @@ ReplyAction = (
     | OpenStream
     | NextSentence
     | OpenChunk
+    | MakeCall
+    | FollowUp
     | EmitDelta
     | DeliverText
     | Speak
@@ -199,7 +219,17 @@ ReplyAction = (
 )
 Actions = list[ReplyAction]
 # what the loop awaits or asks the session, and tells back (the last action of a list)
-ASKS = (Transcribe, CommitTurn, StartResponse, TryAdopt, AwaitEarly, NextSentence, OpenChunk, Speak)
+ASKS = (
+    Transcribe,
+    CommitTurn,
+    StartResponse,
+    TryAdopt,
+    AwaitEarly,
+    NextSentence,
+    OpenChunk,
+    MakeCall,
+    Speak,
+)
 
 
 class ReplyPlan:
@@ -229,6 +259,8 @@ class ReplyPlan:
         self._pipeline = True  # False: no reply pipeline (a spoken turn is only committed)
         self._ready = False  # the early reply's first sentence is spoken already ...
         self._voice: Conditions | None = None  # ... with these conditions
+        self._own_unsaid = False  # the avatar's own tools ran, and no words came after them
+        self._client_calls = 0  # calls for the client to run
 
     # --- the turn ------------------------------------------------------------------------------
     def without_pipeline(self, spoken: bool) -> Actions:
@@ -293,16 +325,30 @@ class ReplyPlan:
         return [*opens, OpenStream(), NextSentence()]
 
     # --- the sentences -------------------------------------------------------------------------
-    def sentence(self, text: str | None) -> Actions:
-        """The stream's next sentence came (None: the stream ended)."""
+    def sentence(self, text: str | FunctionCall | None) -> Actions:
+        """The stream's next sentence (or a function call) came (None: the stream ended)."""
         if text is None:
             return self._finish()
+        if isinstance(text, FunctionCall):
+            return [MakeCall(self.epoch, text)]
         return [OpenChunk(self.epoch, text)]
+
+    def called(self, made: bool, own: bool = False) -> Actions:
+        """The call was recorded and told (False: its epoch is stale: no call); ``own``: one
+        of the avatar's own tools, run already (its output in history)."""
+        if not made:
+            return self._finish()
+        if own:
+            self._own_unsaid = True
+        else:
+            self._client_calls += 1
+        return [Flush(), NextSentence()]
 
     def opened(self, chunk: Chunk | None) -> Actions:
         """The sentence's chunk was opened (None: its epoch is stale)."""
         if chunk is None:
             return self._finish()
+        self._own_unsaid = False
         items = self._session.items
         ids = (items.reply_response_id or "", items.reply_item_id or "")
         actions: Actions = [Flush(), EmitDelta(self.epoch, chunk, *ids)]
@@ -319,7 +365,10 @@ class ReplyPlan:
         return [WaitForRoom(), NextSentence()]
 
     def _finish(self) -> Actions:
-        actions: Actions = [Finish(self.epoch, ResponseStatus.COMPLETED)]
+        actions: Actions = []
+        if self._own_unsaid and not self._client_calls:  # the client's output leads on
+            actions.append(FollowUp(self.epoch))
+        actions.append(Finish(self.epoch, ResponseStatus.COMPLETED))
         if self._incremental:
             actions.append(WarmWhenPlayed(self.epoch))
         return actions

@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role, content; an assistant's tool_calls, a system one's tools
 Rivals = tuple[tuple[str, float], ...]  # words weighed in place of a text's last one, with p
 
 
@@ -69,6 +69,35 @@ class Llm(Protocol):
     def last_stats(self, request_id: str) -> Any: ...
 
     async def close(self) -> None: ...
+
+
+class CallLike(Protocol):
+    """A function call an LLM made (models.tool_calls.ToolCall): its arguments are a JSON
+    object's text, valid for the tool's schema."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def arguments(self) -> str: ...
+
+
+@runtime_checkable
+class CallsTools(Protocol):
+    """An LLM that calls functions (models.llamacpp.LlamaCppEngine.stream_tools): the reply's
+    text deltas, and each call it makes, its arguments held to the tool's schema. ``tools``:
+    chat-template tools; ``choice``: auto, none, required or a function's name."""
+
+    def stream_tools(
+        self,
+        messages: Sequence[Message],
+        request_id: str,
+        max_tokens: int,
+        *,
+        tools: Sequence[dict[str, Any]],
+        choice: str = "auto",
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[str | CallLike]: ...
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
 from server.runtime.history import ContextEntry
 from server.runtime.session_view import SessionView
+from server.runtime.tools import NO_TOOLS, FunctionCall, ToolSettings
 from server.scheduling.engine_queue import JobTag
 
 
@@ -45,6 +46,10 @@ class ReplyRequest:
     owner: str = NO_OWNER
     view: Callable[[], SessionView] | None = field(default=None, compare=False, repr=False)
     standing: ReplyStanding | None = field(default=None, compare=False, repr=False)
+    tools: ToolSettings = NO_TOOLS  # the functions the reply may call
+
+
+ReplyPiece = str | FunctionCall  # what the LLM stage gives: a chunk's text, or a call
 
 
 class ReplyStanding:
@@ -186,8 +191,9 @@ class TurnPipeline(Protocol):
         too)."""
         ...
 
-    def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
-        """The reply, one chunk text (sentence or clause) at a time."""
+    def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
+        """The reply, one chunk text (sentence or clause) at a time, and each function call
+        it makes (after the text before it)."""
         ...
 
     async def synthesize(self, text: str, conditions: Conditions, tag: JobTag) -> SpeechAudio:

@@ -12,8 +12,9 @@ import asyncio
 import functools
 import itertools
 import logging
+import secrets
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,7 @@ from server.pipeline.chunks import (
 )
 from server.pipeline.engines import (
     Asr,
+    CallsTools,
     CrossChecks,
     FallsBack,
     JudgesSentenceEnd,
@@ -44,6 +46,7 @@ from server.pipeline.repetition import loop_end
 from server.pipeline.resample import resample
 from server.pipeline.seams import (
     CacheSalts,
+    ReplyPiece,
     ReplyRequest,
     ReplyStanding,
     SpeechAudio,
@@ -56,6 +59,7 @@ from server.runtime.history import CacheClass, ContextEntry
 from server.runtime.media import MEDIA_RATE_HZ
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
+from server.runtime.tools import FunctionCall, ToolSettings
 from server.scheduling.engine_queue import EngineQueue, JobTag, ShedWork
 from server.scheduling.scheduler import make_scheduler
 
@@ -86,9 +90,54 @@ class LlmWarmUpEmpty(RuntimeErrorBase):
     code = "llm_warm_up_empty"
 
 
-def to_messages(context: Sequence[ContextEntry]) -> list[Message]:
-    """Context entries (anchor, recent window, current turn) as chat messages."""
-    return [{"role": entry.role.value, "content": entry.text} for entry in context]
+def to_messages(
+    context: Sequence[ContextEntry], tools: ToolSettings | None = None
+) -> list[Message]:
+    """Context entries (anchor, recent window, current turn) as chat messages.
+
+    With ``tools`` (an LLM that calls them), the system message carries them (``tools``: the
+    chat template lists them in the prompt, the same in every request of the session, warm-ups
+    included), a call is an assistant message's ``tool_calls`` (after the words of the reply
+    that made it) and a call's output a ``tool`` message. Without, calls and outputs are left
+    out: a model that cannot call tools is not shown any."""
+    messages: list[Message] = []
+    for entry in context:
+        if entry.call is not None or entry.call_id:
+            if tools is None:
+                continue
+            if entry.call_id:
+                messages.append({"role": "tool", "content": entry.text})
+                continue
+            call = entry.call
+            assert call is not None
+            function = {"name": call.name, "arguments": call.arguments_object()}
+            made = {"type": "function", "id": call.call_id, "function": function}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last["tool_calls"] = [*last.get("tool_calls", ()), made]
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [made]})
+            continue
+        messages.append({"role": entry.role.value, "content": entry.text})
+    if tools is not None and tools.tools and messages and messages[0]["role"] == "system":
+        messages[0] = {**messages[0], "tools": tools.as_chat()}
+    return messages
+
+
+async def _generator(stream: AsyncIterator[T]) -> AsyncGenerator[T, None]:
+    """``stream`` as a generator whose closing closes it (the engine aborts the request)."""
+    try:
+        async for item in stream:
+            yield item
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def new_call_id() -> str:
+    """A call's id: random, so that it says nothing of other sessions or calls."""
+    return f"call_{secrets.token_hex(8)}"
 
 
 class VoicePipeline:
@@ -246,7 +295,7 @@ class VoicePipeline:
         salt = self._salts.of(request)
         open_turn = bool(request.context) and request.context[-1].cache_class is CacheClass.CURRENT
         try:
-            messages = to_messages(request.context)
+            messages = self._messages(request)
             if open_turn and isinstance(self._llm, PrefillsOpenTurn):
                 stats = await self._llm.prefill_open(messages, rid, cache_salt=salt, paused=paused)
             else:
@@ -264,20 +313,47 @@ class VoicePipeline:
             return None
         salt = self._salts.of(request)
         try:
-            messages = to_messages(request.context)
+            messages = self._messages(request)
             return await self._llm.sentence_end_probability(messages, cache_salt=salt)
         except Exception as exc:
             log.warning("sentence-end verdict failed: %s: %s", type(exc).__name__, exc)
             return None
 
-    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+    def _calls_tools(self, request: ReplyRequest) -> bool:
+        """Whether the request offers tools to an LLM that can call them."""
+        return bool(request.tools.tools) and isinstance(self._llm, CallsTools)
+
+    def _messages(self, request: ReplyRequest) -> list[Message]:
+        return to_messages(request.context, request.tools if self._calls_tools(request) else None)
+
+    def _stream(
+        self, request: ReplyRequest, rid: str, salt: str
+    ) -> AsyncGenerator[str | Any, None]:
+        """The LLM's deltas (and calls, where the request offers tools to an LLM that calls
+        them; such a reply is not held while paused)."""
+        messages = self._messages(request)
+        if self._calls_tools(request):
+            assert isinstance(self._llm, CallsTools)
+            stream = self._llm.stream_tools(
+                messages,
+                rid,
+                self._max_tokens,
+                tools=request.tools.as_chat(),
+                choice=request.tools.choice.for_engine(),
+                cache_salt=salt,
+            )
+            return _generator(stream)
+        if request.tools.callable:
+            log.info("reply %s: this LLM calls no tools; it only talks", rid)
+        return reply_text(self._llm, messages, rid, self._max_tokens, salt, request.view)
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
         rid = f"{request.session_id[:8]}-e{request.epoch}-{next(self._ids)}"
         view = request.view
         starving = None if view is None else self._starving(view)
         cutter = FirstChunkCutter(self._splitter, self._first_chunk_words, starving)
         salt = self._salts.of(request)
-        messages = to_messages(request.context)
-        stream = reply_text(self._llm, messages, rid, self._max_tokens, salt, view)
+        stream = self._stream(request, rid, salt)
         standing = request.standing or ReplyStanding()
         if not standing.held:
             await self._shed_held()
@@ -287,6 +363,11 @@ class VoicePipeline:
             async for delta in stream:
                 if trace.llm_first_token_ms is None:
                     trace.llm_first_token_ms = self._clock.now_ms()
+                if not isinstance(delta, str):  # a call: the words before it go first
+                    for chunk in cutter.flush():
+                        yield chunk
+                    yield FunctionCall(new_call_id(), delta.name, delta.arguments)
+                    continue
                 said += delta
                 if (end := loop_end(said)) is not None:
                     log.info("reply %s repeats itself: it ends after the first saying", rid)

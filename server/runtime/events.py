@@ -65,6 +65,51 @@ class UserItemAdded(SessionEvent):
 
 
 @dataclass(frozen=True)
+class CallItemAdded(SessionEvent):
+    """A client added a function call's output (``item_type`` ``function_call_output``:
+    ``output``) or a function call (``function_call``: ``name``, ``arguments``) as item
+    ``item_id``, after ``previous_item_id``."""
+
+    type: ClassVar[str] = "conversation.item.created"
+    item_id: str
+    previous_item_id: str | None
+    item_type: str
+    call_id: str
+    output: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class FunctionCallMade(SessionEvent):
+    """The response of ``epoch`` (``response_id``) called function ``name`` with ``arguments``
+    (a JSON object's text): item ``item_id`` (``call_id``), after ``previous_item_id``. The
+    client runs it and gives its output as a ``function_call_output`` item."""
+
+    type: ClassVar[str] = "response.function_call_arguments.done"
+    epoch: int
+    response_id: str
+    item_id: str
+    call_id: str
+    name: str
+    arguments: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True)
+class OwnToolRan(SessionEvent):
+    """The reply of ``epoch`` called one of the avatar's own tools (an expression, a look, an
+    appearance), which the server ran: its ``arguments`` and ``output`` (JSON text)."""
+
+    type: ClassVar[str] = "avatar.tool"
+    epoch: int
+    call_id: str
+    name: str
+    arguments: str
+    output: str
+
+
+@dataclass(frozen=True)
 class ItemDeleted(SessionEvent):
     type: ClassVar[str] = "conversation.item.deleted"
     item_id: str
@@ -81,6 +126,9 @@ class ItemRetrieved(SessionEvent):
     text: str
     truncated: bool = False
     typed: bool = False
+    call_id: str = ""  # a function_call item's (then ``name`` is set) or its output's
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from server.errors import InvalidItem, UnknownItem
+from server.runtime.tools import FunctionCall
 
 TokenCounter = Callable[[str], int]
 # when the recent window must slide, it keeps the latest turns that fit this share of its
@@ -32,6 +33,7 @@ class Role(Enum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # a function call's output, as the client gave it
 
 
 class CacheClass(Enum):
@@ -60,6 +62,21 @@ class Turn:
     audio_ms: float = 0.0  # agent audio of this item heard (ms); 0 for a user turn
     seq: int = 0  # its place in the order turns were added to the history
     typed: bool = False  # a user message added as text (a conversation item), not spoken
+    call: FunctionCall | None = None  # a function_call item (role assistant, no text)
+    call_id: str = ""  # a function_call_output item (role tool): the call it answers
+    made_by: str = ""  # a call a reply made: the item of that reply's words
+
+    @property
+    def said(self) -> bool:
+        """Whether the model context shows it: words, a call, or a call's output."""
+        return bool(self.text) or self.call is not None or bool(self.call_id)
+
+    @property
+    def size_text(self) -> str:
+        """What it puts in the model context, to count its tokens by."""
+        if self.call is not None:
+            return f"{self.call.name} {self.call.arguments}"
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,8 @@ class ContextEntry:
     cache_class: CacheClass
     role: Role
     text: str
+    call: FunctionCall | None = None  # an assistant's function call (text: "")
+    call_id: str = ""  # a tool message: the call whose output ``text`` is
 
 
 def check_audio_end(audio_end_ms: float, audio_ms: float) -> None:
@@ -158,11 +177,13 @@ class History:
             return
         if len(word_ends_ms) != len(text.split()):  # no timing: every word counts as heard
             word_ends_ms = (0.0,) * len(text.split())
-        last = self._turns[-1] if self._turns else None
+        at = self._words_place(item_id)
+        last = self._turns[at - 1] if at else None
         same = last.item_id == item_id if last is not None and item_id else True
-        if last is not None and last.role is Role.ASSISTANT and last.epoch == epoch and same:
+        words = last is not None and last.role is Role.ASSISTANT and last.call is None
+        if last is not None and words and last.epoch == epoch and same:
             offset = last.audio_ms
-            self._turns[-1] = replace(
+            self._turns[at - 1] = replace(
                 last,
                 text=_join(last.text, text),
                 truncated=last.truncated or truncated,
@@ -180,7 +201,51 @@ class History:
                 audio_ms,
                 seq=self._next_seq(),
             )
-            self._turns.append(turn)
+            if at == len(self._turns):
+                self._turns.append(turn)
+            else:  # before the calls (a full deque forgets its oldest turn first)
+                if len(self._turns) == self._turns.maxlen:
+                    self._turns.popleft()
+                    at -= 1
+                self._turns.insert(at, turn)
+
+    def _words_place(self, item_id: str) -> int:
+        """Where the words of the reply item ``item_id`` go: before the calls that reply made
+        while they played, and those calls' outputs (one may come before the words are
+        heard)."""
+        at = len(self._turns)
+        if not item_id:
+            return at
+        made = {t.call.call_id for t in self._turns if t.call is not None and t.made_by == item_id}
+        while at:
+            turn = self._turns[at - 1]
+            ours = turn.call is not None and turn.made_by == item_id
+            if not (ours or (turn.call_id and turn.call_id in made)):
+                break
+            at -= 1
+        return at
+
+    def add_call(self, call: FunctionCall, epoch: int, item_id: str, made_by: str = "") -> Turn:
+        """A function call the agent made (``made_by``: its reply's words' item) or a client
+        replays, as item ``item_id``."""
+        seq = self._next_seq()
+        turn = Turn(Role.ASSISTANT, "", epoch, item_id=item_id, seq=seq, call=call, made_by=made_by)
+        self._turns.append(turn)
+        return turn
+
+    def add_call_output(self, call_id: str, output: str, epoch: int, item_id: str) -> Turn:
+        """The output the client gave for call ``call_id``, as item ``item_id``."""
+        seq = self._next_seq()
+        turn = Turn(Role.TOOL, output, epoch, item_id=item_id, seq=seq, call_id=call_id)
+        self._turns.append(turn)
+        return turn
+
+    def call(self, call_id: str) -> Turn | None:
+        """The function_call item of ``call_id``, None if the history holds none."""
+        for turn in reversed(self._turns):
+            if turn.call is not None and turn.call.call_id == call_id:
+                return turn
+        return None
 
     # --- items by id ----------------------------------------------------------------------------
     def item(self, item_id: str) -> Turn:
@@ -206,8 +271,8 @@ class History:
         (ms from its first sample). UnknownItem for an unknown id, InvalidItem for a user item
         or a position past the item's audio."""
         turn = self.item(item_id)
-        if turn.role is not Role.ASSISTANT:
-            raise InvalidItem("only an assistant item has audio to truncate")
+        if turn.role is not Role.ASSISTANT or turn.call is not None:
+            raise InvalidItem("only an assistant message has audio to truncate")
         check_audio_end(audio_end_ms, turn.audio_ms)
         kept = sum(1 for end in turn.word_ends_ms if end <= audio_end_ms)
         words = turn.text.split()
@@ -256,7 +321,7 @@ class History:
     def _fits(self, turns: list[Turn], budget_tokens: int, share: float) -> bool:
         """Whether ``turns`` fit ``share`` of the budget and of the turns the history keeps."""
         most = self._turns.maxlen or len(turns)
-        tokens = sum(self._count(t.text) for t in turns)
+        tokens = sum(self._count(t.size_text) for t in turns)
         return tokens <= budget_tokens * share and len(turns) <= most * share
 
     def _slide(self, since: list[Turn], budget_tokens: int) -> list[Turn]:
@@ -273,7 +338,7 @@ class History:
         picked: list[Turn] = []
         used = 0
         for turn in reversed(turns):
-            used += self._count(turn.text)
+            used += self._count(turn.size_text)
             if used > budget_tokens:
                 break
             picked.append(turn)
@@ -283,9 +348,9 @@ class History:
         """Anchor, then the recent window, then the current user turn if it has words."""
         entries = [ContextEntry(CacheClass.ANCHOR, Role.SYSTEM, self._anchor)]
         entries += [
-            ContextEntry(CacheClass.RECENT, t.role, t.text)
+            ContextEntry(CacheClass.RECENT, t.role, t.text, t.call, t.call_id)
             for t in self.recent_window(budget_tokens)
-            if t.text  # an item truncated to nothing says nothing
+            if t.said  # an item truncated to nothing says nothing
         ]
         if self._current_user:
             entries.append(ContextEntry(CacheClass.CURRENT, Role.USER, self._current_user))

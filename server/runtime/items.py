@@ -7,9 +7,12 @@ sessions. A client may name the items it creates; such an id must be new to the 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 from server.errors import InvalidItem, UnknownItem
 from server.runtime.events import (
+    CallItemAdded,
+    FunctionCallMade,
     ItemDeleted,
     ItemRetrieved,
     ItemTruncated,
@@ -19,6 +22,7 @@ from server.runtime.events import (
 from server.runtime.history import History, Turn, check_audio_end
 from server.runtime.media import samples_to_ms
 from server.runtime.response import Response
+from server.runtime.tools import FunctionCall
 
 MAX_ITEM_ID_CHARS = 64
 
@@ -95,12 +99,59 @@ class Items:
         self._events.append(UserItemAdded(turn.item_id, turn.text, previous))
         return turn
 
+    def add_call(self, call: FunctionCall, epoch: int, item_id: str | None = None) -> Turn:
+        """A function call a client adds (a conversation it replays); it calls nothing."""
+        if self._history.call(call.call_id) is not None:
+            raise InvalidItem(f"the conversation already has a call {call.call_id[:64]!r}")
+        previous = self._history.last_item_id
+        turn = self._history.add_call(call, epoch, self._ids.claim(item_id))
+        added = CallItemAdded(turn.item_id, previous, "function_call", call.call_id)
+        self._events.append(replace(added, name=call.name, arguments=call.arguments))
+        return turn
+
+    def add_call_output(
+        self,
+        call_id: str,
+        output: str,
+        epoch: int,
+        item_id: str | None = None,
+        told: bool = True,
+    ) -> Turn:
+        """A function call's output (``function_call_output``), for a call the conversation
+        holds (InvalidItem otherwise); it answers nothing by itself. ``told``: the client
+        hears of it (not of the avatar's own tools' outputs)."""
+        if self._history.call(call_id) is None:
+            raise InvalidItem(f"the conversation has no function call {call_id[:64]!r}")
+        previous = self._history.last_item_id
+        turn = self._history.add_call_output(call_id, output, epoch, self._ids.claim(item_id))
+        if told:
+            added = CallItemAdded(turn.item_id, previous, "function_call_output", call_id, output)
+            self._events.append(added)
+        return turn
+
+    def record_call(self, call: FunctionCall, epoch: int, told: bool = True) -> Turn:
+        """The response in progress made ``call``: a function_call item in history, told to
+        the client (who runs it; ``told`` False: a tool the server runs)."""
+        previous = self._history.last_item_id
+        turn = self._history.add_call(call, epoch, self._ids.item(), self._response.item_id)
+        response_id = self._response.response_id
+        made = FunctionCallMade(
+            epoch, response_id, turn.item_id, call.call_id, call.name, call.arguments, previous
+        )
+        if told:
+            self._events.append(made)
+        return turn
+
     def retrieve(self, item_id: str) -> None:
         """``conversation.item.retrieve``: the item as the history holds it, told to the
         client (UnknownItem); nothing changes."""
         turn = self._history.item(item_id)
         role = turn.role.value
-        self._events.append(ItemRetrieved(item_id, role, turn.text, turn.truncated, turn.typed))
+        found = ItemRetrieved(item_id, role, turn.text, turn.truncated, turn.typed, turn.call_id)
+        if turn.call is not None:
+            call = turn.call
+            found = replace(found, call_id=call.call_id, name=call.name, arguments=call.arguments)
+        self._events.append(found)
 
     def delete(self, item_id: str) -> None:
         """``conversation.item.delete`` (UnknownItem; InvalidItem for the reply in progress)."""

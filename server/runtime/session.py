@@ -17,6 +17,7 @@ from server.clock import Clock
 from server.config import RuntimeConfig
 from server.errors import InvalidTransition
 from server.runtime.boundary import ConditionGate
+from server.runtime.calls import PendingCalls
 from server.runtime.chunk import Chunk, StageMessage
 from server.runtime.conditions import ConditionQueue, Conditions
 from server.runtime.events import (
@@ -38,6 +39,7 @@ from server.runtime.response import ChunkAudio, Response, heard_prefix
 from server.runtime.session_records import BargeIn, Cursors, InputCursors, Overdue
 from server.runtime.session_view import SessionView
 from server.runtime.stage import Stage
+from server.runtime.tools import FunctionCall
 from server.runtime.turn import TurnDeadlines, TurnMachine, TurnState
 
 __all__ = ["BargeIn", "ChunkAudio", "Cursors", "Overdue", "Session", "heard_prefix"]
@@ -94,6 +96,7 @@ class Session:
         self.ids = ItemIds()
         self.user_item_id: str | None = None  # the item the user's speech in progress becomes
         self.items = Items(self.history, self.ids, self._response, self._events)
+        self.calls = PendingCalls(session_id)  # the agent's calls waiting for their output
         self._paused_from = TurnState.AGENT_SPEAKING  # the state a resumed reply goes back to
 
     # --- read-only views ------------------------------------------------------------------
@@ -145,6 +148,7 @@ class Session:
             barge = self.bump_epoch("barge-in: user speech", TurnState.USER_SPEAKING)
         elif self.state is TurnState.LISTENING:
             self.history.start_user_turn()
+            self.calls.interrupted("the user spoke")
             self.turn.to(TurnState.USER_SPEAKING, "speech started")
         start = samples_to_ms(self.input.heard_until) if at_ms is None else at_ms
         self._events.append(SpeechStarted(start, self.user_item_id))
@@ -188,6 +192,7 @@ class Session:
             self.turn.to(TurnState.THINKING, "typed text supersedes speech")
         else:
             self.turn.to(TurnState.THINKING, "typed text")
+        self.calls.interrupted("the user typed")
         self._turn_ended_ms = self.clock.now_ms()
         self.user_item_id = None
         self.history.set_user_text(text)
@@ -281,6 +286,7 @@ class Session:
         cut = self._response.interrupt(old, status)
         if next_state is TurnState.USER_SPEAKING:
             self.history.start_user_turn()
+        self.calls.interrupted(reason)
         self.turn.to(next_state, reason)
         cuts = f"{len(cut.discarded)} chunks discarded, {samples_to_ms(flushed):.0f} ms flushed"
         sid = self.session_id[:8]
@@ -320,6 +326,28 @@ class Session:
             return False
         self._response.begin(epoch, self.ids.response(), self.ids.item(), output)
         return True
+
+    def record_call(self, epoch: int, call: FunctionCall, told: bool = True) -> bool:
+        """The response of ``epoch`` called a function: an item in history, told to the
+        client (``told``; not for the avatar's own tools), waiting for its output until the
+        call's deadline. False (nothing recorded) if that epoch is stale: an interruption came
+        between the call's making and now."""
+        if epoch != self.epoch or epoch != self._response.epoch:
+            self.stale_dropped[Stage.LLM] += 1
+            return False
+        self.items.record_call(call, epoch, told)
+        self.calls.made(call.call_id, self.clock.now_ms() + self.config.tool_output_timeout_ms)
+        return True
+
+    def add_call_output(
+        self, call_id: str, output: str, item_id: str | None = None, told: bool = True
+    ) -> bool:
+        """A ``function_call_output`` for ``call_id`` (InvalidItem for a call the
+        conversation does not hold): the client's, or (``told`` False) an output the server
+        made. Kept in history whenever it comes; whether it came while the call waited for it
+        (if not, the ``response.create`` after it starts no reply)."""
+        self.items.add_call_output(call_id, output, self.epoch, item_id, told)
+        return self.calls.answered(call_id)
 
     def deliver_text(self, chunk: Chunk) -> bool:
         """A text-only reply's chunk: committed as it is sent; False if stale."""

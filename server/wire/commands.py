@@ -11,7 +11,8 @@ import logging
 from typing import Any, Protocol
 
 from server.errors import InvalidConditionUpdate, InvalidItem, InvalidTransition, UnknownItem
-from server.runtime.session import Session
+from server.runtime.session import REPLYING, Session
+from server.runtime.tools import ToolSettings
 from server.wire.protocol import (
     PlaybackAck,
     ProtocolError,
@@ -31,6 +32,7 @@ from server.wire.realtime_client import (
     ResponseCreate,
 )
 from server.wire.realtime_session import SessionPatch
+from server.wire.realtime_tools import CallCreate, CallOutputCreate, ToolsUpdate
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class Conversing(Protocol):
     """What the client events act on (server/conversation/conversation.py)."""
 
     session: Session
+    tools: ToolSettings
 
     async def cancel_reply(self) -> bool: ...
 
@@ -49,7 +52,16 @@ class Conversing(Protocol):
 
     async def clear_input(self) -> None: ...
 
-    def answer(self, instructions: str | None, text_only: bool | None = None) -> None: ...
+    def answer(
+        self,
+        instructions: str | None,
+        text_only: bool | None = None,
+        tools: ToolSettings | None = None,
+    ) -> None: ...
+
+    def answer_when_played(
+        self, instructions: str | None, text_only: bool | None, tools: ToolSettings | None
+    ) -> None: ...
 
     def configure(self, patch: SessionPatch) -> None: ...
 
@@ -94,9 +106,20 @@ async def _act(conversation: Conversing, session: Session, event: RealtimeEvent)
         await conversation.typed_text(event.text)
     elif isinstance(event, ItemCreate):
         session.items.add_user(event.text, session.epoch, event.item_id)
+        session.calls.other_item()
+    elif isinstance(event, ToolsUpdate):
+        if event.changes:
+            session.request_update(event.changes)  # checked first: a bad one changes nothing
+        conversation.configure(SessionPatch(tools=event.tools, tool_choice=event.tool_choice))
+    elif isinstance(event, CallOutputCreate):
+        answered = session.add_call_output(event.call_id, event.output, event.item_id)
+        if event.answer and answered:  # the native dialect: answered by itself
+            await _respond(conversation, session, ResponseCreate(event_id=event.event_id))
+    elif isinstance(event, CallCreate):
+        session.items.add_call(event.call, session.epoch, event.item_id)
+        session.calls.other_item()
     elif isinstance(event, ResponseCreate):
-        session.request_response()
-        conversation.answer(event.instructions, event.text_only)
+        await _respond(conversation, session, event)
     elif isinstance(event, InputClear):
         await conversation.clear_input()
     elif isinstance(event, ItemTruncate):
@@ -110,6 +133,30 @@ async def _act(conversation: Conversing, session: Session, event: RealtimeEvent)
         session.items.retrieve(event.item_id)
     elif isinstance(event, PlaybackAck):
         session.ack_playback(event.played_ms)
+
+
+async def _respond(conversation: Conversing, session: Session, event: ResponseCreate) -> None:
+    """``response.create``. After the output of a call nobody waits for any more (an
+    interruption cancelled it, or its deadline passed) it starts no reply: the conversation
+    has moved on; nor a second reply to the same output (a client asks after each output of a
+    reply that made several calls). After a call's output that came while the reply that made
+    the call still plays (its words before the call, or its next calls), the answer follows
+    that reply."""
+    tools = event.tool_settings(conversation.tools)
+    last = session.history.turns[-1] if session.history.turns else None
+    output = last.item_id if last is not None and last.call_id else None
+    if not session.calls.reply_wanted(output):
+        sid = session.session_id[:8]
+        log.info("session %s: response.create after a late or answered output: none", sid)
+        return
+    if output is not None and session.state in REPLYING:
+        session.calls.replying_to(output)
+        conversation.answer_when_played(event.instructions, event.text_only, tools)
+        return
+    session.request_response()
+    if output is not None:
+        session.calls.replying_to(output)
+    conversation.answer(event.instructions, event.text_only, tools)
 
 
 def _refuse(

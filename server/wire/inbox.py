@@ -10,8 +10,8 @@ from typing import Any
 
 from server.clock import Clock, MonotonicClock
 from server.runtime.budget import Admission, Rate, Throttle
-from server.wire.protocol import ProtocolError, error_event, parse_client_event
-from server.wire.realtime_client import RealtimeEvent
+from server.wire.protocol import ProtocolError, error_event
+from server.wire.realtime_client import RealtimeEvent, parse_native_event
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Inbox:
         self._queue: asyncio.Queue[RealtimeEvent] = asyncio.Queue(maxsize=MAX_INBOX)
         self._busy = False  # an event is being handled
         # the dialect's parser (the native one until a GA channel opens)
-        self.parse: Callable[[str | bytes, int], RealtimeEvent] = parse_client_event
+        self.parse: Callable[[str | bytes, int], RealtimeEvent] = parse_native_event
 
     def receive(self, raw: str | bytes) -> bool:
         """One client message: parsed and queued, or answered with one ``error``, or over the

@@ -14,10 +14,11 @@ refused, as is everything else this server does not do (each with a clear ``erro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from server.runtime.conditions import MAX_PERSONA_CHARS
+from server.runtime.tools import FunctionTool, ToolChoice, ToolSettings
 from server.wire.protocol import (
     MAX_QUOTED_CHARS,
     ClientEvent,
@@ -28,10 +29,19 @@ from server.wire.protocol import (
     checked_text,
     decode_event,
     milliseconds,
+    parse_client_event,
     quoted,
     session_fields,
 )
 from server.wire.realtime_session import SessionPatch, output_modalities, parse_session
+from server.wire.realtime_tools import (
+    CallCreate,
+    CallOutputCreate,
+    ToolsUpdate,
+    parse_call_item,
+    parse_tool_choice,
+    parse_tools,
+)
 
 EXTENSION_PREFIX = "x-avatar."
 
@@ -52,6 +62,14 @@ class ResponseCreate:
     instructions: str | None = None
     event_id: str | None = None
     text_only: bool | None = None  # output_modalities of this reply (None: the session's)
+    tools: tuple[FunctionTool, ...] | None = None  # this reply's (None: the session's)
+    tool_choice: ToolChoice | None = None
+
+    def tool_settings(self, session: ToolSettings) -> ToolSettings | None:
+        """The tools this reply may call, where it names its own (None: the session's)."""
+        if self.tools is None and self.tool_choice is None:
+            return None
+        return SessionPatch(tools=self.tools, tool_choice=self.tool_choice).apply_tools(session)
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,9 @@ class RealtimeUpdate:
 RealtimeEvent = (
     ClientEvent
     | ItemCreate
+    | CallOutputCreate
+    | CallCreate
+    | ToolsUpdate
     | ResponseCreate
     | InputClear
     | OutputClear
@@ -123,14 +144,25 @@ def _item_id(value: object, param: str, event_id: str | None) -> str:
     return value
 
 
-def _user_text(item: object, event_id: str | None) -> tuple[str, str | None]:
-    """The text and the client's id of a user message item."""
+def _item(item: object, event_id: str | None) -> ItemCreate | CallOutputCreate | CallCreate:
+    """The item of ``conversation.item.create``: a user message, a function call's output, or
+    a function call (a client replaying a conversation)."""
     if not isinstance(item, dict):
         raise ProtocolError("invalid_value", "item must be an object", event_id, "item")
-    if item.get("type", "message") != "message":
-        raise ProtocolError(
-            "unsupported_feature", "only message items can be created", event_id, "item.type"
-        )
+    raw_id = item.get("id")
+    item_id = None if raw_id is None else _item_id(raw_id, "item.id", event_id)
+    kind = item.get("type", "message")
+    if kind in ("function_call_output", "function_call"):
+        return parse_call_item(item, item_id, event_id)
+    if kind != "message":
+        message = "items are messages, function calls or function call outputs"
+        raise ProtocolError("unsupported_feature", message, event_id, "item.type")
+    text = _user_text(item, event_id)
+    return ItemCreate(text, item_id, event_id)
+
+
+def _user_text(item: dict[str, Any], event_id: str | None) -> str:
+    """The text of a user message item."""
     if item.get("role") != "user":
         raise ProtocolError(
             "unsupported_feature", "only user messages can be created", event_id, "item.role"
@@ -153,9 +185,7 @@ def _user_text(item: object, event_id: str | None) -> tuple[str, str | None]:
         if not isinstance(text, str):
             raise ProtocolError("invalid_value", "text must be a string", event_id, "item.content")
         texts.append(text.strip())
-    text = checked_text(" ".join(t for t in texts if t), "invalid_value", event_id, "item.content")
-    raw_id = item.get("id")
-    return text, None if raw_id is None else _item_id(raw_id, "item.id", event_id)
+    return checked_text(" ".join(t for t in texts if t), "invalid_value", event_id, "item.content")
 
 
 def _response(data: dict[str, Any], event_id: str | None) -> ResponseCreate:
@@ -169,13 +199,12 @@ def _response(data: dict[str, Any], event_id: str | None) -> ResponseCreate:
             event_id,
             "response.conversation",
         )
-    if response.get("tools"):
-        raise ProtocolError(
-            "unsupported_feature",
-            "tools (function calls) are not supported",
-            event_id,
-            "response.tools",
-        )
+    tools = None
+    if response.get("tools") is not None:
+        tools = parse_tools(response["tools"], "response.tools", event_id)
+    choice = None
+    if response.get("tool_choice") is not None:
+        choice = parse_tool_choice(response["tool_choice"], tools, "response.tool_choice", event_id)
     text_only = output_modalities(response.get("output_modalities"), "response", event_id)
     instructions = response.get("instructions")
     if instructions is not None and (not isinstance(instructions, str) or not instructions.strip()):
@@ -192,7 +221,7 @@ def _response(data: dict[str, Any], event_id: str | None) -> ResponseCreate:
             event_id,
             "response.instructions",
         )
-    return ResponseCreate(instructions, event_id, text_only)
+    return ResponseCreate(instructions, event_id, text_only, tools, choice)
 
 
 def _truncate(data: dict[str, Any], event_id: str | None) -> ItemTruncate:
@@ -203,6 +232,38 @@ def _truncate(data: dict[str, Any], event_id: str | None) -> ItemTruncate:
     return ItemTruncate(item_id, end, event_id)
 
 
+def _sets_tools(session: dict[str, Any]) -> bool:
+    return "tools" in session or "tool_choice" in session
+
+
+def parse_native_event(raw: str | bytes, max_bytes: int) -> RealtimeEvent:
+    """One message of the native dialect (server/wire/protocol.py), with function calling:
+    ``session.update`` may set ``tools`` and ``tool_choice`` (GA shapes), and
+    ``conversation.item.create`` may add a ``function_call_output`` item, which is answered
+    by itself as typed text is."""
+    data, event_id, kind = decode_event(raw, max_bytes)
+    session = data.get("session")
+    if kind == "session.update" and isinstance(session, dict) and _sets_tools(session):
+        tools = None
+        if session.get("tools") is not None:
+            tools = parse_tools(session["tools"], "session.tools", event_id)
+        choice = None
+        if session.get("tool_choice") is not None:
+            where = "session.tool_choice"
+            choice = parse_tool_choice(session["tool_choice"], tools, where, event_id)
+        rest = {k: v for k, v in session.items() if k not in ("tools", "tool_choice")}
+        changes = session_fields({"session": rest}, event_id) if rest else {}
+        return ToolsUpdate(tools, choice, changes, event_id)
+    item = data.get("item")
+    output = isinstance(item, dict) and item.get("type") == "function_call_output"
+    if kind == "conversation.item.create" and output:
+        assert isinstance(item, dict)
+        found = parse_call_item(item, None, event_id)
+        assert isinstance(found, CallOutputCreate)
+        return replace(found, answer=True)
+    return parse_client_event(raw, max_bytes)
+
+
 def parse_realtime_event(raw: str | bytes, max_bytes: int) -> RealtimeEvent:
     """Parse one message of the GA dialect; ProtocolError (with ``param``) otherwise."""
     data, event_id, kind = decode_event(raw, max_bytes)
@@ -211,8 +272,7 @@ def parse_realtime_event(raw: str | bytes, max_bytes: int) -> RealtimeEvent:
             raise ProtocolError("invalid_event", "needs a 'session' object", event_id, "session")
         return RealtimeUpdate(parse_session(data["session"], event_id), event_id)
     if kind == "conversation.item.create":
-        text, item_id = _user_text(data.get("item"), event_id)
-        return ItemCreate(text, item_id, event_id)
+        return _item(data.get("item"), event_id)
     if kind == "response.create":
         return _response(data, event_id)
     if kind == "response.cancel":

@@ -5,12 +5,12 @@ What applies: ``instructions`` (the persona), ``audio.output.voice``, ``audio.in
 turn_detection`` of type ``server_vad`` (``threshold``, ``silence_duration_ms``,
 ``prefix_padding_ms``, ``create_response``, ``interrupt_response``) or ``semantic_vad``
 (``eagerness``, ``create_response``, ``interrupt_response``), and ``output_modalities``
-(``["audio"]``: speech and its transcript; ``["text"]``: text only). Refused with a clear
-error, changing nothing: tools (function calls), MCP, turning turn detection off,
-transcription sessions.
+(``["audio"]``: speech and its transcript; ``["text"]``: text only), ``tools`` (function
+tools: server/wire/realtime_tools.py) and ``tool_choice``. Refused with a clear error,
+changing nothing: MCP tools, turning turn detection off, transcription sessions.
 Accepted and ignored (they mean nothing over WebRTC here, or are the server's choice):
 ``model``, audio formats, ``audio.input.transcription``, ``noise_reduction``, ``speed``,
-``tracing``, ``include``, ``max_output_tokens``, ``truncation``, ``tool_choice``, ``prompt``.
+``tracing``, ``include``, ``max_output_tokens``, ``truncation``, ``prompt``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from server.config import Config
+from server.runtime.tools import FunctionTool, ToolChoice, ToolSettings
 from server.wire.protocol import ProtocolError
+from server.wire.realtime_tools import parse_tool_choice, parse_tools
 
 SILENCE_MS = (100, 10_000)  # silence_duration_ms bounds (the server's vad.end_of_turn_ms)
 PREFIX_MS = (0, 500)  # prefix_padding_ms bounds: the pre-roll the utterance keeps
@@ -103,9 +105,20 @@ class SessionPatch:
 
     conditions: dict[str, str] = field(default_factory=dict)
     turn: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[FunctionTool, ...] | None = None
+    tool_choice: ToolChoice | None = None
 
     def apply_turn(self, settings: TurnSettings) -> TurnSettings:
         return replace(settings, **self.turn) if self.turn else settings
+
+    def apply_tools(self, settings: ToolSettings) -> ToolSettings:
+        """``settings`` with this patch's tools and choice (a choice of a function no longer
+        offered goes back to ``auto``)."""
+        tools = settings.tools if self.tools is None else self.tools
+        choice = settings.choice if self.tool_choice is None else self.tool_choice
+        if choice.name and choice.name not in {tool.name for tool in tools}:
+            choice = ToolChoice()
+        return ToolSettings(tools, choice)
 
 
 def _refuse(message: str, param: str, event_id: str | None, code: str = "invalid_value") -> None:
@@ -198,13 +211,12 @@ def parse_session(session: object, event_id: str | None = None) -> SessionPatch:
         _refuse(
             "only realtime sessions are supported", "session.type", event_id, "unsupported_feature"
         )
-    if data.get("tools"):
-        _refuse(
-            "tools (function calls) and MCP are not supported by this server",
-            "session.tools",
-            event_id,
-            "unsupported_feature",
-        )
+    tools = None
+    if data.get("tools") is not None:
+        tools = parse_tools(data["tools"], "session.tools", event_id)
+    choice = None
+    if data.get("tool_choice") is not None:
+        choice = parse_tool_choice(data["tool_choice"], tools, "session.tool_choice", event_id)
     text_only = output_modalities(data.get("output_modalities"), "session", event_id)
     conditions: dict[str, str] = {}
     instructions = data.get("instructions")
@@ -227,7 +239,7 @@ def parse_session(session: object, event_id: str | None = None) -> SessionPatch:
         turn = _turn_detection(source["turn_detection"], event_id)
     if text_only is not None:
         turn["text_only"] = text_only
-    return SessionPatch(conditions, turn)
+    return SessionPatch(conditions, turn, tools, choice)
 
 
 def model_name(config: Config) -> str:
@@ -237,7 +249,12 @@ def model_name(config: Config) -> str:
 
 
 def session_object(
-    session_id: str, config: Config, persona: str, voice: str, turn: TurnSettings
+    session_id: str,
+    config: Config,
+    persona: str,
+    voice: str,
+    turn: TurnSettings,
+    tools: ToolSettings | None = None,
 ) -> dict[str, Any]:
     """The GA session object of ``session.created`` / ``session.updated``."""
     return {
@@ -256,7 +273,7 @@ def session_object(
             },
             "output": {"format": AUDIO_FORMAT, "voice": voice, "speed": 1.0},
         },
-        "tools": [],
-        "tool_choice": "auto",
+        "tools": [tool.as_session() for tool in tools.tools] if tools else [],
+        "tool_choice": tools.choice.as_session() if tools else "auto",
         "max_output_tokens": config.pipeline.llm_max_tokens,
     }

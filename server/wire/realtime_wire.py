@@ -13,11 +13,14 @@ body: resume token, appearances); ``input_audio_buffer.committed`` -> the same +
 ``response.output_item.added``, ``conversation.item.added``, ``response.content_part.added``,
 then every one -> ``response.output_audio_transcript.delta``; ``response.done`` -> the
 ``.done`` events of the transcript, audio, part and item, then ``response.done`` with the item
-as heard. Extensions: ``avatar.viseme``, ``response.timings``, ``vision.presence``,
-``input_audio_buffer.barge_in``, the native ``session.updated`` (conditions applied at a chunk
-boundary) and the whole partial transcript become ``x-avatar.viseme``, ``x-avatar.response.
-timings``, ``x-avatar.vision.presence``, ``x-avatar.barge_in``, ``x-avatar.session.applied``
-and ``x-avatar.transcription.partial``.
+as heard; ``response.function_call_arguments.done`` (a call the reply made) -> the call's
+item added, its arguments' delta and ``.done``, the item done, and the item in the output of
+``response.done``. Extensions: ``avatar.viseme``, ``response.timings``, ``vision.presence``,
+``input_audio_buffer.barge_in``, ``avatar.tool`` (the avatar's own tool ran), the native
+``session.updated`` (conditions applied at a chunk boundary) and the whole partial transcript
+become ``x-avatar.viseme``, ``x-avatar.response.timings``, ``x-avatar.vision.presence``,
+``x-avatar.barge_in``, ``x-avatar.tool``, ``x-avatar.session.applied`` and
+``x-avatar.transcription.partial``.
 
 A client that plays the reply itself (the WebSocket of ``GET /v1/realtime``: ``input_ms`` set)
 must stop its playback when the server pauses the reply for voice over it, not only once the
@@ -36,6 +39,7 @@ from typing import Any
 EXTENSION_PREFIX = "x-avatar."
 EXTENSIONS = {
     "avatar.viseme": "x-avatar.viseme",
+    "avatar.tool": "x-avatar.tool",
     "response.timings": "x-avatar.response.timings",
     "vision.presence": "x-avatar.vision.presence",
     "input_audio_buffer.barge_in": "x-avatar.barge_in",
@@ -61,6 +65,7 @@ class _Reply:
     text_only: bool = False  # a text reply (output_text events), not speech
     text: str = ""  # generated so far
     announced: bool = False  # its item was added
+    calls: list[Event] = field(default_factory=list)  # its function_call items, in order
 
     @property
     def part(self) -> str:
@@ -155,8 +160,14 @@ class RealtimeWire:
 
     def _conversation_item_created(self, event: Event) -> list[Event]:
         item_id, previous = event["item_id"], event.get("previous_item_id")
-        content = [{"type": "input_text", "text": event["text"]}]
-        item = _message(item_id, "user", "completed", content)
+        if event.get("item_type") == "function_call_output":
+            item = _call_output(item_id, str(event["call_id"]), str(event.get("output", "")))
+        elif event.get("item_type") == "function_call":
+            call = (str(event["call_id"]), str(event["name"]), str(event.get("arguments", "")))
+            item = _call(item_id, *call, "completed")
+        else:
+            content = [{"type": "input_text", "text": event["text"]}]
+            item = _message(item_id, "user", "completed", content)
         self._last_item = item_id
         return [
             {"type": "conversation.item.added", "previous_item_id": previous, "item": item},
@@ -237,6 +248,33 @@ class RealtimeWire:
         out.append({"type": kind, **ids, "content_index": 0, "delta": delta})
         return out
 
+    def _response_function_call_arguments_done(self, event: Event) -> list[Event]:
+        """A call the response made: its item added, its arguments (in one delta: they were
+        checked whole against the tool's schema before any went out), the item done."""
+        reply = self._replies.get(str(event.get("response_id")))
+        if reply is None:
+            return []
+        item_id, call_id = str(event["item_id"]), str(event["call_id"])
+        name, arguments = str(event["name"]), str(event["arguments"])
+        index = int(reply.announced) + len(reply.calls)
+        ids = {"response_id": reply.response_id, "item_id": item_id, "output_index": index}
+        previous = self._last_item
+        self._last_item = item_id
+        added = _call(item_id, call_id, name, "", "in_progress")
+        done = _call(item_id, call_id, name, arguments, "completed")
+        reply.calls.append(done)
+        at = {"response_id": reply.response_id, "output_index": index}
+        delta = {"call_id": call_id, "delta": arguments}
+        whole = {"call_id": call_id, "name": name, "arguments": arguments}
+        return [
+            {"type": "response.output_item.added", **at, "item": added},
+            {"type": "conversation.item.added", "previous_item_id": previous, "item": added},
+            {"type": "response.function_call_arguments.delta", **ids, **delta},
+            {"type": "response.function_call_arguments.done", **ids, **whole},
+            {"type": "response.output_item.done", **at, "item": done},
+            {"type": "conversation.item.done", "previous_item_id": previous, "item": done},
+        ]
+
     def _output_audio_paused(self, event: Event) -> list[Event]:
         """Voice over the reply paused it: an extension event, and where the client plays the
         reply itself ``input_audio_buffer.speech_started`` first (it stops its playback)."""
@@ -264,6 +302,13 @@ class RealtimeWire:
         """The item as the conversation holds it: a spoken user message with its transcript,
         a typed one with its text, an agent's with the transcript of what was heard."""
         text, role = str(event.get("text", "")), str(event.get("role", ""))
+        item_id = str(event.get("item_id", ""))
+        if event.get("name"):
+            call = (str(event["call_id"]), str(event["name"]), str(event.get("arguments", "")))
+            return [{"type": event["type"], "item": _call(item_id, *call, "completed")}]
+        if role == "tool":
+            output = _call_output(item_id, str(event.get("call_id", "")), text)
+            return [{"type": event["type"], "item": output}]
         content: list[Event]
         if role == "assistant":
             content = [{"type": "output_audio", "transcript": text}]
@@ -272,7 +317,7 @@ class RealtimeWire:
             content, status = [{"type": "input_text", "text": text}], "completed"
         else:
             content, status = [{"type": "input_audio", "transcript": text}], "completed"
-        item = _message(str(event.get("item_id", "")), role, status, content)
+        item = _message(item_id, role, status, content)
         return [{"type": event["type"], "item": item}]
 
     def _response_done(self, event: Event) -> list[Event]:
@@ -313,7 +358,7 @@ class RealtimeWire:
                     "item": item,
                 },
             ]
-        response = self._response(reply, status, output)
+        response = self._response(reply, status, [*output, *reply.calls])
         if status == "cancelled":
             response["status_details"] = {"type": "cancelled", "reason": "turn_detected"}
         elif status == "failed":
@@ -345,6 +390,31 @@ class RealtimeWire:
 def _body(event: Event) -> Event:
     """A native event's fields without its ``type``."""
     return {k: v for k, v in event.items() if k != "type"}
+
+
+def _call(item_id: str, call_id: str, name: str, arguments: str, status: str) -> Event:
+    """A ``function_call`` item."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def _call_output(item_id: str, call_id: str, output: str) -> Event:
+    """A ``function_call_output`` item."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call_output",
+        "status": "completed",
+        "call_id": call_id,
+        "output": output,
+    }
 
 
 def _message(item_id: str, role: str, status: str, content: list[Event]) -> Event:
@@ -381,6 +451,7 @@ HANDLERS: dict[str, Callable[[RealtimeWire, Event], list[Event]]] = {
     "conversation.item.truncated": RealtimeWire._conversation_item_truncated,
     "conversation.item.retrieved": RealtimeWire._conversation_item_retrieved,
     "response.done": RealtimeWire._response_done,
+    "response.function_call_arguments.done": RealtimeWire._response_function_call_arguments_done,
     "response.timings": RealtimeWire._of_response,
     "avatar.viseme": RealtimeWire._of_response,
 }

@@ -134,6 +134,33 @@ def test_expressions_set_the_brows_and_eyes(avatar: ProceduralAvatar) -> None:
         assert diff(frames[e][BROWS], frames["idle"][BROWS]) > 1.0, e
 
 
+@pytest.mark.parametrize("mood", ["smile", "surprise"])
+def test_the_gesture_moods_render_and_differ_from_idle(avatar: ProceduralAvatar, mood: str) -> None:
+    for look in avatar.appearances:
+        idle = avatar.render(Pose(look))
+        frame = avatar.render(Pose(look, expression=mood))
+        assert frame.shape == idle.shape
+        assert diff(frame[MOUTH], idle[MOUTH]) > 1.0, (look, mood)  # a grin, an open "oh"
+        assert diff(frame[EYES], idle[EYES]) > 1.0, (look, mood)  # narrowed, wide
+        assert diff(frame[BROWS], idle[BROWS]) > 1.0, (look, mood)
+        # the lip-sync still moves the mouth under the mood
+        speaking = avatar.render(Pose(look, viseme=10, viseme_weight=1.0, expression=mood))
+        assert diff(speaking[MOUTH], frame[MOUTH]) > 2.0, (look, mood)
+
+
+def test_a_smile_lifts_the_lower_lids_and_a_surprise_opens_the_eyes(
+    avatar: ProceduralAvatar,
+) -> None:
+    def whites(frame: Frame) -> int:
+        eyes = frame[EYES].astype(np.int32)
+        return int(((eyes.min(axis=2) > 210) & (np.ptp(eyes, axis=2) < 30)).sum())
+
+    for look in avatar.appearances:
+        idle = whites(avatar.render(Pose(look)))
+        assert whites(avatar.render(Pose(look, expression="smile"))) < idle
+        assert whites(avatar.render(Pose(look, expression="surprise"))) > idle
+
+
 def test_head_roll_and_pitch_move_the_head(avatar: ProceduralAvatar) -> None:
     rest = avatar.render(Pose("ada"))
     assert diff(avatar.render(Pose("ada", head_roll=4.0)), rest) > 1.0

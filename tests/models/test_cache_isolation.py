@@ -83,7 +83,7 @@ def request(session: str, ctx: tuple[ContextEntry, ...], owner: str = NO_OWNER) 
 async def reply(pipeline: VoicePipeline, req: ReplyRequest) -> tuple[str, TurnTrace]:
     """The reply's text and its trace (what response.timings reports)."""
     trace = TurnTrace(endpoint_ms=0.0)
-    chunks = [chunk async for chunk in pipeline.reply(req, trace)]
+    chunks = [str(chunk) async for chunk in pipeline.reply(req, trace)]
     return " ".join(chunks), trace
 
 

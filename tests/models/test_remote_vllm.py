@@ -70,7 +70,11 @@ def refused_url() -> str:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def remote(vllm: VllmServer) -> AsyncIterator[RemoteVllm]:
-    llm = RemoteVllm(RemoteOptions(base_url=vllm.url, model=vllm.served_name))
+    # a busy machine may keep the CPU server from its first token for longer than the 10 s a
+    # production replica gets before failover; the failover tests set their own short bound
+    llm = RemoteVllm(
+        RemoteOptions(base_url=vllm.url, model=vllm.served_name, first_token_timeout_s=60.0)
+    )
     yield llm
     await llm.close()
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from server.config import Config
-from server.pipeline.seams import ReplyRequest, SpeechAudio, Transcript, TurnTrace
+from server.pipeline.seams import ReplyPiece, ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.runtime.conditions import Conditions
 from server.runtime.history import Role
 from server.scheduling.engine_queue import JobTag
@@ -100,7 +100,7 @@ class FaultPipeline(TonePipeline):
     ) -> Transcript:
         return Transcript(await super().transcribe(utterance, tag))
 
-    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
         text = _user_text(request)
         armed = _named(text, ARM_PREFIX)
         if armed is not None:

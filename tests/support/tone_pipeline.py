@@ -16,10 +16,12 @@ import numpy as np
 import numpy.typing as npt
 
 from server.config import Config
-from server.pipeline.seams import ReplyRequest, SpeechAudio, Transcript, TurnTrace
+from server.pipeline.seams import ReplyPiece, ReplyRequest, SpeechAudio, Transcript, TurnTrace
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
+from server.runtime.history import Role
 from server.runtime.media import ms_to_samples
+from server.runtime.tools import FunctionCall
 from server.scheduling.engine_queue import JobTag
 
 TONE_HZ = 440.0
@@ -78,7 +80,7 @@ class TonePipeline:
     async def prefill(self, request: ReplyRequest, *, paused: bool = False) -> int:
         return 0  # no engine, nothing cached
 
-    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
         await asyncio.sleep(self.think_ms / 1000)
         for i in range(self.sentences):
             yield f"Tone number {i + 1} for epoch {request.epoch}."
@@ -109,7 +111,7 @@ class FlakyTonePipeline(TonePipeline):
         super().__init__(sentence_ms, sentences)
         self.replies = 0
 
-    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
         self.replies += 1
         async for sentence in super().reply(request, trace):
             yield sentence
@@ -133,7 +135,7 @@ class InstructedTonePipeline(TonePipeline):
         super().__init__(sentence_ms, sentences, think_ms)
         self.requests: list[ReplyRequest] = []
 
-    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[str]:
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
         self.requests.append(request)
         anchor = request.context[0].text if request.context else ""
         yield "As told: " + " ".join(anchor.split()[:12])
@@ -146,4 +148,52 @@ def create_instructed(config: Config) -> InstructedTonePipeline:
         float(os.environ.get("TONE_PIPELINE_MS", "1500")),
         int(os.environ.get("TONE_PIPELINE_SENTENCES", "2")),
         float(os.environ.get("TONE_PIPELINE_THINK_MS", "0")),
+    )
+
+
+class CallingTonePipeline(InstructedTonePipeline):
+    """A scripted stand-in for an LLM that calls tools, for deterministic tests of the
+    function-call flow (the real model's calls: tests/models/test_tool_calls.py). Offered
+    tools and last asked by the user, it says ``preamble`` (if any) and calls the first tool
+    offered (the choice's, when it names one) with ``arguments``; ``calls`` > 1 makes that
+    many calls. After a call's output it says "The tool said <output>." Otherwise it talks as
+    its parent does."""
+
+    def __init__(
+        self,
+        sentence_ms: float,
+        sentences: int,
+        preamble: str = "",
+        arguments: str = "{}",
+        calls: int = 1,
+    ) -> None:
+        super().__init__(sentence_ms, sentences)
+        self.preamble = preamble
+        self.arguments = arguments
+        self.calls = calls
+        self.made = 0  # calls made so far (each call's id is new)
+
+    async def reply(self, request: ReplyRequest, trace: TurnTrace) -> AsyncIterator[ReplyPiece]:
+        self.requests.append(request)
+        last = request.context[-1] if request.context else None
+        if last is not None and last.call_id:
+            yield f"The tool said {last.text}."
+            return
+        if not request.tools.callable or last is None or last.role is not Role.USER:
+            async for sentence in TonePipeline.reply(self, request, trace):
+                yield sentence
+            return
+        if self.preamble:
+            yield self.preamble
+        name = request.tools.choice.name or request.tools.tools[0].name
+        for _ in range(self.calls):
+            self.made += 1
+            yield FunctionCall(f"call_test{self.made}", name, self.arguments)
+
+
+def create_calling(config: Config) -> CallingTonePipeline:
+    return CallingTonePipeline(
+        float(os.environ.get("TONE_PIPELINE_MS", "600")),
+        1,
+        os.environ.get("TONE_PIPELINE_PREAMBLE", ""),
     )

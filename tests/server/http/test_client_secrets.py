@@ -244,7 +244,7 @@ async def test_minting_needs_a_server_token_and_a_good_body() -> None:
                 {"expires_after": {"seconds": "60"}},
                 {"expires_after": {"anchor": "expires_at", "seconds": 60}},
                 {"expires_after": 60},
-                {"session": {"type": "realtime", "tools": [{"type": "function", "name": "f"}]}},
+                {"session": {"type": "realtime", "tools": [{"type": "mcp", "server_label": "f"}]}},
                 {"session": {"type": "transcription"}},
                 {"session": {"instructions": ""}},
                 {"session": {"audio": {"input": {"turn_detection": None}}}},

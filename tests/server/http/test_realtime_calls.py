@@ -150,7 +150,7 @@ async def test_the_plain_sdp_form_and_refusals(peers: list[Peer]) -> None:
         with pytest.raises(BadRequestError, match="tools"):
             await client.realtime.calls.create(
                 sdp=offer,
-                session={"type": "realtime", "tools": [{"type": "function", "name": "f"}]},
+                session={"type": "realtime", "tools": [{"type": "mcp", "server_label": "f"}]},
             )
         stranger = AsyncOpenAI(base_url=url + "/v1", api_key="not-a-token", max_retries=0)
         with pytest.raises(AuthenticationError):

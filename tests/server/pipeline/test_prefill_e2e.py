@@ -197,7 +197,7 @@ async def server() -> AsyncIterator[tuple[str, RecordingLlm, ScriptedAsr]]:
 
 def _words(messages: list[Message]) -> str:
     assert messages[-1]["role"] == "user"
-    return messages[-1]["content"]
+    return str(messages[-1]["content"])
 
 
 async def asking(url: str, peers: list[Peer], quiet_ms: int = 300) -> Peer:

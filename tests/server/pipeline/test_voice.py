@@ -329,7 +329,7 @@ async def test_prefix_warm_ups_are_shed_while_a_reply_is_written() -> None:
         assert not pipeline.busy
 
         async def consume() -> list[str]:
-            return [chunk async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
+            return [str(chunk) async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
 
         reply = asyncio.create_task(consume())
         await asyncio.wait_for(engines.writing.wait(), 5)
@@ -385,7 +385,7 @@ async def test_a_reply_someone_waits_for_sheds_a_held_early_reply() -> None:
     )
 
     async def consume(request: ReplyRequest, trace: TurnTrace) -> str:
-        return "".join([chunk async for chunk in pipeline.reply(request, trace)])
+        return "".join([str(chunk) async for chunk in pipeline.reply(request, trace)])
 
     try:
         held = asyncio.create_task(consume(mine, TurnTrace(endpoint_ms=0, early=True)))
@@ -622,7 +622,7 @@ async def test_a_reply_is_cut_before_its_sentence_ends_when_its_playback_runs_lo
     view = None if slack_ms is None else functools.partial(SessionView, "s" * 32, 0, slack_ms, 1e3)
     request = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"), view=view)
     try:
-        chunks = [chunk async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
+        chunks = [str(chunk) async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
     finally:
         await pipeline.close()
     assert chunks[0] == "The tallest mountain on the whole"  # the first chunk: 6 words
@@ -635,7 +635,7 @@ async def test_a_reply_that_repeats_itself_ends_after_the_first_saying() -> None
     pipeline = _pipeline(engines)
     request = ReplyRequest("s" * 32, 0, (), Conditions("p", "joe", "a"))
     try:
-        chunks = [chunk async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
+        chunks = [str(chunk) async for chunk in pipeline.reply(request, TurnTrace(endpoint_ms=0))]
     finally:
         await pipeline.close()
     assert " ".join(chunks) == "In Brazil they speak Portuguese. Thank you,"

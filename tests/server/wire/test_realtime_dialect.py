@@ -314,7 +314,7 @@ async def test_refusals_are_ga_errors_and_change_nothing(talk: tuple[Conversatio
         {"type": "input_audio_buffer.append", "audio": "AAAA"},
         {
             "type": "session.update",
-            "session": {"type": "realtime", "tools": [{"type": "function", "name": "f"}]},
+            "session": {"type": "realtime", "tools": [{"type": "mcp", "server_label": "f"}]},
         },
         {
             "type": "session.update",

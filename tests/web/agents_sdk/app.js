@@ -7,10 +7,15 @@ import {
   OpenAIRealtimeWebSocket,
   RealtimeAgent,
   RealtimeSession,
+  tool,
 } from '@openai/agents-realtime';
 
 const RATE_HZ = 24000; // PCM16 of the WebSocket transport, both ways
 const LEVEL_EVERY_MS = 20;
+// ?tools=1 (tests/web/test_agents_sdk_tools.py): the agent has one tool, get_time, which the SDK
+// runs here in the page when the model calls it; without it the agent has no tools.
+const WITH_TOOLS = new URLSearchParams(window.location.search).get('tools') === '1';
+const THE_TIME = 'It is 14:05 in the afternoon.';
 
 // What the test reads: SDK errors, the server events (audio payloads left out), the levels
 // of the audio the page plays, and a few times (performance.now(), ms).
@@ -22,7 +27,19 @@ const state = {
   marks: {},
   audioChunks: 0,
   interrupted: 0,
+  toolRuns: [], // each run of get_time: {at, args}
 };
+
+const getTime = tool({
+  name: 'get_time',
+  description: 'The current local time. Call it whenever the user asks what time it is.',
+  parameters: { type: 'object', properties: {}, required: [], additionalProperties: false },
+  strict: true,
+  async execute(args) {
+    state.toolRuns.push({ at: performance.now(), args });
+    return THE_TIME;
+  },
+});
 
 function note(error) {
   const e = error?.error ?? error;
@@ -122,10 +139,18 @@ async function start({ transport, url }) {
   const context = new AudioContext({ sampleRate: RATE_HZ });
   await context.resume();
   const key = await (await fetch('/key', { method: 'POST' })).json();
-  const agent = new RealtimeAgent({
-    name: 'Museum guide',
-    instructions: 'You are the museum guide. Answer in one sentence.',
-  });
+  const agent = WITH_TOOLS
+    ? new RealtimeAgent({
+        name: 'Clock',
+        instructions:
+          'You are a helpful assistant. When the user asks what time it is, call get_time and ' +
+          'tell them the time it gives, in one short sentence.',
+        tools: [getTime],
+      })
+    : new RealtimeAgent({
+        name: 'Museum guide',
+        instructions: 'You are the museum guide. Answer in one sentence.',
+      });
   const layer = transport === 'webrtc' ? webrtcTransport(context, url) : new OpenAIRealtimeWebSocket({ url });
   const session = new RealtimeSession(agent, { transport: layer, model: 'gpt-realtime' });
   session.on('error', note);
