@@ -25,6 +25,8 @@ from server.conversation.reply_plan import (
     EmitTranscript,
     Finish,
     Flush,
+    FollowUp,
+    MakeCall,
     NextSentence,
     OpenChunk,
     OpenStream,
@@ -42,6 +44,7 @@ from server.conversation.reply_plan import (
 from server.pipeline.seams import TurnTrace
 from server.runtime.events import ResponseDone, ResponseStatus
 from server.runtime.session import Session
+from server.runtime.tools import FunctionCall
 from server.runtime.turn import TurnState
 from server.scheduling.engine_queue import StaleWork
 
@@ -245,3 +248,37 @@ def test_timings_are_reported_for_a_reply_that_was_heard() -> None:
     assert report is not None
     assert (report.epoch, report.status) == (1, "completed")
     assert report.timings == trace.as_dict()
+
+
+def test_a_call_is_made_and_the_stream_goes_on_and_ends_the_reply() -> None:
+    desk = Desk(spoken=False)
+    plan = desk.plan(text_only=False)
+    desk.carry_out(plan, plan.begin(spoken=False))
+    call = FunctionCall("call_1", "get_time", "{}")
+    assert plan.sentence(call) == [MakeCall(EPOCH, call)]
+    assert desk.session.record_call(EPOCH, call)
+    assert plan.called(True) == [Flush(), NextSentence()]
+    assert plan.sentence(None) == [DONE]  # the client's output leads on: no follow-up
+
+
+def test_a_stale_call_ends_the_reply() -> None:
+    desk = Desk(spoken=False)
+    plan = desk.plan(text_only=False)
+    desk.carry_out(plan, plan.begin(spoken=False))
+    assert plan.called(False) == [DONE]
+
+
+def test_the_avatars_own_tools_alone_are_followed_by_a_reply_that_talks() -> None:
+    desk = Desk(spoken=False)
+    plan = desk.plan(text_only=False)
+    desk.carry_out(plan, plan.begin(spoken=False))
+    assert plan.called(True, own=True) == [Flush(), NextSentence()]
+    assert plan.sentence(None) == [FollowUp(EPOCH), DONE]
+    words = desk.plan(text_only=False)  # own tools, then words: nothing follows
+    words.called(True, own=True)
+    desk.carry_out(words, words.sentence("Sure!"))
+    assert words.sentence(None) == [DONE]
+    both = desk.plan(text_only=False)  # own tools and a client's call: the client leads on
+    both.called(True, own=True)
+    both.called(True)
+    assert both.sentence(None) == [DONE]
