@@ -44,15 +44,19 @@ CLOCK = {"type": "function", "name": "get_time", "description": "The time now."}
 
 
 def open_calling(
-    pipeline: CallingTonePipeline, clock: FakeClock | None = None
+    pipeline: CallingTonePipeline,
+    clock: FakeClock | None = None,
+    settings: dict[str, str] | None = None,
+    dialect: str = REALTIME_DIALECT,
 ) -> tuple[Conversation, Link]:
-    config = load_config(overrides={"pipeline.incremental": "false"})
+    """A started conversation on a link whose channel speaks ``dialect``; close it."""
+    config = load_config(overrides={"pipeline.incremental": "false", **(settings or {})})
     detector = TurnDetector(Gate(), Quiet(), config.vad)
     conversation = Conversation("c" * 32, config, detector, pipeline, Metrics(), clock=clock)
     link = Link()
     conversation.attach(link)
     conversation.start()
-    conversation.link_open(audio=True, video=False, resumed=None, dialect=REALTIME_DIALECT)
+    conversation.link_open(audio=True, video=False, resumed=None, dialect=dialect)
     return conversation, link
 
 
@@ -279,15 +283,7 @@ async def test_the_avatars_own_tools_run_in_the_server_and_the_reply_goes_on() -
     (the face smiles), told as one ``x-avatar.tool`` event, not as a call for the client; the
     next reply reads its output and talks, and may not call it again."""
     pipeline = CallingTonePipeline(200.0, 1, arguments='{"expression": "smile"}')
-    config = load_config(
-        overrides={"pipeline.incremental": "false", "avatar.builtin_tools": "true"}
-    )
-    detector = TurnDetector(Gate(), Quiet(), config.vad)
-    conversation = Conversation("o" * 32, config, detector, pipeline, Metrics())
-    link = Link()
-    conversation.attach(link)
-    conversation.start()
-    conversation.link_open(audio=True, video=False, resumed=None, dialect=REALTIME_DIALECT)
+    conversation, link = open_calling(pipeline, settings={"avatar.builtin_tools": "true"})
     try:
         ask(conversation, "Give me a smile!")
         ran = await until(link, "x-avatar.tool", 0, conversation)
@@ -314,13 +310,7 @@ async def test_the_avatars_own_tools_run_in_the_server_and_the_reply_goes_on() -
 
 async def test_the_native_events_channel_calls_and_answers_an_output_by_itself() -> None:
     pipeline = CallingTonePipeline(200.0, 1, arguments='{"color": "red"}')
-    config = load_config(overrides={"pipeline.incremental": "false"})
-    detector = TurnDetector(Gate(), Quiet(), config.vad)
-    conversation = Conversation("n" * 32, config, detector, pipeline, Metrics())
-    link = Link()
-    conversation.attach(link)
-    conversation.start()
-    conversation.link_open(audio=True, video=False, resumed=None, dialect="native")
+    conversation, link = open_calling(pipeline, dialect="native")
     try:
         send(conversation, {"type": "session.update", "session": {"tools": [LAMP]}})
         send(conversation, {"type": "conversation.item.create", "text": "Lamp red, please."})
