@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 
 from benchmarks import pct, write_summarised
+from benchmarks.clients_bench import wait_no_sessions
 from server.machine import this_machine
 
 if TYPE_CHECKING:
@@ -483,16 +484,6 @@ async def ask_server(
             return row
         finally:
             await client.close()
-
-
-def wait_no_sessions(server: Any, timeout: float = 15.0) -> int:
-    """Wait until the server holds no session; the sessions left after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        sessions = int(server.health().get("sessions", 0))
-        if sessions == 0 or time.monotonic() > deadline:
-            return sessions
-        time.sleep(0.1)
 
 
 def run_server(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import http.client
 import json
 import logging
@@ -227,21 +228,26 @@ def _call_constraint(schema: dict[str, Any]) -> dict[str, Any]:
     wheel's grammar engine) a grammar of the object and an optional newline, so that the
     model says whether it goes on (a bare object then another, as Qwen2.5-Coder-0.5B writes
     several) or ends its turn; else llama.cpp's ``json_schema`` (the object alone)."""
-    import xllamacpp
-
-    if str(xllamacpp.json_schema_to_grammar(json.dumps(schema))).startswith("%llguidance"):
+    if _llguidance():
         lark = f'%llguidance {{}}\nstart: call "\\n"?\ncall: %json {json.dumps(schema)}\n'
         return {"grammar": lark}
     return {"json_schema": schema}
+
+
+@functools.cache
+def _llguidance() -> bool:
+    """Whether this llama.cpp build's grammars are llguidance's (it turns JSON schemas into
+    them); asked once."""
+    import xllamacpp
+
+    return str(xllamacpp.json_schema_to_grammar("{}")).startswith("%llguidance")
 
 
 def _text_constraint(calls: bool) -> dict[str, Any]:
     """The completion fields of a reply's words: none of the characters a call or an object
     starts with, then (``calls``) perhaps the start of a call, else nothing more (a bias
     against the tokens that start a call is not enough: the model finds another, ``{\n``)."""
-    import xllamacpp
-
-    if str(xllamacpp.json_schema_to_grammar("{}")).startswith("%llguidance"):
+    if _llguidance():
         return {"grammar": WORDS_THEN_CALL_LARK if calls else NO_CALLS_LARK}
     return {"grammar": WORDS_THEN_CALL_GBNF if calls else NO_CALLS_GBNF}
 
