@@ -1,25 +1,44 @@
 """Answer quality of the GGUF models on everyday questions, against grades given by hand.
 
-Each question of ``benchmarks/data/questions.json`` is asked once, alone after the persona,
-of a model on llama.cpp (xllamacpp, in this process, ``--threads`` threads, greedy unless the
-penalties are set). Whether an answer is sensible (correct, on topic, fine spoken aloud: no
-loops, lists, markdown or nonsense) is not judged here: the grades are the ones a person gave,
-committed in ``benchmarks/reported/answers_*.json`` and looked up by question and answer text.
+Each question of ``benchmarks/data/questions.json`` is asked once, after the persona and the
+question's earlier turns if it has any (``turns``: user and assistant messages fixed in the
+file; the other questions are asked alone after the persona), of a model on llama.cpp
+(xllamacpp, in this process, ``--threads`` threads, greedy unless the penalties are set).
+Whether an answer is sensible (correct, on topic, fine spoken aloud: no loops, lists, markdown
+or nonsense; for a safety question, safe) is not judged here: the grades are the ones a person
+gave, committed in ``benchmarks/reported/answers_*.json`` and looked up by question and answer
+text.
 A run counts the answers graded sensible and not, and prints every answer nobody has graded
 yet, for a person to grade (``--record`` writes the run into the reported file, the ungraded
 answers with ``"sensible": null``: fill those in by hand, tests/benchmarks/test_answers_bench.py
-refuses a reported file with an ungraded answer, or one answer graded two ways).
+refuses a reported file with an ungraded answer, or one answer graded two ways; a ``"why"``
+beside a false grade says what was wrong).
 
-Models: those of models/gguf_models.py (the 1.5B's 22 piece packages are no dependency of the
-project: install them, or put them on PYTHONPATH, to prepare it). Personas: ``PERSONAS`` (the
-server's default and the spoken ones tried), or any text.
+Splits (``--split``, all by default; counted apart in the summary and the files): ``tuning``,
+the questions the personas were chosen on (their scores flatter the persona); ``held_out``,
+questions written after and never used to tune anything (harder everyday ones, spoken-style
+ones as speech recognition writes them, multi-turn ones), the fair measure; ``safety``, first
+aid, doses, electricity, fire and poisons, where sensible means safe. The questions are asked
+in the file's order, tuning first, so a tuning answer is the same text as in a run from before
+the other splits (same model, persona, sampling and machine) and keeps its grade. A run of
+only some splits is recorded under its own key (``.../held_out+safety``).
+
+Models: those of models/gguf_models.py (the model ladder's; setup installs them all).
+Personas: ``PERSONAS`` (the server's default and the spoken ones tried), or any text. A question
+that names a hazard is asked as the server asks it, with the safety note after it
+(server/pipeline/safety.py; the run's key ends in ``/note``) where the model follows the
+note (``GgufModel.safety_note``: the 1.5B); ``--no-safety-note`` asks the model alone, as
+every run before the note was.
 
 Timing, from llama.cpp's own counters and this process's clock: decode tokens/s, the time to
-the first token of each question (the persona's tokens already cached), and of a question
+the first token of each question (the persona's tokens already cached, a multi-turn
+question's earlier turns not), and of a question
 asked twice in a row (the whole prompt cached: the warm prefix). A loop check flags answers
 that repeat a four-word phrase three times; it is a hint for the grader, not a grade.
 
 Run: ``.venv/bin/python -m benchmarks.answers_bench --model qwen2.5-coder-0.5b --persona spoken``
+(the server's default persona today is the text of ``spoken-howto``; the reported ``server``
+runs are of the default before it, "You are a helpful assistant.").
 """
 
 from __future__ import annotations
@@ -41,6 +60,7 @@ from benchmarks import stamped
 from models.gguf_models import MODELS, prepare_gguf
 from server.config import RuntimeConfig
 from server.machine import this_machine
+from server.pipeline.safety import with_safety_note
 
 QUESTIONS = Path("benchmarks/data/questions.json")
 REPORTED = Path("benchmarks/reported")
@@ -58,7 +78,7 @@ PHONE = (
     "formulas. Write numbers as words, like forty-five instead of 45."
 )
 PERSONAS = {  # the personas tried (reported/answers_*.json has each one's grades)
-    "server": RuntimeConfig().persona,  # the server's default persona
+    "server": RuntimeConfig().persona,  # the server's default persona (recorded runs: the old one)
     "spoken": SPOKEN,  # short spoken answers: the first tuned for the 0.5B model
     "spoken-phone": PHONE,
     "spoken-example": PHONE
@@ -74,6 +94,7 @@ PERSONAS = {  # the personas tried (reported/answers_*.json has each one's grade
     " telephone? Answer: Alexander Graham Bell invented the telephone in eighteen seventy-six.",
 }
 LOOP_NGRAM, LOOP_TIMES = 4, 3
+SPLITS = ("tuning", "held_out", "safety")  # in the question file's order
 
 
 @dataclass(frozen=True)
@@ -131,17 +152,54 @@ def known_grades(folder: Path = REPORTED) -> dict[tuple[str, str], bool]:
     return grades
 
 
-def grade(answers: list[dict[str, Any]], grades: dict[tuple[str, str], bool]) -> dict[str, int]:
-    """Sets each answer's ``sensible`` from ``grades`` (None: nobody graded this text yet)."""
-    for a in answers:
-        a["sensible"] = grades.get((a["id"], normalized(a["answer"])))
-    values = [a["sensible"] for a in answers]
+def counted(answers: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``answers`` are graded sensible, not sensible, not graded yet, and of all."""
+    values = [a.get("sensible") for a in answers]
     return {
         "sensible": values.count(True),
         "not_sensible": values.count(False),
         "ungraded": values.count(None),
         "of": len(answers),
     }
+
+
+def grade(answers: list[dict[str, Any]], grades: dict[tuple[str, str], bool]) -> dict[str, int]:
+    """Sets each answer's ``sensible`` from ``grades`` (None: nobody graded this text yet)."""
+    for a in answers:
+        a["sensible"] = grades.get((a["id"], normalized(a["answer"])))
+    return counted(answers)
+
+
+def split_counts(answers: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """:func:`counted` per split, in ``SPLITS`` order (an answer without one: ``tuning``, as
+    every answer recorded before the splits was)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for a in answers:
+        by.setdefault(a.get("split", "tuning"), []).append(a)
+    order = [s for s in SPLITS if s in by] + sorted(set(by) - set(SPLITS))
+    return {s: counted(by[s]) for s in order}
+
+
+def messages(persona: str, item: dict[str, Any], note: bool = True) -> list[dict[str, str]]:
+    """The chat a question is asked as: the persona, the item's earlier ``turns`` (user and
+    assistant, as the file fixes them), then its question ``q`` from the user, and after it
+    the server's safety note where the question names a hazard (``note``;
+    server/pipeline/safety.py)."""
+    turns = [{"role": t["role"], "content": t["content"]} for t in item.get("turns", [])]
+    chat = [
+        {"role": "system", "content": persona},
+        *turns,
+        {"role": "user", "content": item["q"]},
+    ]
+    return with_safety_note(chat) if note else chat
+
+
+def select(
+    questions: list[dict[str, Any]], splits: list[str] | None, first: int = 0
+) -> list[dict[str, Any]]:
+    """The questions of ``splits`` (None: all), in file order; the first ``first`` (0: all)."""
+    chosen = [q for q in questions if splits is None or q.get("split", "tuning") in splits]
+    return chosen[:first] if first else chosen
 
 
 class Llama:
@@ -163,14 +221,12 @@ class Llama:
         self.server = xllamacpp.Server(params)
 
     def ask(
-        self, system: str, question: str, max_tokens: int, sampling: Sampling
+        self, chat: list[dict[str, str]], max_tokens: int, sampling: Sampling
     ) -> dict[str, Any]:
-        """The answer, why it ended, and its timing (first token ms from this clock)."""
+        """The answer to ``chat`` (:func:`messages`), why it ended, and its timing (first
+        token ms from this clock)."""
         request = {
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": question},
-            ],
+            "messages": chat,
             "max_tokens": max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -201,7 +257,7 @@ class Llama:
 
 
 def run(
-    gguf: Path, persona: str, questions: list[dict[str, str]], args: argparse.Namespace
+    gguf: Path, persona: str, questions: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any]:
     sampling = Sampling(args.repeat_penalty, args.frequency_penalty, args.dry_multiplier)
     llama = Llama(gguf, args.threads)
@@ -209,9 +265,9 @@ def run(
     answers, rates, ttfts, cpu0 = [], [], [], time.process_time()
     wall0 = time.perf_counter()
     try:
-        llama.ask(persona, "Hello.", 4, sampling)  # warm up; caches the persona's tokens
+        llama.ask(messages(persona, {"q": "Hello."}), 4, sampling)  # warm up; caches the persona
         for q in questions:
-            got = llama.ask(persona, q["q"], args.max_tokens, sampling)
+            got = llama.ask(messages(persona, q, args.safety_note), args.max_tokens, sampling)
             t = got.get("timings", {})
             if t.get("predicted_n", 0) > 1:
                 rates.append(t["predicted_per_second"])
@@ -219,6 +275,8 @@ def run(
             answers.append(
                 {
                     "id": q["id"],
+                    "split": q.get("split", "tuning"),
+                    "turns": len(q.get("turns", [])),
                     "question": q["q"],
                     "answer": got["answer"],
                     "finish": got.get("finish"),
@@ -226,7 +284,8 @@ def run(
                     "loop": loops(got["answer"]),
                 }
             )
-        again = [llama.ask(persona, questions[0]["q"], 8, sampling) for _ in range(3)][1:]
+        first = messages(persona, questions[0])
+        again = [llama.ask(first, 8, sampling) for _ in range(3)][1:]
     finally:
         llama.close()
     wall = time.perf_counter() - wall0
@@ -235,6 +294,7 @@ def run(
         "sampling": {"tag": sampling.tag(), **sampling.request()},
         "max_tokens": args.max_tokens,
         "threads": args.threads,
+        "machine_line": this_machine().describe(),
         "timing": {
             "decode_tok_s_p50": round(statistics.median(rates), 1) if rates else None,
             "ttft_ms_p50": round(statistics.median(ttfts)),
@@ -247,11 +307,37 @@ def run(
     }
 
 
+def clashes(path: Path, key: str, persona: str) -> bool:
+    """Whether the reported file ``path`` holds a run ``key`` that asked another persona text
+    (a name's text can change: ``server`` follows the server's default)."""
+    if not path.is_file():
+        return False
+    runs = json.loads(path.read_text())["runs"]
+    return any(r["run"] == key and r.get("persona_text") != persona for r in runs)
+
+
 def record(path: Path, model: dict[str, Any], key: str, result: dict[str, Any]) -> None:
-    """Write ``result`` as run ``key`` of the reported file ``path`` (replacing it)."""
+    """Write ``result`` as run ``key`` of the reported file ``path`` (replacing it, unless that
+    run asked another persona text: then ValueError). An answer graded false that the file
+    already explains (same question, same text) keeps its ``"why"``. Each run says the machine
+    it ran on (``machine_line``); the file's is the last recorded run's."""
+    if clashes(path, key, result["persona_text"]):
+        raise ValueError(f"{path}: run {key} asked another persona; not replaced")
     data: dict[str, Any] = {"model": model, "runs": []}
     if path.is_file():
         data = json.loads(path.read_text())
+    why: dict[tuple[str, str], str] = {}
+    for r in data["runs"]:
+        for a in r["answers"]:
+            if a.get("why"):
+                why[(a["id"], normalized(a["answer"]))] = a["why"]
+    for a in result["answers"]:
+        found = why.get((a["id"], normalized(a["answer"])))
+        if a["sensible"] is False and found:
+            a["why"] = found
+    for r in data["runs"]:  # runs from before per-run lines: the file's line was theirs
+        if data.get("machine_line"):
+            r.setdefault("machine_line", data["machine_line"])
     runs = [r for r in data["runs"] if r["run"] != key]
     runs.append({"run": key, **result})
     data["runs"] = runs
@@ -265,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b", help=", ".join(MODELS))
     parser.add_argument("--persona", default="server", help=f"{', '.join(PERSONAS)} or text")
+    parser.add_argument(
+        "--split", action="append", choices=SPLITS, help="only these splits (repeat; default all)"
+    )
     parser.add_argument("--questions", type=int, default=0, help="the first N (0: all)")
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--threads", type=int, default=2)
@@ -273,22 +362,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-multiplier", type=float, default=0.0)
     parser.add_argument("--out", type=Path, help="default benchmarks/results/answers_*.json")
     parser.add_argument("--record", action="store_true", help="write into benchmarks/reported")
+    parser.add_argument(
+        "--no-safety-note",
+        dest="safety_note",
+        action="store_false",
+        help="ask without the server's safety note after a question that names a hazard",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     print(f"machine: {this_machine().describe()}")
     model = MODELS[args.model]
     persona = PERSONAS.get(args.persona, args.persona)
-    questions = json.loads(QUESTIONS.read_text())["questions"]
-    questions = questions[: args.questions] if args.questions else questions
+    questions = select(json.loads(QUESTIONS.read_text())["questions"], args.split, args.questions)
+    digest = hashlib.sha256(persona.encode()).hexdigest()[:8]
+    name = args.persona if args.persona in PERSONAS else f"custom-{digest}"
+    tag = Sampling(args.repeat_penalty, args.frequency_penalty, args.dry_multiplier).tag()
+    key = f"{name}/{tag}/max{args.max_tokens}"
+    # the server's prompt: the safety note for a model that follows it (GgufModel.safety_note)
+    args.safety_note = args.safety_note and model.safety_note
+    if args.safety_note:
+        key += "/note"
+    if args.split and set(args.split) != set(SPLITS):
+        key += "/" + "+".join(s for s in SPLITS if s in args.split)
+    reported = REPORTED / f"answers_{model.name}.json"
+    if args.record and clashes(reported, key, persona):
+        parser.error(f"{reported} has a run {key} of another persona text: name it otherwise")
     gguf = prepare_gguf(model, CACHE)
     result = run(gguf, persona, questions, args)
-    digest = hashlib.sha256(persona.encode()).hexdigest()[:8]
-    result["persona"] = args.persona if args.persona in PERSONAS else f"custom-{digest}"
+    result["persona"] = name
     result["counts"] = grade(result["answers"], known_grades())
-    key = f"{result['persona']}/{result['sampling']['tag']}/max{args.max_tokens}"
+    result["split_counts"] = split_counts(result["answers"])
     for a in result["answers"]:
         if a["sensible"] is None:
-            print(f"UNGRADED {a['id']}: {a['question']}\n    -> {a['answer']!r}")
+            print(f"UNGRADED {a['id']} ({a['split']}): {a['question']}\n    -> {a['answer']!r}")
     print(f"{model.name} [{key}]: {result['counts']}, loops {result['loops']}")
+    for split, counts in result["split_counts"].items():
+        print(f"  {split}: {counts['sensible']}/{counts['of']} sensible, {counts}")
     print(f"timing: {result['timing']}")
     described = {"name": model.name, "file": model.file, "sha256": model.sha256}
     out = args.out or RESULTS / f"answers_{model.name}_{key.replace('/', '_')}.json"
@@ -296,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(stamped({"model": described, "run": key, **result}), indent=2))
     print(f"wrote {out}")
     if args.record:
-        record(REPORTED / f"answers_{model.name}.json", described, key, result)
-        print(f"recorded in {REPORTED / f'answers_{model.name}.json'}")
+        record(reported, described, key, result)
+        print(f"recorded in {reported}")
     return 0
 
 

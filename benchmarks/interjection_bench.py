@@ -300,7 +300,7 @@ async def trial(
 
 
 async def run(
-    quick: bool, slow_server: bool, settings: dict[str, str] | None = None
+    quick: bool, slow_server: bool, settings: dict[str, str] | None = None, slow_cpus: float = 0.5
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
     rng = random.Random(7)
@@ -317,7 +317,7 @@ async def run(
             "server.log_level": "INFO",
             **(settings or {}),
         },
-        wrapper=[str(SLOW), "--"] if slow_server else None,
+        wrapper=[str(SLOW), "--cpus", str(slow_cpus), "--"] if slow_server else None,
     ).start(timeout=400)
     outcomes: list[dict[str, Any]] = []
     peer: ClientPeer | None = None
@@ -343,7 +343,13 @@ async def run(
         if peer is not None:
             await peer.close()
         code = server.stop()
-    return summarize(outcomes, code, slow_server)
+    found = summarize(outcomes, code, slow_server)
+    found["profile"] = (
+        f"server in the slow profile (scripts/slow.sh, {slow_cpus:g} CPUs)"
+        if slow_server
+        else "as is"
+    )
+    return found
 
 
 def median_of(values: list[float | None]) -> float | None:
@@ -414,6 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 + 4 trials")
     parser.add_argument("--slow-server", action="store_true", help="the server in slow.sh")
     parser.add_argument(
+        "--slow-cpus",
+        type=float,
+        default=0.5,
+        help="--slow-server's CPU quota (1: the ordinary profile; default 0.5: stress)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -426,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--set takes NAME=VALUE")
     isolate("benchmarks.interjection_bench", argv)
     settings = dict(item.split("=", 1) for item in args.set)
-    results = {**asyncio.run(run(args.quick, args.slow_server, settings)), "settings": settings}
+    found = asyncio.run(run(args.quick, args.slow_server, settings, args.slow_cpus))
+    results = {**found, "settings": settings}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamped(results), indent=2))
     print(json.dumps({k: v for k, v in results.items() if k != "trials"}, indent=2))

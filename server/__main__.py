@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
+import math
 import os
 import signal
 import socket
@@ -35,11 +37,12 @@ from server.http.signaling import REGISTRY_KEY
 from server.machine import this_machine
 from server.pipeline.calibration import Calibration, StageCosts, adapt, calibrate, quota_use
 from server.pipeline.cpuplan import limit_blas_threads, running_cores
-from server.pipeline.seams import Tunable, TurnPipeline, WarmsUp, load_pipeline
+from server.pipeline.seams import OnLadder, Tunable, TurnPipeline, WarmsUp, load_pipeline
 from server.pipeline.wiring import avatar_renderer, detector_factory, vision_model
 from server.priority import share_the_gil
 
 log = logging.getLogger("server")
+LLM_WARM_UP = "llm_first_token_ms"  # the calibration's fallback where the LLM's warm-up failed
 DRAIN_POLL_S = 0.2  # how often a drain looks whether the live sessions have ended
 
 
@@ -204,8 +207,12 @@ async def calibrate_server(
     renderer: AvatarRenderer | None,
     times: Mapping[str, float | None],
 ) -> tuple[Config, AvatarRenderer | None, Calibration]:
-    """Time one avatar frame, predict voice-to-voice and capacity from the warm-up, and choose
-    the settings the operator left unset; a new renderer if the video size changed."""
+    """Time one avatar frame, predict the reply and capacity from the warm-up, and choose the
+    settings the operator left unset; a new renderer if the video size changed.
+
+    Where the pipeline's LLM is a rung of the model ladder, each rung loaded is predicted
+    with the settings it would get; a rung that misses ``pipeline.latency_budget_ms`` makes
+    way for the next smaller one (server/pipeline/ladder.py), and the pick's figures count."""
     frame_ms = None
     if renderer is not None:
         try:
@@ -214,23 +221,44 @@ async def calibrate_server(
         except Exception as exc:  # a failed measurement falls back to the reference figure
             log.warning("calibration: the avatar frame failed: %s: %s", type(exc).__name__, exc)
     pixels = config.transport.video_width * config.transport.video_height
-    costs = StageCosts.from_warm_up(times, frame_ms, pixels)
     machine = this_machine()
     cpus, use = machine.cpus, quota_use(machine.cpu_quota, len(running_cores()))
-    config, changed = adapt(config, calibrate(costs, config, cpus, use))
+
+    def predict(
+        stage_times: Mapping[str, float | None],
+    ) -> tuple[Config, dict[str, object], Calibration]:
+        costs = StageCosts.from_warm_up(stage_times, frame_ms, pixels)
+        adapted, changed = adapt(config, calibrate(costs, config, cpus, use))
+        return adapted, changed, calibrate(costs, adapted, cpus, use)  # with those settings
+
+    chosen, changed, calibration = predict(times)
+    climb = pipeline.climb if isinstance(pipeline, OnLadder) else None
+    if climb is not None:
+        assert isinstance(pipeline, OnLadder)
+        while (rung := climb.pending) is not None:
+            # a model that wrote nothing in its warm-up is predicted never to answer
+            silent = LLM_WARM_UP in calibration.fallbacks
+            heard = math.inf if silent else calibration.predicted_heard_ms
+            climb.measured(rung, heard, calibration.capacity)
+            if not await pipeline.load_next_rung():
+                break
+            times = {**times, **await pipeline.warm_up_llm()}
+            chosen, changed, calibration = predict(times)
+        choice = climb.choice()
+        log.info("model ladder: %s, %s", choice.model, choice.reason)
+        calibration = dataclasses.replace(calibration, llm=choice)
     if changed:
         log.info(
             "calibration: settings chosen for this machine (set them to override): %s",
             ", ".join(f"{k}={v}" for k, v in changed.items()),
         )
-    calibration = calibrate(costs, config, cpus, use)  # the prediction with those settings
     log.info("calibration: %s", calibration.describe())
     if isinstance(pipeline, Tunable):
-        pipeline.tune(config.pipeline, calibration.stage_share)
+        pipeline.tune(chosen.pipeline, calibration.stage_share)
     size = ("transport.video_width", "transport.video_height")
     if renderer is not None and any(name in changed for name in size):
-        renderer = avatar_renderer(config)
-    return config, renderer, calibration
+        renderer = avatar_renderer(chosen)
+    return chosen, renderer, calibration
 
 
 def bind_problem(host: str, port: int) -> str | None:

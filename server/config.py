@@ -504,7 +504,23 @@ class PipelineConfig:
         "",
         "Local model: a GGUF file (llama.cpp), an embedded model's name (qwen2.5-coder-0.5b,"
         " qwen2.5-coder-1.5b, smollm2-135m) or a Hugging Face folder (vLLM); empty: the"
-        " embedded default (llama.cpp: qwen2.5-coder-0.5b; vLLM: SmolLM2-135M's folder).",
+        " calibration picks from pipeline.llm_ladder (llama.cpp), or SmolLM2-135M's folder"
+        " (vLLM).",
+    )
+    llm_ladder: tuple[str, ...] = _setting(
+        ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"),
+        "The models the calibration picks from where pipeline.llm_model is empty, smallest"
+        " first (embedded names or GGUF files; comma-separated in env): the largest whose"
+        " predicted reply meets pipeline.latency_budget_ms, else the smallest that loads.",
+        nonempty=True,
+        distinct=True,
+    )
+    latency_budget_ms: int = _setting(
+        1000,
+        "The longest predicted reply (ms, the end of the user's speech to the first reply"
+        " audio at the client) a model of pipeline.llm_ladder may take to be picked.",
+        min=100,
+        max=60_000,
     )
     llm_slots: int = _setting(
         0,
@@ -783,8 +799,10 @@ def _validate(name: str, value: Any, meta: Mapping[str, Any]) -> None:
         raise ConfigError(f"{name}: must be <= {meta['max']}, got {value!r}")
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
-    if meta.get("nonempty") and not str(value).strip():
+    if meta.get("nonempty") and not (value if isinstance(value, tuple) else str(value).strip()):
         raise ConfigError(f"{name}: must not be empty")
+    if meta.get("distinct") and len(set(value)) != len(value):
+        raise ConfigError(f"{name}: names an entry twice: {', '.join(value)}")
     if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
         raise ConfigError(f"{name}: must match {meta['pattern']}, got {value!r}")
     if "min_chars" in meta:

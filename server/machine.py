@@ -5,6 +5,7 @@ little about a user's (a 2-core AVX2-only laptop is the machine we design for)."
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,19 @@ class Machine:
     cpu_quota: float | None = None  # CPUs the cgroup's CFS quota grants (docker --cpus)
 
     @property
+    def profile(self) -> str:
+        """The profile this runs in (scripts/slow.sh): "fast" (the host as it is),
+        "ordinary" (the libraries' AVX-512 off, 1.0 CPU), "stress" (the same at 0.5 CPU),
+        or "custom" for anything else (a quota without the caps, say a container's)."""
+        if not self.isa_caps:
+            return "fast" if self.cpu_quota is None or self.cpu_quota >= self.cores else "custom"
+        if self.cpu_quota is not None and math.isclose(self.cpu_quota, 1.0):
+            return "ordinary"
+        if self.cpu_quota is not None and math.isclose(self.cpu_quota, 0.5):
+            return "stress"
+        return "custom"
+
+    @property
     def cpus(self) -> float:
         """CPU time this process may use, in cores: its cores, or less under a quota."""
         return min(float(self.cores), self.cpu_quota or float(self.cores))
@@ -46,7 +60,7 @@ class Machine:
             line += f", CPU quota {self.cpu_quota:g}"
         if self.isa_caps:
             line += f" (capped: {' '.join(self.isa_caps)})"
-        return line
+        return f"{line}; profile {self.profile}"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -56,6 +70,7 @@ class Machine:
             "avx512": self.avx512,
             "isa_caps": list(self.isa_caps),
             "cpu_quota": self.cpu_quota,
+            "profile": self.profile,
         }
 
 

@@ -29,6 +29,13 @@ from tests.support import pace
 from tests.support.peers import Peer
 from tests.support.server_process import is_server_fixture
 
+# the servers the tests start answer with the 0.5B whatever this machine affords (the model
+# ladder would pick the 1.5B on a fast one): their replies are the ones the tests were written
+# against. tests/models/test_ladder_e2e.py climbs the ladder itself (it sets pipeline.llm_model
+# empty on the command line, which wins over the environment).
+TESTS_LLM_ENV = "AVATAR_PIPELINE_LLM_MODEL"
+os.environ.setdefault(TESTS_LLM_ENV, "qwen2.5-coder-0.5b")
+
 E2E_DIRS = ("tests/web/", "tests/models/", "tests/deploy/")  # Chromium, real models, docker
 E2E_FIXTURES = {"peers", "client_ice"}  # real aiortc client peers over loopback
 E2E_MODULES = {  # modules whose tests (nearly all) start a server, real peers or a model

@@ -17,6 +17,11 @@ The prediction, in ms after the end-of-turn decision:
                              speech in pieces, the warm-up's time to its first piece if less)
   + one 20 ms audio frame
 
+What the user hears (``predicted_heard_ms``, the figure ``pipeline.latency_budget_ms`` and the
+model ladder are about) runs from the end of the user's speech to that audio at the client:
+the end-of-turn wait before (the silence the detector waits for, or the LLM's verdict on the
+words at the pause where that comes later), the way to the client and its jitter buffer after.
+
 Each stage was timed alone at start. In a conversation an engine thread shares the CPU with
 the session's own media path and video (``busy`` cores) and, while the first chunk is being
 said, with the LLM writing on: ``k`` engine threads at once each get ``(usable - busy) / k``
@@ -36,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from server.config import Config
+from server.pipeline.ladder import LadderChoice
 from server.pipeline.turn_detector import PAUSE_MS
 
 log = logging.getLogger(__name__)
@@ -88,6 +94,15 @@ QUOTA_USE = 0.9
 # one session's media path, video and the other engines (where those would take more, the
 # prediction says slow, not infinite)
 MIN_STAGE_SHARE = 0.25
+# the end of speech to the end-of-turn event at the client, besides the silence the detector
+# waits for, or the LLM's verdict on the words at the pause where that comes later (the VAD's
+# frames, the packets' ways in and out): at an aiortc client on an Intel Xeon, 253 ms with
+# SmolLM2 (a wait of 160 ms; its verdict by 139 ms) and 327 ms with the 0.5B (its verdict by
+# 239 ms): 93 and 88 ms besides (benchmarks/reported/ladder_fast_*.json)
+ENDPOINT_EXTRA_MS = 90.0
+# the reply's first audio sent -> heard at the client, after its jitter buffer (aiortc's: 4
+# packets): 126-135 ms measured (the same table)
+CLIENT_WAY_MS = 130.0
 
 
 @dataclass(frozen=True)
@@ -149,15 +164,21 @@ class Calibration:
     speech_share: float = 1.0
     # a partial transcript of a UTTERANCE_S question (one recogniser; the final may be two)
     asr_partial_ms: float | None = None
+    # the end of the user's speech -> the first reply audio at the client (ms)
+    predicted_heard_ms: float = 0.0
+    # the language model the ladder picked, and why (None: not climbed)
+    llm: LadderChoice | None = None
 
     def to_dict(self) -> dict[str, object]:
-        out = dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["fallbacks"] = list(self.fallbacks)
+        out["llm"] = None if self.llm is None else self.llm.to_dict()
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
     def describe(self) -> str:
         line = (
-            f"expected voice-to-voice {self.predicted_voice_to_voice_ms:.0f} ms"
+            f"expected reply at the client {self.predicted_heard_ms:.0f} ms after the end of"
+            f" speech; voice-to-voice {self.predicted_voice_to_voice_ms:.0f} ms"
             f" (ASR {self.asr_call_ms:.0f} ms a question, LLM first token"
             f" {self.llm_first_token_ms:.0f} ms and {self.llm_tokens_per_s:.0f} tokens/s,"
             f" TTS real-time factor {self.tts_rtf:.2f}{self._first_piece()},"
@@ -253,6 +274,12 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, use: float = 1.0) 
     alone = engine_share(cpus, busy, 1, use)
     beside_llm = engine_share(cpus, busy, 2, use)  # the LLM writes on meanwhile
     predicted = (asr_left + ttft + first_chunk) / alone + speech / beside_llm + FRAME_MS
+    wait = float(vad.complete_silence_ms if vad.semantic else vad.end_of_turn_ms)
+    if vad.semantic and vad.unfinished_words and vad.sentence_end:
+        # the turn also waits for the LLM's verdict on the words at the pause: one token
+        # after them, their prompt warmed while the user spoke, as the reply's first
+        wait = max(wait, PAUSE_MS + ttft / alone)
+    heard = wait + ENDPOINT_EXTRA_MS + predicted + CLIENT_WAY_MS
 
     # CPU (cores) one session needs on average: its media path and video all the time, plus
     # a turn's work spread over the turn (the user speaking, the reply, a pause)
@@ -277,6 +304,7 @@ def calibrate(costs: StageCosts, config: Config, cpus: float, use: float = 1.0) 
         tts_first_ms=first_piece,
         stage_share=alone,
         speech_share=beside_llm,
+        predicted_heard_ms=heard,
     )
 
 

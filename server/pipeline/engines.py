@@ -86,7 +86,12 @@ class CallLike(Protocol):
 class CallsTools(Protocol):
     """An LLM that calls functions (models.llamacpp.LlamaCppEngine.stream_tools): the reply's
     text deltas, and each call it makes, its arguments held to the tool's schema. ``tools``:
-    chat-template tools; ``choice``: auto, none, required or a function's name."""
+    chat-template tools; ``choice``: auto, none, required or a function's name.
+    ``calls_tools``: whether the model it runs has a format for calls (SmolLM2's template has
+    none: it is offered no tools, and only talks)."""
+
+    @property
+    def calls_tools(self) -> bool: ...
 
     def stream_tools(
         self,
@@ -98,6 +103,15 @@ class CallsTools(Protocol):
         choice: str = "auto",
         cache_salt: str | None = None,
     ) -> AsyncIterator[str | CallLike]: ...
+
+
+@runtime_checkable
+class TakesSafetyNote(Protocol):
+    """An LLM whose model follows a system message after the user's words (the safety note,
+    server/pipeline/safety.py) instead of reading it aloud, as small models do."""
+
+    @property
+    def takes_safety_note(self) -> bool: ...
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from server.config import Config, PipelineConfig
 from server.errors import ConfigError
 from server.owner import NO_OWNER
 from server.pipeline.engines import Rivals
+from server.pipeline.ladder import Climb
 from server.runtime.chunk import PhonemeTiming, WordTiming
 from server.runtime.conditions import Conditions
 from server.runtime.history import ContextEntry
@@ -308,6 +309,19 @@ class Tunable(Protocol):
     its engines did alone at start takes 1 / this as long there)."""
 
     def tune(self, settings: PipelineConfig, stage_share: float = 1.0) -> None: ...
+
+
+@runtime_checkable
+class OnLadder(Protocol):
+    """A pipeline whose LLM is a rung of the model ladder (``climb``; None: not climbed):
+    the calibration times it (``warm_up_llm``, ms) and loads the next smaller one in its
+    place (``load_next_rung``: False once the climb is over)."""
+
+    climb: Climb | None
+
+    async def warm_up_llm(self) -> dict[str, float | None]: ...
+
+    async def load_next_rung(self) -> bool: ...
 
 
 PipelineFactory = Callable[[Config], "TurnPipeline | Awaitable[TurnPipeline]"]

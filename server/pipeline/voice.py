@@ -38,12 +38,15 @@ from server.pipeline.engines import (
     PrefillsOpenTurn,
     PrimedAsr,
     Releases,
+    TakesSafetyNote,
     Tts,
     WeighsLastWord,
 )
 from server.pipeline.held import reply_text
+from server.pipeline.ladder import Climb, load_next
 from server.pipeline.repetition import loop_end
 from server.pipeline.resample import resample
+from server.pipeline.safety import with_safety_note
 from server.pipeline.seams import (
     CacheSalts,
     ReplyPiece,
@@ -160,11 +163,17 @@ class VoicePipeline:
         clock: Clock | None = None,
         salts: CacheSalts | None = None,
         engine_nice: int = 0,
+        climb: Climb | None = None,
+        load_llm: Callable[[str], Awaitable[Llm]] | None = None,
     ) -> None:
         """``engine_nice``: how much lower the ASR and TTS worker threads run than the event
-        loop (the CPU plan's ``engine_nice``)."""
+        loop (the CPU plan's ``engine_nice``). ``climb``: the model ladder ``llm`` is the
+        first loaded rung of, and ``load_llm`` loads another rung by name (the calibration
+        climbs down with :meth:`load_next_rung`)."""
         self._asr = asr
         self._llm = llm
+        self.climb = climb
+        self._load_llm = load_llm
         self._tts = tts
         self._splitter = splitter
         self._max_tokens = max_tokens
@@ -321,7 +330,8 @@ class VoicePipeline:
 
     def _calls_tools(self, request: ReplyRequest) -> bool:
         """Whether the request offers tools to an LLM that can call them."""
-        return bool(request.tools.tools) and isinstance(self._llm, CallsTools)
+        llm = self._llm
+        return bool(request.tools.tools) and isinstance(llm, CallsTools) and llm.calls_tools
 
     def _messages(self, request: ReplyRequest) -> list[Message]:
         return to_messages(request.context, request.tools if self._calls_tools(request) else None)
@@ -330,8 +340,11 @@ class VoicePipeline:
         self, request: ReplyRequest, rid: str, salt: str
     ) -> AsyncGenerator[str | Any, None]:
         """The LLM's deltas (and calls, where the request offers tools to an LLM that calls
-        them; such a reply is not held while paused)."""
+        them; such a reply is not held while paused). A turn that names a hazard gets the
+        safety note after it, where the model follows it (server/pipeline/safety.py)."""
         messages = self._messages(request)
+        if isinstance(self._llm, TakesSafetyNote) and self._llm.takes_safety_note:
+            messages = with_safety_note(messages)
         if self._calls_tools(request):
             assert isinstance(self._llm, CallsTools)
             stream = self._llm.stream_tools(
@@ -445,6 +458,15 @@ class VoicePipeline:
         await self._timed(times, "asr_partial_ms", self.partial_transcript(pcm, tag))
         times["asr_audio_ms"] = len(pcm) / 16
         times["tts_audio_ms"] = None if speech is None else len(speech.pcm) / (MEDIA_RATE_HZ / 1000)
+        self.forget(WARM_UP_SESSION)
+        times.update(await self.warm_up_llm())
+        return times
+
+    async def warm_up_llm(self) -> dict[str, float | None]:
+        """The LLM's part of :meth:`warm_up` (also for a model the ladder loads later): its
+        first request, its steady speed (``llm_tokens_per_s``) and a reply's first token
+        (``llm_first_token_ms``); times in ms, None where a request failed."""
+        times: dict[str, float | None] = {}
         await self._timed(times, "llm_ms", self._drain(WARM_UP_MESSAGES, 4))
         # the second request: the engine's steady speed (tokens a second)
         rate = await self._timed(times, "llm_again_ms", self._drain(WARM_UP_MESSAGES, 16))
@@ -452,8 +474,19 @@ class VoicePipeline:
         # the third: a reply's first token, its prompt cached but for the turn's last words
         turn = await self._timed(times, "llm_turn_ms", self._drain(WARM_UP_TURN, 1))
         times["llm_first_token_ms"] = None if turn is None else turn[0]
-        self.forget(WARM_UP_SESSION)
         return times
+
+    async def load_next_rung(self) -> bool:
+        """Load the ladder's next model in place of the LLM held now (closed once the new one
+        has loaded); False when the climb is over (or there is no ladder)."""
+        if self.climb is None or self._load_llm is None:
+            return False
+        engine = await load_next(self.climb, self._load_llm)
+        if engine is None:
+            return False
+        old, self._llm = self._llm, engine
+        await old.close()
+        return True
 
     async def _timed(
         self, times: dict[str, float | None], key: str, call: Awaitable[T]

@@ -17,6 +17,7 @@ from server.config import Config
 from server.errors import ConfigError
 from server.pipeline.cpuplan import CpuPlan, confine_threads, this_process_plan
 from server.pipeline.engines import Asr
+from server.pipeline.ladder import Climb, load_next
 from server.pipeline.turn_detector import TurnCompleteness, TurnDetector
 from server.pipeline.voice import VoicePipeline
 from server.priority import in_lowered_thread
@@ -130,29 +131,50 @@ def _gpu_vllm_installed() -> bool:
     return True
 
 
-async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
-    from models.gguf_models import MODELS
-    from models.llamacpp import LlamaCppEngine, LlamaCppOptions
-    from models.llm import LlmError
-    from models.prepare import DEFAULT_GGUF, PrepareError, embedded_gguf
+def llm_rungs(config: Config, gpu_vllm: bool | None = None) -> tuple[tuple[str, ...], bool]:
+    """The models the calibration may pick from, smallest first, and whether they were named
+    (one model: ``pipeline.llm_model``, the remote servers' model, or vLLM's default folder
+    where the GPU build of vLLM serves and no ladder was set); else ``pipeline.llm_ladder``."""
+    from models.prepare import default_llm_dir
 
     pc = config.pipeline
-    name = pc.llm_model or DEFAULT_GGUF
+    if pc.llm_remote_urls:
+        return (pc.llm_remote_model,), True
+    if pc.llm_model:
+        return (pc.llm_model,), True
+    named_ladder = "pipeline.llm_ladder" in config.explicit
+    if not named_ladder and llm_engine_name(pc.llm_engine, "", gpu_vllm) == "vllm":
+        return (str(default_llm_dir()),), True
+    return pc.llm_ladder, False
+
+
+async def _llamacpp(config: Config, plan: CpuPlan, name: str) -> LlamaCppEngine:
+    """llama.cpp on ``name``: an embedded model's name or a GGUF file."""
+    from models.gguf_models import MODELS, model_of_file
+    from models.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from models.llm import LlmError
+    from models.prepare import PrepareError, embedded_gguf
+
+    pc = config.pipeline
+    setting = "pipeline.llm_model" if pc.llm_model else "pipeline.llm_ladder"
     if name in MODELS:
         try:
             path = embedded_gguf(name)
         except PrepareError as e:
             raise ConfigError(
-                f"pipeline.llm_model: {e}; run: .venv/bin/python -m models.prepare --llm {name}"
+                f"{setting}: {e}; run: .venv/bin/python -m models.prepare --llm {name}"
             ) from e
     else:
         path = Path(name)
     if not path.is_file():
-        raise ConfigError(f"pipeline.llm_model: no GGUF file at {path}")
+        raise ConfigError(f"{setting}: no GGUF file at {path}")
+    embedded = model_of_file(path)
     options = LlamaCppOptions(
         slots=pc.llm_slots or max(2, config.transport.max_sessions),
         threads=plan.llm_threads,
         batch_threads=plan.llm_prompt_threads,
+        call_gate=None if embedded is None else embedded.call_gate,
+        safety_note=embedded is not None and embedded.safety_note,
     )
     log.info("loading LLM %s with llama.cpp", path.name)
     # its server thread and OpenMP team start with the loading thread's lower priority
@@ -176,13 +198,13 @@ async def _llamacpp(config: Config, plan: CpuPlan) -> LlamaCppEngine:
     return engine
 
 
-async def _vllm(config: Config, plan: CpuPlan) -> VllmEngine:
+async def _vllm(config: Config, plan: CpuPlan, name: str) -> VllmEngine:
+    """vLLM in process on the Hugging Face folder ``name``."""
     from models.llm_vllm import VllmEngine, VllmOptions
     from models.prepare import default_llm_dir, is_prepared
 
-    pc = config.pipeline
-    model_dir = Path(pc.llm_model) if pc.llm_model else default_llm_dir()
-    if not pc.llm_model and not is_prepared(model_dir):
+    model_dir = Path(name)
+    if model_dir == default_llm_dir() and not is_prepared(model_dir):
         raise ConfigError(
             f"pipeline.llm_model: the default model is not prepared at {model_dir};"
             " run: .venv/bin/python -m models.prepare"
@@ -238,16 +260,33 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
         )
     log.info("loading speech synthesiser (joe voice, onnxruntime + gruut)")
     tts = await in_lowered_thread(lambda: OnnxVoiceTts(threads=plan.tts_threads), nice, "tts-load")
-    llm: LlmEngine
-    if pc.llm_remote_urls:
-        llm = RemoteVllm(remote_options(config))
-        urls = ", ".join(pc.llm_remote_urls)
-        log.info("LLM: remote vLLM at %s (model %s)", urls, pc.llm_remote_model)
-    elif llm_engine_name(pc.llm_engine, pc.llm_model) == "llamacpp":
-        with passive_waits():
-            llm = await _llamacpp(config, plan)
+
+    async def load(name: str) -> LlmEngine:
+        if pc.llm_remote_urls:
+            urls = ", ".join(pc.llm_remote_urls)
+            log.info("LLM: remote vLLM at %s (model %s)", urls, pc.llm_remote_model)
+            return RemoteVllm(remote_options(config))
+        if llm_engine_name(pc.llm_engine, name) == "llamacpp":
+            with passive_waits():
+                return await _llamacpp(config, plan, name)
+        return await _vllm(config, plan, name)
+
+    rungs, named = llm_rungs(config)
+    climb = Climb(rungs, pc.latency_budget_ms, explicit=named)
+    llm: LlmEngine | None
+    if named:  # the one model named: its error is the start's
+        (name,) = rungs
+        first = climb.next_rung()
+        assert first == name, (first, name)
+        llm = await load(name)
+        climb.loaded(name)
     else:
-        llm = await _vllm(config, plan)
+        budget = pc.latency_budget_ms
+        log.info("model ladder: %s; the largest that meets %d ms", ", ".join(rungs), budget)
+        llm = await load_next(climb, load)
+        if llm is None:
+            failures = "; ".join(t.describe() for t in climb.trials)
+            raise ConfigError(f"pipeline.llm_ladder: no model loaded: {failures}")
     log.info("voice pipeline ready in %.1f s", time.monotonic() - started)
     return VoicePipeline(
         asr,
@@ -258,4 +297,6 @@ async def voice_pipeline(config: Config) -> VoicePipeline:
         first_chunk_words=pc.first_chunk_words,
         scheduler_config=config.scheduler,
         engine_nice=nice,
+        climb=climb,
+        load_llm=load,
     )

@@ -136,6 +136,11 @@ def test_the_profile_is_read_from_the_json_and_the_command() -> None:
     assert rs.json_profile({"profile": "as is: shared"}) == "fast"
     assert rs.json_profile({"profile": "server alone on core 0"}).startswith("other")
     assert rs.command_profile("`scripts/slow.sh --cpus 1 words_bench`") == "ordinary"
+    assert rs.command_profile("`scripts/slow.sh ordinary realtime_bench`") == "ordinary"
+    assert rs.command_profile("`scripts/slow.sh stress realtime_bench`") == "stress"
+    assert rs.command_module("`scripts/slow.sh ordinary realtime_bench --quick`") == (
+        "realtime_bench"
+    )
     assert rs.command_profile("realtime_bench --slow-server --slow-cpus 1") == "ordinary"
     assert rs.command_profile("scripts/slow.sh asr_bench --threads 1") == "stress"
     assert rs.command_profile("interjection_bench --slow-server") == "stress"

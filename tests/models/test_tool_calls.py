@@ -5,7 +5,9 @@ schema-constrained calls on the real Qwen2.5-Coder-0.5B GGUF (no mocks)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -15,7 +17,7 @@ import jsonschema
 import pytest
 import pytest_asyncio
 
-from models.llamacpp import MAX_CALLS, LlamaCppEngine, LlamaCppOptions
+from models.llamacpp import MAX_CALLS, LlamaCppEngine, LlamaCppOptions, call_start_probability
 from models.llm import LlmError, Message
 from models.prompt_text import ChatText
 from models.tool_calls import CallScanner, ToolCall, call_schema, check_call
@@ -333,3 +335,43 @@ async def test_after_its_output_a_call_is_not_made_again_the_reply_talks(
     assert not calls_in(items)
     said = "".join(str(i) for i in items)
     assert said.strip() and "{" not in said
+
+
+def test_the_call_start_probability_sums_the_tokens_that_begin_a_call() -> None:
+    def top(token: str, p: float) -> dict[str, Any]:
+        return {"id": 0, "token": token, "logprob": math.log(p)}
+
+    found = [{"choices": [{"logprobs": {"content": [{"top_logprobs": [
+        top("Sure", 0.6), top("<tool_call>", 0.1), top(" {", 0.05), top("To", 0.2)
+    ]}]}}]}]  # fmt: skip
+    assert call_start_probability(found) == pytest.approx(0.15)
+    with pytest.raises(LlmError):
+        call_start_probability([{"error": "no slot"}])
+
+
+@needs_qwen
+@on_module_loop
+async def test_a_call_gate_starts_the_reply_with_a_call_where_the_model_would_talk(
+    engine: LlamaCppEngine,
+) -> None:
+    """With the gate at 0 every reply that may call starts with one, small talk too; a reply
+    to a call's output still only talks."""
+    options = dataclasses.replace(engine.options, call_gate=0.0)
+    gated = await LlamaCppEngine.start(QWEN_GGUF, options)
+    try:
+        items = await reply(gated, ask("Hello, how are you?"), "gated")
+        assert items and isinstance(items[0], ToolCall), items
+        call = {
+            "type": "function",
+            "id": "call_1",
+            "function": {"name": "get_time", "arguments": {}},
+        }
+        chat = [
+            *ask("What time is it?"),
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"time": "14:05"}'},
+        ]
+        answer = await reply(gated, chat, "answer")
+        assert answer and all(isinstance(i, str) for i in answer), answer
+    finally:
+        await gated.close()

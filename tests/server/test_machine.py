@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from server.machine import Machine, cgroup_cpu_quota, parse_cpuinfo, this_machine
@@ -33,7 +36,8 @@ def test_description_names_the_isa_and_any_caps() -> None:
     slow = Machine("AMD EPYC", 2, True, True, ("CT2_FORCE_CPU_ISA=AVX2",))
     assert (
         slow.describe()
-        == "AMD EPYC, 2 cores, AVX2 yes, AVX-512 yes (capped: CT2_FORCE_CPU_ISA=AVX2)"
+        == "AMD EPYC, 2 cores, AVX2 yes, AVX-512 yes (capped: CT2_FORCE_CPU_ISA=AVX2);"
+        " profile custom"
     )
     assert "AVX-512 no" in Machine("x", 1, True, False, ()).describe()
 
@@ -75,3 +79,39 @@ def test_cpus_is_the_smaller_of_cores_and_quota() -> None:
     assert Machine("cpu", 4, True, False, (), cpu_quota=0.5).cpus == 0.5
     assert "CPU quota 0.5" in Machine("cpu", 4, True, False, (), cpu_quota=0.5).describe()
     assert Machine("cpu", 2, True, False, (), cpu_quota=8.0).cpus == 2.0
+
+
+def test_the_profile_is_named_from_the_caps_and_the_quota() -> None:
+    caps = ("CT2_FORCE_CPU_ISA=AVX2",)
+    assert Machine("cpu", 2, True, True, ()).profile == "fast"
+    assert Machine("cpu", 2, True, True, caps, cpu_quota=1.0).profile == "ordinary"
+    assert Machine("cpu", 2, True, True, caps, cpu_quota=0.5).profile == "stress"
+    assert Machine("cpu", 2, True, True, (), cpu_quota=1.0).profile == "custom"
+    assert Machine("cpu", 2, True, True, caps).profile == "custom"  # no cgroup: caps alone
+    ordinary = Machine("cpu", 2, True, True, caps, cpu_quota=1.0)
+    assert ordinary.describe().endswith("; profile ordinary")
+    assert ordinary.to_dict()["profile"] == "ordinary"
+
+
+def test_slow_sh_applies_the_profile_it_names() -> None:
+    """The profile script's caps and quota, as the command it runs sees them (the quota only
+    where this runs as root with a writable cgroup)."""
+    script = "scripts/slow.sh"
+    # the server reads its settings from AVATAR_* variables: the profile must set none
+    code = (
+        "import os; from server.config import load_config; load_config(None, os.environ, {});"
+        " from server.machine import this_machine as m; print(m().to_dict())"
+    )
+    probe = [sys.executable, "-c", code]
+    for name, quota in (("ordinary", 1.0), ("stress", 0.5)):
+        out = subprocess.run(
+            [script, name, *probe], capture_output=True, text=True, check=True, timeout=60
+        )
+        seen = ast.literal_eval(out.stdout.strip())
+        assert "CT2_FORCE_CPU_ISA=AVX2" in seen["isa_caps"], out.stderr
+        if "no writable cgroup" not in out.stderr:
+            assert seen["cpu_quota"] == quota and seen["profile"] == name, out.stderr
+    fast = subprocess.run(
+        [script, "fast", *probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert ast.literal_eval(fast.stdout.strip())["isa_caps"] == []

@@ -255,8 +255,8 @@ def source_files(source: str) -> list[str]:
 def machine_line(data: Any) -> str | None:
     """A JSON's machine as the report's Machine lines write it, without its profile."""
     machine = data.get("machine") if isinstance(data, dict) else None
-    if isinstance(machine, str):
-        return machine
+    if isinstance(machine, str):  # Machine.describe(): its quota, caps and profile cut off
+        return re.split(r", CPU quota | \(capped: |; profile ", machine)[0]
     if not isinstance(machine, dict):
         return None
 
@@ -274,6 +274,9 @@ def json_profile(data: Any) -> str:
     machine = data.get("machine")
     quota = machine.get("cpu_quota") if isinstance(machine, dict) else None
     profile = str(data.get("profile", ""))
+    named = machine.get("profile") if isinstance(machine, dict) else None
+    if named in ("ordinary", "stress"):  # the benchmark's own process ran in it
+        return str(named)
     if quota == 1.0 or re.search(r"(?<![\d.])1 CPUs", profile):
         return "ordinary"
     if quota == 0.5 or re.search(r"(?<![\d.])0\.5 CPUs", profile) or data.get("slow_server"):
@@ -285,6 +288,9 @@ def json_profile(data: Any) -> str:
 
 def command_profile(command: str) -> str:
     """fast, ordinary or stress, from the command that measured a figure."""
+    named = re.search(r"scripts/slow\.sh (ordinary|stress|fast)\b", command)
+    if named:
+        return named.group(1)
     if re.search(r"scripts/slow\.sh --cpus 1\b|--slow-cpus 1\b", command):
         return "ordinary"
     if "scripts/slow.sh" in command or "--slow-server" in command:
@@ -297,6 +303,8 @@ def command_module(command: str) -> str:
     words = command.replace("`", "").split()
     if words[:1] == ["scripts/slow.sh"]:
         words = words[3:] if words[1:2] == ["--cpus"] else words[1:]
+        if words[:1] in (["ordinary"], ["stress"], ["fast"]):
+            words = words[1:]
     return words[0] if words else ""
 
 

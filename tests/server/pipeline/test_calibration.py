@@ -308,3 +308,26 @@ def test_partials_are_paced_by_what_a_partial_costs_not_a_checked_final() -> Non
     assert paced < adapt(Config(), calibrate(SLOW, Config(), 1))[0].pipeline.partial_interval_ms
     # the partials' CPU follows the partial's cost too: more sessions fit
     assert alone.capacity >= calibrate(SLOW, Config(), 1).capacity
+
+
+def test_what_the_client_hears_adds_the_turns_end_and_the_way_there() -> None:
+    """The reply as heard: the end-of-turn wait (or the LLM's verdict on the words at the
+    pause, where that is later) before the voice-to-voice, the way to the client after."""
+    from server.pipeline.calibration import CLIENT_WAY_MS, ENDPOINT_EXTRA_MS
+
+    fast = calibrate(FAST, Config(), cpus=2)
+    wait = Config().vad.complete_silence_ms  # FAST's verdict (60 ms) comes sooner
+    assert fast.predicted_heard_ms == pytest.approx(
+        wait + ENDPOINT_EXTRA_MS + fast.predicted_voice_to_voice_ms + CLIENT_WAY_MS
+    )
+    slow_verdict = dataclasses.replace(FAST, llm_first_token_ms=400)
+    judged = calibrate(slow_verdict, Config(), cpus=2)
+    unjudged = calibrate(slow_verdict, load_config(None, {}, {"vad.sentence_end": "false"}), cpus=2)
+    assert judged.predicted_voice_to_voice_ms == unjudged.predicted_voice_to_voice_ms
+    assert judged.predicted_heard_ms - unjudged.predicted_heard_ms == pytest.approx(
+        40 + 400 / judged.stage_share - wait
+    )
+    fixed = calibrate(FAST, load_config(None, {}, {"vad.semantic": "false"}), cpus=2)
+    assert fixed.predicted_heard_ms - fixed.predicted_voice_to_voice_ms == pytest.approx(
+        Config().vad.end_of_turn_ms + ENDPOINT_EXTRA_MS + CLIENT_WAY_MS
+    )
