@@ -934,25 +934,29 @@ def _token_probability(responses: list[Any], token_id: int) -> float:
     return 0.0
 
 
+def _top_probability(responses: list[Any], counts: Callable[[str], bool]) -> float:
+    """The probability (at most 1) of the top tokens of the first generated token whose text,
+    spaces stripped, ``counts``."""
+    total = 0.0
+    for top in _top_tokens(responses):
+        if counts(str(top.get("token", "")).strip()):
+            total += math.exp(float(top["logprob"]))
+    return min(1.0, total)
+
+
 def call_start_probability(responses: list[Any]) -> float:
     """The probability that the first generated token starts a call: the top tokens that
     begin with the template's ``<tool_call>`` or a bare object's ``{`` (after spaces)."""
-    total = 0.0
-    for top in _top_tokens(responses):
-        if str(top.get("token", "")).lstrip().startswith(("<tool_call>", "{")):
-            total += math.exp(float(top["logprob"]))
-    return min(1.0, total)
+    return _top_probability(responses, lambda text: text.startswith(("<tool_call>", "{")))
 
 
 def mark_probability(responses: list[Any]) -> float:
     """The probability that the first generated token ends a sentence: the top tokens that
     begin with ". ? !" (after spaces), but not an ellipsis ("..."), which trails off."""
-    total = 0.0
-    for top in _top_tokens(responses):
-        text = str(top.get("token", "")).strip()
-        if text and text[0] in SENTENCE_END and not text.startswith(".."):
-            total += math.exp(float(top["logprob"]))
-    return min(1.0, total)
+    return _top_probability(
+        responses,
+        lambda text: bool(text) and text[0] in SENTENCE_END and not text.startswith(".."),
+    )
 
 
 def unmarked(words: str) -> str:

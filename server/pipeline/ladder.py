@@ -73,7 +73,7 @@ class LadderChoice:
     reason: str
     budget_ms: float
     trials: tuple[RungTrial, ...]
-    explicit: bool = False  # named by pipeline.llm_model (or one rung only): not climbed
+    explicit: bool = False  # named (pipeline.llm_model, a remote model): not climbed
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -164,7 +164,8 @@ class Climb:
     def choice(self) -> LadderChoice:
         """The pick: the largest rung that fits; where none does, the smallest that loaded
         (the one loaded now). :class:`NoRungLoaded` where none loaded."""
-        assert self._trying is None and self.next_rung() is None, "the climb is not over"
+        over = self._fits() is not None or not self._left
+        assert self._trying is None and over, "the climb is not over"
         budget = f"{self._budget_ms:.0f} ms"
         fits = self._fits()
         if fits is not None:

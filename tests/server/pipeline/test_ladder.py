@@ -253,3 +253,9 @@ def test_a_model_that_writes_nothing_in_its_warm_up_is_passed_over() -> None:
     first = shown["llm"]["trials"][0]
     assert first["outcome"] == "too slow" and first["predicted_ms"] is None
     json.dumps(shown)  # /healthz's body: no infinity in it
+
+
+def test_the_default_ladder_is_the_embedded_models_setup_prepares() -> None:
+    from models.gguf_models import LADDER
+
+    assert Config().pipeline.llm_ladder == LADDER
